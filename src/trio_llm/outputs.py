@@ -1,0 +1,63 @@
+"""What `EngineClient.generate` yields: the user-facing view of a request's progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Logprob:
+    """One candidate token at one position."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    decoded: str
+    """The token's text, with bytes that are not whole UTF-8 characters left as `bytes:\\xNN`."""
+
+
+@dataclass(slots=True)
+class PositionLogprobs:
+    """The sampled token at one position and the top alternatives there."""
+
+    chosen: Logprob
+    top: list[Logprob]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    """Choice index (0..n-1)."""
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    """'stop', 'length', 'abort' or 'error'; None while running."""
+    stop_reason: int | str | None = None
+    """The stop string or stop token id that ended the output."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int = 0
