@@ -85,7 +85,7 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -153,6 +153,8 @@ _W_CONSUMER_CLOSED = _OFF_CONSUMER_FLAGS // 4
 _W_CONSUMER_SLEEPING = _OFF_CONSUMER_FLAGS // 4 + 1
 _Q_DATA = _OFF_DATA // 8
 
+T = TypeVar("T")
+
 MIN_CAPACITY = 16
 MAX_CAPACITY = 1 << 32  # a record length is a u32
 
@@ -188,9 +190,8 @@ def _membarrier() -> Callable[[], None] | None:
     return barrier
 
 
-def _lock_fence() -> Callable[[], None]:
+def _lock_fence(lock: threading.Lock) -> Callable[[], None]:
     """A full fence from a lock round trip (see the module docstring)."""
-    lock = threading.Lock()
     acquire, release = lock.acquire, lock.release
 
     def fence() -> None:
@@ -198,10 +199,6 @@ def _lock_fence() -> Callable[[], None]:
         release()
 
     return fence
-
-
-def _record_bytes(payload_len: int) -> int:
-    return (payload_len + _HEADER_BYTES + 7) & -8
 
 
 def _drain_eventfd(fd: int) -> None:
@@ -477,6 +474,7 @@ class _Endpoint:
     """What both endpoints share: the views, the fences, the epoll set {doorbell, peer pidfd}."""
 
     def __init__(self, ring: ShmRing, doorbell_fd: int, peer_doorbell_fd: int) -> None:
+        self._ring = ring  # keeps the fds open (the ring's finalizer closes them)
         self._mem = ring._mem
         self._bytes_view, self._q, self._w = ring._views
         self._cap = ring.capacity
@@ -486,10 +484,11 @@ class _Endpoint:
         if ring.fence == "membarrier":
             barrier = _membarrier()
             assert barrier is not None  # create/attach checked
-            self._fast_fence: Callable[[], None] | None = None
+            self._fence_lock: threading.Lock | None = None  # the hot path needs no fence
             self._slow_fence = barrier
         else:
-            self._fast_fence = self._slow_fence = _lock_fence()
+            self._fence_lock = threading.Lock()
+            self._slow_fence = _lock_fence(self._fence_lock)
         self._epoll = select.epoll()
         self._epoll.register(doorbell_fd, select.EPOLLIN)
         self._pidfd: int | None = None
@@ -581,8 +580,9 @@ class RingSender(_Endpoint):
         q[_Q_TAIL] = tail
         self._tail = tail
         self.messages += 1
-        if self._fast_fence is not None:
-            self._fast_fence()
+        if (lock := self._fence_lock) is not None:
+            lock.acquire()  # a full fence: see the module docstring
+            lock.release()
         # The receiver sets its sleeping flag when it closes too, so this one load covers both.
         sleeping = self._w[_W_CONSUMER_SLEEPING]
         if sleeping and sleeping != self._rung_for:
@@ -593,27 +593,29 @@ class RingSender(_Endpoint):
 
     def send(self, payload: bytes | bytearray | memoryview, timeout: float | None = None) -> None:
         """Publish one message, waiting for room; `TimeoutError` after `timeout` seconds."""
-        try:
-            return self.send_nowait(payload)
-        except anyio.WouldBlock:
-            pass
-        deadline = None if timeout is None else time.monotonic() + timeout
-        payload = _byte_view(payload)
-        size = _record_bytes(len(payload))
-        while True:
-            if self._arm(size):
-                remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                self.waits += 1
-                events = self._epoll.poll(remaining)
-                self._disarm()
-                self._collect(events)
-            try:
-                return self.send_nowait(payload)
-            except anyio.WouldBlock:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"ring full for {timeout} s ({len(payload)}-byte message)"
-                    ) from None
+        if self._stop:
+            self._raise_if_unusable()
+        if type(payload) is not bytes:
+            payload = _byte_view(payload)
+        size = (len(payload) + 15) & -8
+        if self._tail + size - self._head_seen > self._cap and not self._room_for(size):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self._room_for(size):
+                if deadline is None:
+                    self._sleep(size, -1.0)
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"ring full for {timeout} s ({len(payload)}-byte message)")
+                self._sleep(size, remaining)
+        self.send_nowait(payload)
+
+    def _sleep(self, size: int, timeout: float) -> None:
+        if self._arm(size):
+            self.waits += 1
+            events = self._epoll.poll(timeout)
+            self._disarm()
+            self._collect(events)
 
     def close(self) -> None:
         """End the stream: the receiver drains what was sent, then gets RingClosedError."""
@@ -676,6 +678,7 @@ class RingReceiver(_Endpoint):
         super().__init__(ring, ring.spec.data_fd, ring.spec.space_fd)
         self._head: int = self._q[_Q_HEAD]
         self._tail_seen = self._head
+        self._readonly_view = self._bytes_view.toreadonly()
         self._epoch = 0  # of our sleeps: the sender rings once per epoch
         self._rung_for = 0  # the sender's last wake-at position we rang for
 
@@ -702,8 +705,9 @@ class RingReceiver(_Endpoint):
         self._q[_Q_HEAD] = head
         self._head = head
         self.messages += 1
-        if self._fast_fence is not None:
-            self._fast_fence()
+        if (lock := self._fence_lock) is not None:
+            lock.acquire()  # a full fence: see the module docstring
+            lock.release()
         wake_at = self._q[_Q_PRODUCER_WAKE_AT]
         if wake_at and head >= wake_at and wake_at != self._rung_for:
             self._rung_for = wake_at
@@ -741,36 +745,94 @@ class RingReceiver(_Endpoint):
                 append(self._join_wrapped(body, end))
             head += (n + 15) & -8
             budget -= 1
-        q[_Q_HEAD] = head
+        self._consume_to(head, len(out))
+        return out
+
+    def receive_decoded_nowait(self, decode: Callable[[memoryview], T]) -> T:
+        """Like `receive_nowait`, but return `decode(view)` of the message where it lies.
+
+        Saves copying the payload out of the ring, which pays from tens of KiB on. The view is
+        valid during the call only: `decode` must not keep it or anything sharing its memory (a
+        msgspec decoder into Structs copies what it keeps; `msgspec.Raw` fields would not), or
+        `RingError` is raised. The message is consumed even if `decode` raises.
+        """
+        if self._closed:
+            self._check_open()
+        head = self._head
+        if head == self._tail_seen and not self._refresh_tail():
+            raise anyio.WouldBlock
+        offset = head % self._cap
+        header = self._q[_Q_DATA + (offset >> 3)]
+        n = header & _LENGTH_MASK
+        if header >> 32 != _RECORD_MESSAGE or n + 8 > self._tail_seen - head:
+            raise self._corrupt(head, header)
+        body = _OFF_DATA + offset + 8
+        end = body + n
+        if end <= self._data_end:
+            view = self._readonly_view[body:end]
+        else:
+            view = memoryview(self._join_wrapped(body, end))
+        leaked = False
+        try:
+            result = decode(view)
+        finally:
+            try:
+                view.release()
+            except BufferError:
+                leaked = True
+            self._consume_to(head + ((n + 15) & -8), 1)
+        if leaked:
+            raise RingError(
+                "the decode function kept a reference to the message's memory in the ring; "
+                "it must copy what it keeps"
+            )
+        return result
+
+    def receive_decoded(self, decode: Callable[[memoryview], T], timeout: float | None = None) -> T:
+        """`receive_decoded_nowait`, waiting for a message like `receive`."""
+        self._wait_for_data(timeout)
+        return self.receive_decoded_nowait(decode)
+
+    def _consume_to(self, head: int, count: int) -> None:
+        """Return the space up to `head` to the producer; wake it if it waits for that much."""
+        self._q[_Q_HEAD] = head
         self._head = head
-        self.messages += len(out)
-        if self._fast_fence is not None:
-            self._fast_fence()
-        wake_at = q[_Q_PRODUCER_WAKE_AT]
+        self.messages += count
+        if (lock := self._fence_lock) is not None:
+            lock.acquire()  # a full fence: see the module docstring
+            lock.release()
+        wake_at = self._q[_Q_PRODUCER_WAKE_AT]
         if wake_at and head >= wake_at and wake_at != self._rung_for:
             self._rung_for = wake_at
             self._ring_peer()
-        return out
 
     def receive(self, timeout: float | None = None) -> bytes:
         """Take the next message, waiting for one; `TimeoutError` after `timeout` seconds."""
-        try:
-            return self.receive_nowait()
-        except anyio.WouldBlock:
-            pass
+        if self._head == self._tail_seen or self._closed:
+            self._wait_for_data(timeout)
+        return self.receive_nowait()
+
+    def _wait_for_data(self, timeout: float | None) -> None:
+        """Return once a message is there; raise if none will come or `timeout` passes."""
+        self._check_open()
+        if self._head != self._tail_seen or self._refresh_tail():
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._arm():
-                remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                self.waits += 1
-                events = self._epoll.poll(remaining)
-                self._disarm()
-                self._collect(events)
-            try:
-                return self.receive_nowait()
-            except anyio.WouldBlock:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"no message within {timeout} s") from None
+        while not self._refresh_tail():
+            if deadline is None:
+                self._sleep(-1.0)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no message within {timeout} s")
+            self._sleep(remaining)
+
+    def _sleep(self, timeout: float) -> None:
+        if self._arm():
+            self.waits += 1
+            events = self._epoll.poll(timeout)
+            self._disarm()
+            self._collect(events)
 
     def close(self) -> None:
         """Stop receiving: the sender's next send raises RingClosedError."""
@@ -818,6 +880,10 @@ class RingReceiver(_Endpoint):
         if not self._closed:  # a closed receiver keeps the flag up (see close)
             self._w[_W_CONSUMER_SLEEPING] = 0
 
+    def _release(self) -> None:
+        super()._release()
+        self._readonly_view.release()
+
     def _join_wrapped(self, body: int, end: int) -> bytes:
         """A payload that wraps, copied out once into one allocation."""
         view = self._bytes_view
@@ -846,18 +912,14 @@ class AsyncRingSender:
         self.sync.send_nowait(payload)
 
     async def send(self, payload: bytes | bytearray | memoryview) -> None:
-        sender = self.sync
         await anyio.lowlevel.checkpoint_if_cancelled()
-        try:
-            sender.send_nowait(payload)
-        except anyio.WouldBlock:
-            pass
-        else:
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-            return
-        payload = _byte_view(payload)
-        size = _record_bytes(len(payload))
-        while True:
+        sender = self.sync
+        if sender._stop:
+            sender._raise_if_unusable()
+        if type(payload) is not bytes:
+            payload = _byte_view(payload)
+        size = (len(payload) + 15) & -8
+        while sender._tail + size - sender._head_seen > sender._cap and not sender._room_for(size):
             if sender._arm(size):
                 sender.waits += 1
                 try:
@@ -865,11 +927,8 @@ class AsyncRingSender:
                 finally:
                     sender._disarm()
                 sender._collect(sender._epoll.poll(0))
-            try:
-                sender.send_nowait(payload)
-            except anyio.WouldBlock:
-                continue
-            return
+        sender.send_nowait(payload)  # the only mutation, after the last await that can raise
+        await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def close(self) -> None:
         self.sync.close()
@@ -907,14 +966,26 @@ class AsyncRingReceiver:
     async def receive(self) -> bytes:
         await anyio.lowlevel.checkpoint_if_cancelled()
         receiver = self.sync
-        while True:
-            try:
-                data = receiver.receive_nowait()
-            except anyio.WouldBlock:
-                await self._wait(receiver)
-                continue
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-            return data
+        receiver._check_open()
+        while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
+            await self._wait(receiver)
+        data = receiver.receive_nowait()  # the only mutation, after the last await that can raise
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return data
+
+    async def receive_decoded(self, decode: Callable[[memoryview], T]) -> T:
+        """`receive`, but return `decode(view)` of the message where it lies in the ring.
+
+        See `RingReceiver.receive_decoded_nowait` for what `decode` may not do.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        receiver = self.sync
+        receiver._check_open()
+        while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
+            await self._wait(receiver)
+        result = receiver.receive_decoded_nowait(decode)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     async def receive_batch(self, max_messages: int | None = None) -> list[bytes]:
         """Wait for at least one message, then take all available (at most `max_messages`)."""
