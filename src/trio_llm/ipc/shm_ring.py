@@ -152,6 +152,10 @@ _Q_HEAD = _OFF_HEAD // 8
 _W_CONSUMER_CLOSED = _OFF_CONSUMER_FLAGS // 4
 _W_CONSUMER_SLEEPING = _OFF_CONSUMER_FLAGS // 4 + 1
 _Q_DATA = _OFF_DATA // 8
+_OFF_BODY = _OFF_DATA + _HEADER_BYTES  # where the payload of a record at data offset 0 starts
+
+_NOWAIT = float("-inf")
+"""The timeout `send_nowait`/`receive_nowait` pass to `send`/`receive`: raise WouldBlock."""
 
 T = TypeVar("T")
 
@@ -443,7 +447,7 @@ class ShmRing:
             endpoint._release()
         self._closed = True
         for view in reversed(self._views):
-            view.release()
+            view.release()  # (after the endpoints released the views they sliced from these)
         self._mem.close()
         self._finalizer()
 
@@ -477,6 +481,7 @@ class _Endpoint:
         self._ring = ring  # keeps the fds open (the ring's finalizer closes them)
         self._mem = ring._mem
         self._bytes_view, self._q, self._w = ring._views
+        self._q_data = self._q[_Q_DATA:]  # record headers, indexed by data offset // 8
         self._cap = ring.capacity
         self._data_end = _OFF_DATA + ring.capacity
         self._doorbell_fd = doorbell_fd
@@ -527,6 +532,7 @@ class _Endpoint:
 
     def _release(self) -> None:
         self._epoll.close()
+        self._q_data.release()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -554,6 +560,13 @@ class RingSender(_Endpoint):
         closed (a message racing with that close is dropped silently, as it would be unread),
         `PeerDiedError` once the receiving process is known to have exited.
         """
+        self.send(payload, _NOWAIT)
+
+    def send(self, payload: bytes | bytearray | memoryview, timeout: float | None = None) -> None:
+        """Publish one message, waiting for room; `TimeoutError` after `timeout` seconds.
+
+        Raises like `send_nowait` otherwise. (The hot path lives here, in one frame.)
+        """
         if self._stop:
             self._raise_if_unusable()
         if type(payload) is not bytes:
@@ -562,9 +575,11 @@ class RingSender(_Endpoint):
         size = (n + 15) & -8
         tail = self._tail
         if tail + size - self._head_seen > self._cap and not self._room_for(size):
-            raise anyio.WouldBlock
+            if timeout == _NOWAIT:
+                raise anyio.WouldBlock
+            self._wait_for_room(size, timeout)
         offset = tail % self._cap
-        body = _OFF_DATA + offset + 8
+        body = _OFF_BODY + offset
         end = body + n
         if end <= self._data_end:
             self._mem[body:end] = payload
@@ -574,10 +589,9 @@ class RingSender(_Endpoint):
             view = memoryview(payload)
             self._mem[body : self._data_end] = view[:first]
             self._mem[_OFF_DATA : _OFF_DATA + n - first] = view[first:]
-        q = self._q
-        q[_Q_DATA + (offset >> 3)] = n | _RECORD_TYPE_BITS
+        self._q_data[offset >> 3] = n | _RECORD_TYPE_BITS
         tail += size
-        q[_Q_TAIL] = tail
+        self._q[_Q_TAIL] = tail
         self._tail = tail
         self.messages += 1
         if (lock := self._fence_lock) is not None:
@@ -591,24 +605,17 @@ class RingSender(_Endpoint):
             if self._w[_W_CONSUMER_CLOSED]:
                 self._peer_closed = self._stop = True
 
-    def send(self, payload: bytes | bytearray | memoryview, timeout: float | None = None) -> None:
-        """Publish one message, waiting for room; `TimeoutError` after `timeout` seconds."""
-        if self._stop:
-            self._raise_if_unusable()
-        if type(payload) is not bytes:
-            payload = _byte_view(payload)
-        size = (len(payload) + 15) & -8
-        if self._tail + size - self._head_seen > self._cap and not self._room_for(size):
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not self._room_for(size):
-                if deadline is None:
-                    self._sleep(size, -1.0)
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"ring full for {timeout} s ({len(payload)}-byte message)")
-                self._sleep(size, remaining)
-        self.send_nowait(payload)
+    def _wait_for_room(self, size: int, timeout: float | None) -> None:
+        """Return once `size` bytes are free; raise if they never will or `timeout` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._room_for(size):
+            if deadline is None:
+                self._sleep(size, -1.0)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"ring full for {timeout} s ({size - 8}-byte message)")
+            self._sleep(size, remaining)
 
     def _sleep(self, size: int, timeout: float) -> None:
         if self._arm(size):
@@ -688,17 +695,26 @@ class RingReceiver(_Endpoint):
         Once the ring is empty and the sender has closed (or its process exited), raises
         `RingClosedError` (`PeerDiedError`) instead.
         """
+        return self.receive(_NOWAIT)
+
+    def receive(self, timeout: float | None = None) -> bytes:
+        """Take the next message, waiting for one; `TimeoutError` after `timeout` seconds.
+
+        Raises like `receive_nowait` otherwise. (The hot path lives here, in one frame.)
+        """
         if self._closed:
             self._check_open()
         head = self._head
         if head == self._tail_seen and not self._refresh_tail():
-            raise anyio.WouldBlock
+            if timeout == _NOWAIT:
+                raise anyio.WouldBlock
+            self._wait_for_data(timeout)
         offset = head % self._cap
-        header = self._q[_Q_DATA + (offset >> 3)]
-        n = header & _LENGTH_MASK
-        if header >> 32 != _RECORD_MESSAGE or n + 8 > self._tail_seen - head:
+        header = self._q_data[offset >> 3]
+        n = header - _RECORD_TYPE_BITS  # in range only if the type is right
+        if not 0 <= n <= self._tail_seen - head - 8:
             raise self._corrupt(head, header)
-        body = _OFF_DATA + offset + 8
+        body = _OFF_BODY + offset
         end = body + n
         data = self._mem[body:end] if end <= self._data_end else self._join_wrapped(body, end)
         head += (n + 15) & -8
@@ -724,20 +740,20 @@ class RingReceiver(_Endpoint):
         head = self._head
         if head == self._tail_seen and not self._refresh_tail():
             return []
-        mem, q, cap, data_end = self._mem, self._q, self._cap, self._data_end
+        mem, headers, cap, data_end = self._mem, self._q_data, self._cap, self._data_end
         tail = self._tail_seen
         budget = -1 if max_messages is None else max_messages
         out: list[bytes] = []
         append = out.append
         while head != tail and budget != 0:
             offset = head % cap
-            header = q[_Q_DATA + (offset >> 3)]
-            n = header & _LENGTH_MASK
-            if header >> 32 != _RECORD_MESSAGE or n + 8 > tail - head:
+            header = headers[offset >> 3]
+            n = header - _RECORD_TYPE_BITS
+            if not 0 <= n <= tail - head - 8:
                 if out:
                     break  # hand over the good ones; the next call raises
                 raise self._corrupt(head, header)
-            body = _OFF_DATA + offset + 8
+            body = _OFF_BODY + offset
             end = body + n
             if end <= data_end:
                 append(mem[body:end])
@@ -762,11 +778,11 @@ class RingReceiver(_Endpoint):
         if head == self._tail_seen and not self._refresh_tail():
             raise anyio.WouldBlock
         offset = head % self._cap
-        header = self._q[_Q_DATA + (offset >> 3)]
-        n = header & _LENGTH_MASK
-        if header >> 32 != _RECORD_MESSAGE or n + 8 > self._tail_seen - head:
+        header = self._q_data[offset >> 3]
+        n = header - _RECORD_TYPE_BITS
+        if not 0 <= n <= self._tail_seen - head - 8:
             raise self._corrupt(head, header)
-        body = _OFF_DATA + offset + 8
+        body = _OFF_BODY + offset
         end = body + n
         if end <= self._data_end:
             view = self._readonly_view[body:end]
@@ -805,12 +821,6 @@ class RingReceiver(_Endpoint):
         if wake_at and head >= wake_at and wake_at != self._rung_for:
             self._rung_for = wake_at
             self._ring_peer()
-
-    def receive(self, timeout: float | None = None) -> bytes:
-        """Take the next message, waiting for one; `TimeoutError` after `timeout` seconds."""
-        if self._head == self._tail_seen or self._closed:
-            self._wait_for_data(timeout)
-        return self.receive_nowait()
 
     def _wait_for_data(self, timeout: float | None) -> None:
         """Return once a message is there; raise if none will come or `timeout` passes."""
