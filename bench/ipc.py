@@ -129,13 +129,20 @@ def child_main(kind: str, arg: str) -> None:
             print(f"cpu {cpu}", flush=True)
             continue
         receive, send = end.receive, end.send
+        before = cpu_seconds()
         if command == "recv":
             for _ in range(int(value)):
                 receive()
         elif command == "echo":
             for _ in range(int(value)):
                 send(receive())
-        print("done", flush=True)
+        print(f"done {cpu_seconds() - before}", flush=True)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process so far, all its threads (ZMQ's I/O thread included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _timeout_ok(fn: Callable[..., object], seconds: float) -> None:
@@ -192,7 +199,7 @@ class Transport:
 
 
 class RingTransport(Transport):
-    def __init__(self, name: str, fence: str = "auto", in_place: bool = False) -> None:
+    def __init__(self, name: str, fence: str = "lock", in_place: bool = False) -> None:
         self.name = name
         self.down = ShmRing.create(RING_CAPACITY, fence=fence)  # type: ignore[arg-type]
         self.up = ShmRing.create(RING_CAPACITY, fence=fence)  # type: ignore[arg-type]
@@ -270,18 +277,21 @@ class PipeTransport(Transport):
 # -- measurements ---------------------------------------------------------------------------------
 
 
-def one_way(t: Transport, payload: bytes, count: int) -> float:
-    """Seconds to move `count` messages to the child, until it has taken the last one."""
+def one_way(t: Transport, payload: bytes, count: int) -> tuple[float, float]:
+    """Seconds to move `count` messages to the child, until it has taken the last one; and the
+    CPU seconds both processes spent on it."""
     t.prepare(len(payload))
     t.command(f"recv {count}")
     send = t.send
+    cpu = cpu_seconds()
     start = time.perf_counter()
     for _ in range(count):
         send(payload)
-    reply = t.reply()
+    reply = t.reply().split()
     elapsed = time.perf_counter() - start
-    assert reply == "done", reply
-    return elapsed
+    cpu = cpu_seconds() - cpu
+    assert reply[0] == "done", reply
+    return elapsed, cpu + float(reply[1])
 
 
 def ping_pong(t: Transport, payload: bytes, count: int) -> list[float]:
@@ -296,7 +306,7 @@ def ping_pong(t: Transport, payload: bytes, count: int) -> list[float]:
         send(payload)
         receive()
         times.append(clock() - start)
-    assert t.reply() == "done"
+    assert t.reply().startswith("done")
     return times
 
 
@@ -381,21 +391,23 @@ def main() -> None:
         transports: list[Transport] = [
             RingTransport("ring"),
             RingTransport("ring in place", in_place=True),
-            RingTransport("ring, lock fence", fence="lock"),
+            RingTransport("ring, membarrier", fence="membarrier"),
             ZmqTransport(workdir),
             PipeTransport(),
         ]
         names = [t.name for t in transports]
         try:
             rates: dict[tuple[str, int], list[float]] = {}
+            cpus: dict[tuple[str, int], list[float]] = {}
             for size in SIZES:
                 count = max(50, int(counts[size] * scale))
                 for t in transports:  # warm up: first touch of buffers and pages
                     one_way(t, payloads[size], max(10, count // 10))
                 for _ in range(repeats):
                     for t in transports:
-                        seconds = one_way(t, payloads[size], count)
+                        seconds, cpu = one_way(t, payloads[size], count)
                         rates.setdefault((t.name, size), []).append(count / seconds)
+                        cpus.setdefault((t.name, size), []).append(cpu / count)
                 print(f"one-way {human(size)} done", flush=True)
             rtts, idle = {}, {}
             for t in transports:
@@ -419,17 +431,18 @@ def main() -> None:
         "",
         "## One-way throughput",
         "",
-        "| payload | transport | msg/s | MB/s | vs ZMQ |",
-        "|---|---|---:|---:|---:|",
+        "| payload | transport | msg/s | MB/s | vs ZMQ | CPU µs/msg, both ends |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     verdicts = []
     for size in SIZES:
         actual = len(payloads[size])
         med = {name: statistics.median(rates[(name, size)]) for name in names}
         for name in names:
+            cpu = statistics.median(cpus[(name, size)]) * 1e6
             lines.append(
                 f"| {human(size)} ({actual} B) | {name} | {med[name]:,.0f} "
-                f"| {med[name] * actual / 1e6:,.1f} | {med[name] / med['zmq']:.2f}x |"
+                f"| {med[name] * actual / 1e6:,.1f} | {med[name] / med['zmq']:.2f}x | {cpu:.2f} |"
             )
         if size in TARGETS:
             ring = "ring" if size < ZMQ_COPY_THRESHOLD else "ring in place"

@@ -41,27 +41,34 @@ Doorbells, and why no wake-up is lost. Each ring has two eventfds: "data" (the p
 sleeping consumer) and "space" (the consumer wakes a producer waiting on a full ring). Ringing on
 every message would cost a system call per message (0.7 us here, more than the rest of a send),
 so a side rings only when the other has announced that it sleeps: the consumer sets
-`consumer_sleeping`, fences, re-reads the tail, and only then blocks; the producer writes the
-tail, then reads `consumer_sleeping` and rings if it is set (symmetrically for a full ring, with
-`producer_waiting` and the head). That is Dekker's pattern, and it needs a StoreLoad fence on both
-sides, the one reordering x86 does allow (a store can wait in the store buffer while a later load
-completes). Two ways to get one from Python, chosen once per ring and recorded in the preamble:
+`consumer_sleeping` (a fresh epoch number), fences, re-reads the tail, and only then blocks; the
+producer writes the tail, then reads `consumer_sleeping` and rings once per epoch. Symmetrically,
+a producer facing a full ring sets `wake_at` (the head position at which a quarter of the ring, or
+what its message needs, is free: one wake-up per batch, not per message), fences, re-reads the
+head and blocks; the consumer rings once it has moved the head past `wake_at`. That is Dekker's
+pattern, and it needs a StoreLoad fence on both sides, the one reordering x86 does allow (a store
+can wait in the store buffer while a later load completes). Two ways to get one from Python,
+chosen once per ring and recorded in the preamble:
 
-- "membarrier" (the default where the kernel allows it): the asymmetric form. The side about to
-  sleep, which is on its slow path anyway, calls membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED); the
-  kernel makes every running thread of every registered process (both of ours register in
-  create/attach) execute a full barrier. Whether the peer's barrier lands before its tail store,
-  between its store and its flag load, or after its load, one of the two sides sees the other's
-  store. The hot path then needs no fence at all.
-- "lock": acquiring and releasing an uncontended `threading.Lock` executes a LOCK-prefixed
-  read-modify-write inside libc (`sem_trywait`/`sem_post` on CPython 3.11, an atomic
-  compare-exchange in 3.13's `PyMutex`), a full fence on x86; both sides pay it on every message
-  (about 0.2 us here). The fallback for kernels or sandboxes without membarrier.
+- "lock" (the default): acquiring and releasing an uncontended `threading.Lock` executes a
+  LOCK-prefixed read-modify-write inside libc (`sem_trywait`/`sem_post` on CPython 3.11, an
+  atomic compare-exchange in 3.13's `PyMutex`), which is a full fence on x86; the C compiler cannot
+  move the surrounding stores across the opaque calls either. Both sides pay it on every message,
+  about 0.2 us here.
+- "membarrier": the asymmetric form. The side about to sleep calls
+  membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED), and the kernel makes every running thread of every
+  registered process (ours register in create/attach) execute a full barrier; wherever the peer's
+  barrier lands (before its position store, between store and flag load, or after the load), one
+  side sees the other's store. The hot path then needs no fence, but each sleep costs an IPI to
+  the other CPUs, which in a VM under load took tens of microseconds (bench/results/ipc.md), so
+  it is the choice for dedicated cores only.
 
 The eventfd counter persists, so a ring that lands between the sleeper's check and its
 `epoll_wait` still wakes it. A closing side rings unconditionally. The two-process stress test (a
 million messages through a small ring, random pauses on both sides, in both fence modes)
-exercises all of this.
+exercises all of this; it cannot prove the fences necessary (with them removed it still passed
+three runs out of three here: the race window is a few store-buffer drains wide), only that the
+protocol loses nothing with them.
 
 A dead peer is noticed through a pidfd (`watch_peer`) that sits in the same epoll set as the
 doorbell, so a blocked operation wakes up when the peer exits, however it exits.
@@ -205,11 +212,6 @@ def _lock_fence(lock: threading.Lock) -> Callable[[], None]:
     return fence
 
 
-def _drain_eventfd(fd: int) -> None:
-    with contextlib.suppress(BlockingIOError):
-        os.eventfd_read(fd)
-
-
 def _close_fds(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -287,13 +289,11 @@ class ShmRing:
         return (self.spec.mem_fd, self.spec.data_fd, self.spec.space_fd)
 
     @classmethod
-    def create(
-        cls, capacity: int, *, fence: Literal["auto", "membarrier", "lock"] = "auto"
-    ) -> ShmRing:
+    def create(cls, capacity: int, *, fence: Literal["lock", "membarrier"] = "lock") -> ShmRing:
         """Allocate a ring with `capacity` data bytes (a multiple of 8, 16 to 2**32).
 
-        `fence` picks the doorbell protocol's fence (module docstring); "auto" takes
-        membarrier where the kernel allows it. The largest message is `capacity - 8` bytes.
+        `fence` picks how the doorbell protocol fences (module docstring). The largest message
+        is `capacity - 8` bytes.
         """
         _check_platform()
         if not (MIN_CAPACITY <= capacity <= MAX_CAPACITY) or capacity % 8:
@@ -301,12 +301,10 @@ class ShmRing:
                 f"capacity must be a multiple of 8 between {MIN_CAPACITY} and {MAX_CAPACITY}, "
                 f"got {capacity}"
             )
-        if fence == "auto":
-            fence = "membarrier" if _membarrier() is not None else "lock"
-        elif fence == "membarrier" and _membarrier() is None:
+        if fence not in _FENCE_MODES:
+            raise ValueError(f"fence must be 'lock' or 'membarrier', got {fence!r}")
+        if fence == "membarrier" and _membarrier() is None:
             raise RingError("membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) is not available here")
-        elif fence not in _FENCE_MODES:
-            raise ValueError(f"fence must be 'auto', 'membarrier' or 'lock', got {fence!r}")
         fds: list[int] = []
         try:
             # CLOEXEC: only a child given the fds in pass_fds inherits them.
@@ -495,7 +493,10 @@ class _Endpoint:
             self._fence_lock = threading.Lock()
             self._slow_fence = _lock_fence(self._fence_lock)
         self._epoll = select.epoll()
-        self._epoll.register(doorbell_fd, select.EPOLLIN)
+        # Edge-triggered: every ring of the doorbell is one event, consumed by the epoll_wait that
+        # reports it, so the eventfd itself is never read (one system call less per wake-up).
+        # Its counter only grows, by one per ring: it would take 2**64 rings to fill it.
+        self._epoll.register(doorbell_fd, select.EPOLLIN | select.EPOLLET)
         self._pidfd: int | None = None
         self._peer_dead = False
         self._closed = False
@@ -519,11 +520,9 @@ class _Endpoint:
         return self._epoll.fileno()
 
     def _collect(self, events: list[tuple[int, int]]) -> None:
-        """Consume what woke us: drain the doorbell, note a dead peer."""
+        """Note what woke us: a dead peer matters; a doorbell event is consumed already."""
         for fd, _ in events:
-            if fd == self._doorbell_fd:
-                _drain_eventfd(fd)
-            elif fd == self._pidfd:
+            if fd == self._pidfd:
                 self._peer_died()
 
     def _ring_peer(self) -> None:
