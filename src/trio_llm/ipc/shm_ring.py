@@ -264,8 +264,9 @@ class ShmRing:
     The owner calls `create`, starts the child with `pass_fds=ring.fds` and `spec` (a msgspec
     Struct: encode it on the command line or a pipe), and the child calls `attach(spec)`. Each
     side then takes the endpoint it uses: `sender()`/`receiver()` for the blocking face,
-    `async_sender()`/`async_receiver()` for the AnyIO face (same endpoint underneath). An
-    endpoint is single-threaded: one thread, or one task, per endpoint.
+    `async_sender()`/`async_receiver()` for the AnyIO face (the same endpoint underneath). An
+    endpoint belongs to one thread; its AnyIO face may be shared by any number of tasks of that
+    thread's event loop.
     """
 
     def __init__(self, spec: RingSpec, mem: mmap.mmap, fence: str) -> None:
@@ -279,6 +280,8 @@ class ShmRing:
         self._peer_gone = False
         self._sender: RingSender | None = None
         self._receiver: RingReceiver | None = None
+        self._async_sender: AsyncRingSender | None = None
+        self._async_receiver: AsyncRingReceiver | None = None
         self._closed = False
         # Close our fds even if the caller forgets to; close() runs it early.
         self._finalizer = weakref.finalize(self, _close_fds, list(self.fds))
@@ -410,12 +413,16 @@ class ShmRing:
         return self._receiver
 
     def async_sender(self) -> AsyncRingSender:
-        """The producer endpoint's AnyIO face."""
-        return AsyncRingSender(self.sender())
+        """The producer endpoint's AnyIO face (the same object on every call)."""
+        if self._async_sender is None:
+            self._async_sender = AsyncRingSender(self.sender())
+        return self._async_sender
 
     def async_receiver(self) -> AsyncRingReceiver:
-        """The consumer endpoint's AnyIO face."""
-        return AsyncRingReceiver(self.receiver())
+        """The consumer endpoint's AnyIO face (the same object on every call)."""
+        if self._async_receiver is None:
+            self._async_receiver = AsyncRingReceiver(self.receiver())
+        return self._async_receiver
 
     def statistics(self) -> RingStatistics:
         self._check_open()
@@ -906,18 +913,37 @@ class RingReceiver(_Endpoint):
         )
 
 
+class _Queue:
+    """Lets many tasks of one event loop share an endpoint: one waits on the doorbell at a time
+    (Trio allows one waiter per fd, asyncio would silently drop the first), the others queue
+    behind it in FIFO order, and nobody overtakes the queue on the fast path."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._lock: anyio.Lock | None = None
+
+    def lock(self) -> anyio.Lock:
+        if self._lock is None:  # made in the event loop that first needs it
+            self._lock = anyio.Lock()
+        return self._lock
+
+
 class AsyncRingSender:
     """The producer end for async code, on AnyIO (Trio or asyncio): `ring.async_sender()`.
 
     `send` is always a checkpoint. A cancelled `send` has sent nothing: the message is written
-    in one synchronous step after the last await.
+    in one synchronous step after the last await. Any number of tasks may send; a task finding
+    the ring full waits, in FIFO order with the others that do.
     """
 
     def __init__(self, sender: RingSender) -> None:
         self.sync = sender
         """The blocking face of the same endpoint."""
+        self._queue = _Queue()
 
     def send_nowait(self, payload: bytes | bytearray | memoryview) -> None:
+        if self._queue.waiting:
+            raise anyio.WouldBlock  # others wait for room already
         self.sync.send_nowait(payload)
 
     async def send(self, payload: bytes | bytearray | memoryview) -> None:
@@ -928,15 +954,25 @@ class AsyncRingSender:
         if type(payload) is not bytes:
             payload = _byte_view(payload)
         size = (len(payload) + 15) & -8
-        while sender._tail + size - sender._head_seen > sender._cap and not sender._room_for(size):
-            if sender._arm(size):
-                sender.waits += 1
-                try:
-                    await anyio.wait_readable(sender._wait_fd())
-                finally:
-                    sender._disarm()
-                sender._collect(sender._epoll.poll(0))
-        sender.send_nowait(payload)  # the only mutation, after the last await that can raise
+        if self._queue.waiting or (
+            sender._tail + size - sender._head_seen > sender._cap and not sender._room_for(size)
+        ):
+            self._queue.waiting += 1
+            try:
+                async with self._queue.lock():
+                    while not sender._room_for(size):
+                        if sender._arm(size):
+                            sender.waits += 1
+                            try:
+                                await anyio.wait_readable(sender._wait_fd())
+                            finally:
+                                sender._disarm()
+                            sender._collect(sender._epoll.poll(0))
+                    sender.send_nowait(payload)  # the only mutation: after the last await
+            finally:
+                self._queue.waiting -= 1
+        else:
+            sender.send_nowait(payload)
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def close(self) -> None:
@@ -965,57 +1001,58 @@ class AsyncRingReceiver:
     def __init__(self, receiver: RingReceiver) -> None:
         self.sync = receiver
         """The blocking face of the same endpoint."""
+        self._queue = _Queue()
 
     def receive_nowait(self) -> bytes:
+        if self._queue.waiting:
+            raise anyio.WouldBlock  # what arrives belongs to the tasks waiting already
         return self.sync.receive_nowait()
 
     def receive_all_nowait(self, max_messages: int | None = None) -> list[bytes]:
+        if self._queue.waiting:
+            return []
         return self.sync.receive_all_nowait(max_messages)
 
     async def receive(self) -> bytes:
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        receiver = self.sync
-        receiver._check_open()
-        while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
-            await self._wait(receiver)
-        data = receiver.receive_nowait()  # the only mutation, after the last await that can raise
-        await anyio.lowlevel.cancel_shielded_checkpoint()
-        return data
+        return await self._take(RingReceiver.receive_nowait)
 
     async def receive_decoded(self, decode: Callable[[memoryview], T]) -> T:
         """`receive`, but return `decode(view)` of the message where it lies in the ring.
 
         See `RingReceiver.receive_decoded_nowait` for what `decode` may not do.
         """
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        receiver = self.sync
-        receiver._check_open()
-        while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
-            await self._wait(receiver)
-        result = receiver.receive_decoded_nowait(decode)
-        await anyio.lowlevel.cancel_shielded_checkpoint()
-        return result
+        return await self._take(lambda receiver: receiver.receive_decoded_nowait(decode))
 
     async def receive_batch(self, max_messages: int | None = None) -> list[bytes]:
         """Wait for at least one message, then take all available (at most `max_messages`)."""
+        return await self._take(lambda receiver: receiver.receive_all_nowait(max_messages))
+
+    async def _take(self, take: Callable[[RingReceiver], T]) -> T:
+        """Wait (in FIFO order with other tasks) until a message is there, then `take` it."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         receiver = self.sync
-        while True:
-            batch = receiver.receive_all_nowait(max_messages)
-            if batch:
-                await anyio.lowlevel.cancel_shielded_checkpoint()
-                return batch
-            await self._wait(receiver)
-
-    @staticmethod
-    async def _wait(receiver: RingReceiver) -> None:
-        if receiver._arm():
-            receiver.waits += 1
+        receiver._check_open()
+        if self._queue.waiting or (
+            receiver._head == receiver._tail_seen and not receiver._refresh_tail()
+        ):
+            self._queue.waiting += 1
             try:
-                await anyio.wait_readable(receiver._wait_fd())
+                async with self._queue.lock():
+                    while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
+                        if receiver._arm():
+                            receiver.waits += 1
+                            try:
+                                await anyio.wait_readable(receiver._wait_fd())
+                            finally:
+                                receiver._disarm()
+                            receiver._collect(receiver._epoll.poll(0))
+                    result = take(receiver)  # the only mutation: after the last await
             finally:
-                receiver._disarm()
-            receiver._collect(receiver._epoll.poll(0))
+                self._queue.waiting -= 1
+        else:
+            result = take(receiver)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     def close(self) -> None:
         self.sync.close()
