@@ -108,6 +108,8 @@ class LLM:
         `prompts` is one prompt or a list of them (text or token ids); `params` is one
         `SamplingParams` for all, or one per prompt.
         """
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM is closed")
         batch = _as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(batch)

@@ -10,7 +10,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trio_llm import EngineDeadError, EngineStartError, SamplingParams, open_engine
+from trio_llm import (
+    EngineDeadError,
+    EngineStartError,
+    RequestOutputKind,
+    SamplingParams,
+    open_engine,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -18,7 +24,7 @@ SMALL = {"num_threads": 1, "kv_cache_memory": "16MiB"}
 
 
 async def test_killed_engine_fails_requests_in_flight_and_new_ones(tiny_model_dir: Path) -> None:
-    params = SamplingParams(max_tokens=1500, ignore_eos=True, output_kind=1)
+    params = SamplingParams(max_tokens=1500, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     raised_at: list[float] = []
     errors: list[EngineDeadError] = []
     streaming: list[int] = []

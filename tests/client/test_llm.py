@@ -18,7 +18,9 @@ def test_batch_generation_in_order_then_close(tiny_model_dir: Path) -> None:
         assert all(o.finished and len(o.outputs[0].token_ids) == 6 for o in outputs)
         (single,) = llm.generate(llm.tokenizer.encode("First prompt"), params)
         assert single.outputs[0].token_ids == outputs[0].outputs[0].token_ids  # greedy
-        per_prompt = llm.generate(["a", "b"], [params, SamplingParams(max_tokens=2, ignore_eos=True)])
+        per_prompt = llm.generate(
+            ["a", "b"], [params, SamplingParams(max_tokens=2, ignore_eos=True)]
+        )
         assert [len(o.outputs[0].token_ids) for o in per_prompt] == [6, 2]
         pid = llm._loop.client.pid  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):

@@ -51,7 +51,7 @@ class RequestCollector:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.n = n
-        self.kind = kind
+        self.kind = RequestOutputKind(kind)
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         """Updated in place by the output processor; each output carries a copy."""
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None

@@ -431,7 +431,9 @@ async def _handshake(
                     _load_tokenizer, args.model, abandon_on_cancel=True
                 )
             except Exception as exc:
-                raise EngineStartError(f"cannot load the tokenizer of {args.model!r}: {exc}") from exc
+                raise EngineStartError(
+                    f"cannot load the tokenizer of {args.model!r}: {exc}"
+                ) from exc
             try:
                 message = decode_engine_message(await receiver.receive())
             except RingClosedError:
@@ -493,10 +495,13 @@ async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIter
     `startup_timeout` seconds.
     """
     args = _engine_args(model, engine_args)
-    with ShmRing.create(args.ring_capacity) as request_ring, ShmRing.create(
-        args.ring_capacity
-    ) as output_ring:
-        launch = EngineLaunch(args=args, request_ring=request_ring.spec, output_ring=output_ring.spec)
+    with (
+        ShmRing.create(args.ring_capacity) as request_ring,
+        ShmRing.create(args.ring_capacity) as output_ring,
+    ):
+        launch = EngineLaunch(
+            args=args, request_ring=request_ring.spec, output_ring=output_ring.spec
+        )
         process = await anyio.open_process(
             [sys.executable, "-m", "trio_llm.engine"],
             stdin=subprocess.PIPE,
