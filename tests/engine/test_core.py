@@ -203,3 +203,72 @@ def test_a_duplicate_request_id_is_refused_and_the_first_continues(core: EngineC
     assert sorted(reasons, key=str) == ["error", "length"]
     assert sum(len(o.new_token_ids) for o in outs) == 3
     assert_all_blocks_free(core)
+
+
+def test_logprobs_and_prompt_logprobs_match_a_full_forward(
+    tiny_model_dir: Path, hf_tiny: torch.nn.Module
+) -> None:
+    (prompt,) = random_prompts([40], seed=10)
+    # A 16-token budget splits the prompt into chunks: prompt logprobs come from every chunk.
+    chunked = make_core(tiny_model_dir, max_num_batched_tokens=16)
+    got = run(chunked, [request("r", prompt, max_tokens=4, logprobs=3, prompt_logprobs=2)])["r"]
+    tokens = prompt + got.token_ids
+    with torch.inference_mode():
+        ref = hf_tiny(torch.tensor([tokens])).logits[0].log_softmax(-1)
+    assert got.prompt_logprobs is not None and len(got.prompt_logprobs) == len(prompt)
+    assert got.prompt_logprobs[0] is None
+    for pos in range(1, len(prompt)):
+        lp = got.prompt_logprobs[pos]
+        assert lp is not None
+        assert lp.token_ids[0] == prompt[pos]
+        assert lp.logprobs[0] == pytest.approx(ref[pos - 1, prompt[pos]].item(), abs=1e-4)
+        assert lp.token_ids[1:] == ref[pos - 1].topk(2).indices.tolist()
+    assert len(got.logprobs) == 4
+    for k, lp in enumerate(got.logprobs):
+        row = ref[len(prompt) + k - 1]
+        assert lp.token_ids[0] == got.token_ids[k] == row.argmax().item()
+        assert lp.rank == 1
+        assert lp.logprobs[0] == pytest.approx(row.max().item(), abs=1e-4)
+        assert lp.token_ids[1:] == row.topk(3).indices.tolist()
+
+
+def test_stop_token_ids_finish_with_the_stop_reason(core: EngineCore) -> None:
+    (prompt,) = random_prompts([12], seed=11)
+    free = run(core, [request("free", prompt, max_tokens=8, ignore_eos=True)])["free"].token_ids
+    stop_at = next(i for i, t in enumerate(free) if t not in free[:i] and i >= 2)
+    stop = free[stop_at]
+    got = run(core, [request("s", prompt, max_tokens=8, stop_token_ids=[stop])])["s"]
+    assert got.token_ids == free[: stop_at + 1]
+    assert (got.finish_reason, got.stop_reason) == ("stop", stop)
+    # min_tokens beyond the stop position masks the stop token there.
+    late = run(
+        core, [request("m", prompt, max_tokens=8, stop_token_ids=[stop], min_tokens=stop_at + 1)]
+    )
+    assert late["m"].token_ids[stop_at] != stop
+    assert len(late["m"].token_ids) > stop_at + 1
+
+
+def test_the_context_limit_finishes_with_length(tiny_model_dir: Path) -> None:
+    short = make_core(tiny_model_dir, max_model_len=20)
+    (prompt,) = random_prompts([15], seed=12)
+    got = run(short, [request("r", prompt, max_tokens=None, ignore_eos=True)])["r"]
+    assert len(got.token_ids) == 5
+    assert got.finish_reason == "length"
+    assert short.ready.max_model_len == 20
+
+
+def test_prompt_logprobs_survive_preemption(tiny_model_dir: Path, core: EngineCore) -> None:
+    prompts = random_prompts([40, 35, 30, 45], seed=13)
+    reqs = [
+        request(str(i), p, max_tokens=40, ignore_eos=True, prompt_logprobs=0)
+        for i, p in enumerate(prompts)
+    ]
+    expected = run(core, reqs)
+    block_bytes = core.ready.kv_cache_bytes // core.ready.num_blocks
+    small = make_core(tiny_model_dir, kv_cache_memory=16 * block_bytes)
+    got = run(small, reqs)
+    assert small.stats().num_preemptions > 0
+    for i, p in enumerate(prompts):
+        lps = got[str(i)].prompt_logprobs
+        assert lps is not None and len(lps) == len(p)
+        assert got[str(i)].token_ids == expected[str(i)].token_ids
