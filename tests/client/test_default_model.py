@@ -1,4 +1,8 @@
-"""Real text from the real default model (SmolLM2-135M-Instruct), through the whole client."""
+"""Real text from the real default model (SmolLM2-135M-Instruct), through the whole client.
+
+These check text, not concurrency, so they run on Trio only: every backend-dependent behaviour
+is covered on both backends with the tiny model, and the real model costs seconds per start.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,11 @@ import pytest
 from trio_llm import EngineClient, RequestOutputKind, SamplingParams, open_engine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "trio"
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +40,12 @@ async def chat(client: EngineClient, question: str, max_tokens: int) -> tuple[li
 
 async def test_capital_of_france(client: EngineClient) -> None:
     assert client.model_config.model == "SmolLM2-135M-Instruct"
-    pieces, _ = await chat(client, "What is the capital of France?", 32)
+    pieces, _ = await chat(client, "What is the capital of France?", 12)
     assert "Paris" in "".join(pieces)
 
 
 async def test_multibyte_text_streams_without_replacement_characters(client: EngineClient) -> None:
-    pieces, tokens = await chat(client, "Translate 'good morning' into Japanese.", 40)
+    pieces, tokens = await chat(client, "Translate 'good morning' into Japanese.", 24)
     tokenizer = client.tokenizer
     # Meaningful only if characters really were split across tokens.
     assert any("\ufffd" in tokenizer.decode([t]) for t in tokens)

@@ -531,7 +531,7 @@ async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIter
                 receiver,
                 tokenizer,
                 ready,
-                max_message_bytes=request_ring.capacity - 8,
+                max_message_bytes=sender.sync.max_message_size,
             )
             body_error: BaseException | None = None
             async with anyio.create_task_group() as tasks:
