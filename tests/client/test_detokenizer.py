@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
 from trio_llm.client.stop_strings import find_stop, held_back
@@ -85,3 +87,17 @@ def test_held_back_is_the_longest_suffix_that_starts_a_stop_string() -> None:
     assert held_back("Hello", ["world"]) == 0
     assert held_back("Hello world", ["world"]) == 0  # a whole match is not held, it is cut
     assert held_back("a<|", ["<|end|>", "|x"]) == 2
+
+
+@given(
+    text=st.text(alphabet="ab<|", max_size=12),
+    stops=st.lists(st.text(alphabet="ab<|", min_size=1, max_size=6), min_size=1, max_size=3),
+)
+def test_held_back_agrees_with_trying_every_prefix(text: str, stops: list[str]) -> None:
+    every = [
+        size
+        for stop in stops
+        for size in range(1, min(len(stop) - 1, len(text)) + 1)
+        if text.endswith(stop[:size])
+    ]
+    assert held_back(text, stops) == max(every, default=0)

@@ -26,11 +26,20 @@ def find_stop(text: str, new_from: int, stops: Sequence[str]) -> tuple[int, str]
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
-    """How many characters at the end of `text` could still be the start of a stop string."""
-    longest = 0
+    """How many characters at the end of `text` could still be the start of a stop string.
+
+    Runs once per token: only prefixes ending in the text's last character are compared, so
+    the cost does not grow with the square of a stop string's length.
+    """
+    if not text:
+        return 0
+    last, longest = text[-1], 0
     for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
+        # Candidate prefixes stop[: at + 1] are proper prefixes no longer than the text.
+        at = stop.rfind(last, 0, min(len(stop) - 1, len(text)))
+        while at + 1 > longest:
+            if text.endswith(stop[: at + 1]):
+                longest = at + 1
                 break
+            at = stop.rfind(last, 0, at)
     return longest
