@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from contextlib import aclosing
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import msgspec
 import trio
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from trio_llm.outputs import RequestOutput
 
 Prompt = str | list[int]
+_T = TypeVar("_T")
 
 
 class _Loop:
@@ -40,8 +42,8 @@ class _Loop:
 
     def __init__(self, model: str | None, engine_args: dict[str, Any]) -> None:
         self.client: EngineClient | None = None
-        self.token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(
@@ -55,22 +57,50 @@ class _Loop:
 
     async def _main(self, model: str | None, engine_args: dict[str, Any]) -> None:
         try:
-            async with open_engine(model, **engine_args) as client:
-                self.client, self.token = client, trio.lowlevel.current_trio_token()
-                self._stop = trio.Event()
+            async with open_engine(model, **engine_args) as client, trio.open_nursery() as nursery:
+                self.client, self._nursery = client, nursery
+                self._token = trio.lowlevel.current_trio_token()
                 self._started.set()
-                await self._stop.wait()
+                await trio.sleep_forever()  # until stop() cancels the nursery
         except BaseException as exc:
             if self._started.is_set():
                 raise
             self._start_error = exc
             self._started.set()
 
-    def stop(self) -> None:
-        if self.token is not None and self._thread.is_alive():
-            assert self._stop is not None
+    def submit(
+        self, fn: Callable[..., Awaitable[_T]], *args: Any
+    ) -> tuple[Future[_T], trio.CancelScope]:
+        """Run `fn(*args)` as a task on the loop; its result arrives through the future, and
+        cancelling the scope stops it."""
+        future: Future[_T] = Future()
+        scope = trio.CancelScope()
+
+        async def task() -> None:
             try:
-                trio.from_thread.run_sync(self._stop.set, trio_token=self.token)
+                with scope:
+                    result = await fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+                if isinstance(exc, trio.Cancelled):
+                    raise
+            else:
+                if scope.cancelled_caught:
+                    future.set_exception(KeyboardInterrupt())
+                else:
+                    future.set_result(result)
+
+        assert self._nursery is not None
+        trio.from_thread.run_sync(self._nursery.start_soon, task, trio_token=self._token)
+        return future, scope
+
+    def cancel(self, scope: trio.CancelScope) -> None:
+        trio.from_thread.run_sync(scope.cancel, trio_token=self._token)
+
+    def stop(self) -> None:
+        if self._nursery is not None and self._thread.is_alive():
+            try:
+                trio.from_thread.run_sync(self._nursery.cancel_scope.cancel, trio_token=self._token)
             except trio.RunFinishedError:
                 pass
             self._thread.join()
@@ -118,13 +148,12 @@ class LLM:
         final = [
             msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params
         ]
-        scope = trio.CancelScope()
+        future, scope = self._loop.submit(self._run_batch, batch, final)
         try:
-            return trio.from_thread.run(
-                self._run_batch, batch, final, scope, trio_token=self._loop.token
-            )
+            # Future.result() waits on a lock, which a KeyboardInterrupt interrupts.
+            return future.result()
         except KeyboardInterrupt:
-            trio.from_thread.run_sync(scope.cancel, trio_token=self._loop.token)
+            self._loop.cancel(scope)  # aborts the batch's requests in the engine
             raise
 
     def close(self) -> None:
@@ -149,7 +178,7 @@ class LLM:
         return self._loop.client
 
     async def _run_batch(
-        self, prompts: list[Prompt], params: list[SamplingParams], scope: trio.CancelScope
+        self, prompts: list[Prompt], params: list[SamplingParams]
     ) -> list[RequestOutput]:
         client = self._client
         results: list[RequestOutput | None] = [None] * len(prompts)
@@ -161,10 +190,9 @@ class LLM:
                 async for output in stream:
                     results[index] = output
 
-        with scope:  # cancelled from the calling thread on KeyboardInterrupt
-            async with trio.open_nursery() as nursery:
-                for index in range(len(prompts)):
-                    nursery.start_soon(run, index)
+        async with trio.open_nursery() as nursery:
+            for index in range(len(prompts)):
+                nursery.start_soon(run, index)
         return [r for r in results if r is not None]
 
 
