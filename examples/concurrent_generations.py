@@ -2,7 +2,7 @@
 
     python examples/concurrent_generations.py [MODEL]
 
-Each question streams in its own task. The last one runs under `trio.move_on_after(0.5)`: when
+Each question streams in its own task. The last one runs under `trio.move_on_after(2.0)`: when
 the deadline passes, the cancellation that reaches `generate()` is what aborts that request in
 the engine (there is no separate abort call), and the other streams are unaffected.
 """
@@ -41,7 +41,7 @@ async def main(model: str | None) -> None:
     async with trio_llm.open_engine(model) as client, trio.open_nursery() as nursery:
         for question in QUESTIONS:
             nursery.start_soon(ask, client, question)
-        nursery.start_soon(ask, client, CANCELLED, 0.5)
+        nursery.start_soon(ask, client, CANCELLED, 2.0)
 
 
 if __name__ == "__main__":
