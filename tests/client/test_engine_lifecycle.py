@@ -72,6 +72,7 @@ async def test_a_model_that_fails_to_load_raises_the_engines_message(
             pytest.fail("the engine must not become ready")
     # The loader's own words, carried from the engine process.
     assert "error while deserializing header" in str(info.value).lower()
+    assert "Traceback" in info.value.engine_traceback
 
 
 async def test_startup_timeout(tiny_model_dir: Path) -> None:

@@ -447,9 +447,7 @@ async def _handshake(
             f"the engine was not ready within startup_timeout={args.startup_timeout} s"
         ) from None
     if isinstance(message, EngineFailure):
-        error = EngineStartError(message.message)
-        error.engine_traceback = message.traceback  # type: ignore[attr-defined]
-        raise error
+        raise EngineStartError(message.message, engine_traceback=message.traceback)
     if not isinstance(message, EngineReady):
         raise EngineStartError(f"the engine sent {type(message).__name__} before it was ready")
     return message, tokenizer

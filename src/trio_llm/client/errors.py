@@ -15,6 +15,11 @@ class EngineDeadError(RuntimeError):
 class EngineStartError(RuntimeError):
     """The engine process did not come up; the message is the engine's own account of why."""
 
+    def __init__(self, message: str, *, engine_traceback: str = "") -> None:
+        super().__init__(message)
+        self.engine_traceback = engine_traceback
+        """The engine's traceback, when it reported one."""
+
 
 class EngineRequestError(RuntimeError):
     """The engine failed this one request (finish_reason 'error'); other requests go on."""
