@@ -6,7 +6,7 @@ CUDA device is visible, interpreted on CPU otherwise; see `_loader`). `triton_av
 whether they can run at all.
 """
 
-from trio_llm.kernels._config import DecodeConfig, PrefillConfig, decode_config
+from trio_llm.kernels._config import DecodeConfig, PrefillConfig, decode_config, prefill_config
 from trio_llm.kernels._loader import KernelUnavailableError, triton_available
 from trio_llm.kernels.paged_attention import (
     decode_attention,
@@ -26,6 +26,7 @@ __all__ = [
     "decode_config",
     "prefill_attention",
     "prefill_attention_ref",
+    "prefill_config",
     "triton_available",
     "write_kv",
     "write_kv_ref",

@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
-from trio_llm.kernels._config import DecodeConfig, PrefillConfig, decode_config
+from trio_llm.kernels._config import DecodeConfig, PrefillConfig, decode_config, prefill_config
 
 _LOG2E = 1.4426950408889634
 
@@ -304,7 +304,7 @@ def _prefill_kernel(
     stride_tb,
     stride_ot,
     stride_oh,
-    num_seqs,
+    num_seqs: tl.int32,  # typed, so that 1 is not made a constexpr: it seeds a loop-carried value
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -319,7 +319,8 @@ def _prefill_kernel(
     kv_head = tl.program_id(1)
     # Sequence b owns the tiles [cu[b] // BLOCK_Q + b, cu[b + 1] // BLOCK_Q + b + 1): enough for
     # its queries, and the grid (T // BLOCK_Q + B tiles) is known without reading cu on the host.
-    # Binary search for the last b whose first tile is <= this one.
+    # Binary search for the last b whose first tile is <= this one (lo and hi are loop-carried
+    # int32 values, hence the annotations).
     lo: tl.int32 = 0
     hi = num_seqs
     while lo < hi:
@@ -408,6 +409,7 @@ def write_kv(
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
+    block_h, block_d = _next_pow2(num_kv_heads, 1), _next_pow2(head_dim)
     _write_kv_kernel[(num_tokens,)](
         key,
         value,
@@ -427,8 +429,10 @@ def write_kv(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         PAGE=k_cache.shape[1],
-        BLOCK_H=_next_pow2(num_kv_heads, 1),
-        BLOCK_D=_next_pow2(head_dim),
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        # One token's K and V are small: spread them so each thread moves 16-byte vectors.
+        num_warps=max(1, min(4, block_h * block_d // 256)),
     )
 
 
@@ -531,7 +535,7 @@ def prefill_attention(
     num_seqs = cu_seqlens_q.shape[0] - 1
     if num_tokens == 0 or num_seqs == 0:
         return out
-    config = config or PrefillConfig()
+    config = config or prefill_config(q.dtype)
     group = num_heads // num_kv_heads
     block_m = max(config.block_m, _next_pow2(group))
     block_q = block_m // group
