@@ -105,6 +105,10 @@ def _attend_tile(
 
     Rows of `q` are query (token, head) pairs; positions >= visible_end (and, if CAUSAL, past a
     row's own q_pos) are masked out. A row that sees nothing in this tile keeps its state.
+
+    UPCAST is set only under the interpreter, which multiplies a bf16 `tl.dot`'s raw bit patterns
+    (triton-lang/triton#11584) and runs an fp16 one through numpy's slow half-precision loops: it
+    feeds the dots fp32 copies of the same 16-bit values, so the rounding matches the GPU's.
     """
     pos = start + tl.arange(0, BLOCK_N)
     in_range = pos < visible_end
@@ -173,7 +177,7 @@ def _decode_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(context_lens_ptr + b)
+    ctx = tl.load(context_lens_ptr + b).to(tl.int32)  # int32 or int64 in; int32 loop bounds
     start = split * split_len
     end = tl.minimum(start + split_len, ctx)
 
@@ -325,17 +329,17 @@ def _prefill_kernel(
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        first = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        first = tl.load(cu_seqlens_q_ptr + mid).to(tl.int32) // BLOCK_Q + mid
         if first <= tile:
             lo = mid + 1
         else:
             hi = mid
     b = lo - 1
-    q_start = tl.load(cu_seqlens_q_ptr + b)
-    q_len = tl.load(cu_seqlens_q_ptr + b + 1) - q_start
+    q_start = tl.load(cu_seqlens_q_ptr + b).to(tl.int32)
+    q_len = tl.load(cu_seqlens_q_ptr + b + 1).to(tl.int32) - q_start
     t0 = (tile - (q_start // BLOCK_Q + b)) * BLOCK_Q
     if t0 < q_len:
-        ctx = tl.load(context_lens_ptr + b)
+        ctx = tl.load(context_lens_ptr + b).to(tl.int32)  # int32 or int64 in; int32 loop bounds
         r = tl.arange(0, BLOCK_M)
         t = t0 + r // GROUP
         head = kv_head * GROUP + r % GROUP
@@ -496,7 +500,7 @@ def decode_attention(
         PAGE=block_size,
         NUM_SPLITS=num_splits,
         DOT_PRECISION=_dot_precision(q.dtype),
-        UPCAST=_INTERPRETED and q.dtype == torch.bfloat16,
+        UPCAST=_INTERPRETED and q.dtype != torch.float32,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -568,7 +572,7 @@ def prefill_attention(
         BLOCK_N=config.block_n,
         PAGE=block_size,
         DOT_PRECISION=_dot_precision(q.dtype),
-        UPCAST=_INTERPRETED and q.dtype == torch.bfloat16,
+        UPCAST=_INTERPRETED and q.dtype != torch.float32,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
