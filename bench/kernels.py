@@ -148,6 +148,10 @@ def machine(device: str) -> list[str]:
     ]
     if device == "cpu":
         lines.append("- torch and BLAS limited to 1 thread")
+    if hasattr(os, "getloadavg"):
+        lines.append(
+            f"- load average at start (other work on this machine): {os.getloadavg()[0]:.1f}"
+        )
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         lines.append(
@@ -443,13 +447,14 @@ def _decode_args(dtype: str, d: int, group: int, hkv: int, block_n: int, splits:
         stride_oh=d,
         num_heads=group * hkv,
         split_len=512,
+        num_splits=splits,
         HEAD_DIM=d,
         GROUP=group,
         BLOCK_G=max(16, 1 << (group - 1).bit_length()),
         BLOCK_D=d,
         BLOCK_N=block_n,
         PAGE=page,
-        NUM_SPLITS=splits,
+        SPLIT=splits > 1,
         DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
         UPCAST=False,
     )

@@ -10,11 +10,15 @@ Tolerances, on the output against an fp32 reference computed from the same (roun
 - fp32: atol = rtol = 1e-4 (ieee dots; only the summation order differs);
 - fp16: atol = rtol = 5e-3 (P is rounded to fp16 before the P @ V product, as on tensor cores);
 - bf16: atol = rtol = 3e-2 (the same, with bf16's 8-bit mantissa: about 4 ulps at |x| = 1).
+Largest errors seen in the interpreter: fp32 1.2e-6, fp16 2.0e-3, bf16 1.6e-2.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -238,6 +242,25 @@ def test_prefill_tiles_narrower_than_a_group(device: torch.device) -> None:
     assert_matches(out, prefill_attention_ref(*args))
 
 
+@pytest.mark.parametrize("head_dim", [16, 80])
+def test_head_dims_off_the_grid(device: torch.device, head_dim: int) -> None:
+    """16 (the test suite's tiny model) is the smallest a tensor-core dot takes; 80 is not a power
+    of two, so the kernels pad to 128 and mask the tail of every load and store."""
+    gen = torch.Generator().manual_seed(head_dim)
+    lengths = [1, 20, 77]
+    cache = make_cache(
+        lengths, num_kv_heads=2, head_dim=head_dim, block_size=16, dtype=F32, device=device, gen=gen
+    )
+    scale = head_dim**-0.5
+    q = torch.randn(len(lengths), 4, head_dim, generator=gen).to(device)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
+    assert_matches(decode_attention(*args, scale), decode_attention_ref(*args, scale))
+    cu = torch.tensor([0, 1, 11, 41], dtype=torch.int32, device=device)
+    qp = torch.randn(41, 4, head_dim, generator=gen).to(device)
+    pargs = (qp, cache.k_cache, cache.v_cache, cache.block_tables, cu, cache.context_lens, scale)
+    assert_matches(prefill_attention(*pargs), prefill_attention_ref(*pargs))
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_decode_is_prefill_with_one_query(device: torch.device, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(11)
@@ -307,3 +330,25 @@ def test_scale_is_applied(device: torch.device) -> None:
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
     for scale in (math.sqrt(64), 1e-3):
         assert_matches(decode_attention(*args, scale), decode_attention_ref(*args, scale))
+
+
+def test_triton_imported_before_the_interpreter_setting_is_refused(device: torch.device) -> None:
+    """If something imported Triton before TRITON_INTERPRET was settled, Triton's own library is
+    compiled-mode while our kernels would be interpreted, and bf16 math silently breaks: loading
+    must fail with a message that says what to do instead."""
+    if device.type != "cpu":
+        pytest.skip("only a process without a GPU interprets")
+    code = (
+        "import os, triton\n"
+        "os.environ.pop('TRITON_INTERPRET', None)\n"
+        "from trio_llm.kernels import KernelUnavailableError, _loader\n"
+        "try:\n"
+        "    _loader.load_triton()\n"
+        "except KernelUnavailableError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "refused: Triton was imported before TRITON_INTERPRET" in result.stdout, result.stderr

@@ -164,13 +164,14 @@ def _decode_kernel(
     stride_oh,
     num_heads,
     split_len,
+    num_splits,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -228,18 +229,18 @@ def _decode_kernel(
         )
 
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        dst = out_ptr + b64 * stride_ob + head[:, None] * stride_oh + d[None, :]
-        tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        # Partials are [B, Hq, NUM_SPLITS, BLOCK_D] and [B, Hq, NUM_SPLITS, 2] (max, sum), fp32.
+    if SPLIT:
+        # Partials are [B, Hq, num_splits, BLOCK_D] and [B, Hq, num_splits, 2] (max, sum), fp32.
         # An empty split (past this sequence's end: sum 0) writes only its (max, sum) = (-inf, 0).
-        row = (b64 * num_heads + head) * NUM_SPLITS + split
+        row = (b64 * num_heads + head) * num_splits + split
         acc_dst = part_acc_ptr + row[:, None] * BLOCK_D + d[None, :]
         tl.store(acc_dst, acc, mask=out_mask & (l_i > 0.0)[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=g_mask)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_mask)
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        dst = out_ptr + b64 * stride_ob + head[:, None] * stride_oh + d[None, :]
+        tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -250,10 +251,10 @@ def _decode_reduce_kernel(
     stride_ob,
     stride_oh,
     num_heads,
+    num_splits,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -266,8 +267,8 @@ def _decode_reduce_kernel(
     d = tl.arange(0, BLOCK_D)
     g_mask = g < GROUP
     head = kv_head * GROUP + g
-    row = (b * num_heads + head) * NUM_SPLITS
-    ml_mask = g_mask[:, None] & (s < NUM_SPLITS)[None, :]
+    row = (b * num_heads + head) * num_splits
+    ml_mask = g_mask[:, None] & (s < num_splits)[None, :]
     m_all = tl.load(
         part_ml_ptr + (row[:, None] + s[None, :]) * 2, mask=ml_mask, other=float("-inf")
     )
@@ -275,7 +276,7 @@ def _decode_reduce_kernel(
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
     total = tl.full([BLOCK_G], 0.0, tl.float32)
     acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
-    for i in range(NUM_SPLITS):
+    for i in range(num_splits):
         m_i = tl.load(part_ml_ptr + (row + i) * 2, mask=g_mask, other=float("-inf"))
         l_i = tl.load(part_ml_ptr + (row + i) * 2 + 1, mask=g_mask, other=0.0)
         w = tl.exp2(m_i - m_ref)
@@ -492,13 +493,14 @@ def decode_attention(
         out.stride(1),
         num_heads,
         split_len,
+        num_splits,
         HEAD_DIM=head_dim,
         GROUP=group,
         BLOCK_G=_next_pow2(group),
         BLOCK_D=block_d,
         BLOCK_N=config.block_n,
         PAGE=block_size,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
         DOT_PRECISION=_dot_precision(q.dtype),
         UPCAST=_INTERPRETED and q.dtype != torch.float32,
         num_warps=config.num_warps,
@@ -512,10 +514,10 @@ def decode_attention(
             out.stride(0),
             out.stride(1),
             num_heads,
+            num_splits,
             HEAD_DIM=head_dim,
             GROUP=group,
             BLOCK_G=_next_pow2(group, 1),
-            NUM_SPLITS=num_splits,
             BLOCK_S=_next_pow2(num_splits, 2),
             BLOCK_D=block_d,
             num_warps=4,

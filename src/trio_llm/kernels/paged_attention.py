@@ -9,7 +9,8 @@ These functions check shapes and dtypes (never values: reading a device tensor w
 stream and break graph capture) and run the Triton kernels. Values the caller guarantees:
 every block id a sequence reaches is a valid block, `context_lens[b] >= q_len_b` (the chunk's own
 K/V are already written), and `block_tables` is at least `ceil(context_lens[b] / block_size)`
-wide. The torch references (`*_ref`) compute the same functions for tests and for CPU serving.
+wide. The torch references (`*_ref`, re-exported here) define the same functions; the tests
+compare the kernels against them.
 """
 
 from __future__ import annotations
