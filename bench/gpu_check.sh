@@ -60,8 +60,11 @@ else
     export PYTHONPATH="$PWD/src"
 fi
 
+# Compiling each test's kernels dominates this step: spread it over 4 workers when xdist is there.
+parallel=()
+python3 -c "import xdist" 2>/dev/null && parallel=(-n 4)
 step "kernel tests (CUDA)" 150 "$out/kernel_tests.log" \
-    python3 -m pytest tests/kernels -q -p no:cacheprovider -o addopts="-ra" --durations=5
+    python3 -m pytest tests/kernels -q -p no:cacheprovider -o addopts="-ra" "${parallel[@]}"
 
 step "kernel benchmark" 150 "$out/kernels.log" \
     python3 bench/kernels.py --device cuda --out "$out/kernels.md"
