@@ -164,7 +164,7 @@ _OFF_BODY = _OFF_DATA + _HEADER_BYTES  # where the payload of a record at data o
 _NOWAIT = float("-inf")
 """The timeout `send_nowait`/`receive_nowait` pass to `send`/`receive`: raise WouldBlock."""
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 MIN_CAPACITY = 16
 MAX_CAPACITY = 1 << 32  # a record length is a u32
@@ -770,7 +770,7 @@ class RingReceiver(_Endpoint):
         self._consume_to(head, len(out))
         return out
 
-    def receive_decoded_nowait(self, decode: Callable[[memoryview], T]) -> T:
+    def receive_decoded_nowait(self, decode: Callable[[memoryview], _T]) -> _T:
         """Like `receive_nowait`, but return `decode(view)` of the message where it lies.
 
         Saves copying the payload out of the ring, which pays from tens of KiB on. The view is
@@ -810,7 +810,9 @@ class RingReceiver(_Endpoint):
             )
         return result
 
-    def receive_decoded(self, decode: Callable[[memoryview], T], timeout: float | None = None) -> T:
+    def receive_decoded(
+        self, decode: Callable[[memoryview], _T], timeout: float | None = None
+    ) -> _T:
         """`receive_decoded_nowait`, waiting for a message like `receive`."""
         self._wait_for_data(timeout)
         return self.receive_decoded_nowait(decode)
@@ -1016,7 +1018,7 @@ class AsyncRingReceiver:
     async def receive(self) -> bytes:
         return await self._take(RingReceiver.receive_nowait)
 
-    async def receive_decoded(self, decode: Callable[[memoryview], T]) -> T:
+    async def receive_decoded(self, decode: Callable[[memoryview], _T]) -> _T:
         """`receive`, but return `decode(view)` of the message where it lies in the ring.
 
         See `RingReceiver.receive_decoded_nowait` for what `decode` may not do.
@@ -1027,7 +1029,7 @@ class AsyncRingReceiver:
         """Wait for at least one message, then take all available (at most `max_messages`)."""
         return await self._take(lambda receiver: receiver.receive_all_nowait(max_messages))
 
-    async def _take(self, take: Callable[[RingReceiver], T]) -> T:
+    async def _take(self, take: Callable[[RingReceiver], _T]) -> _T:
         """Wait (in FIFO order with other tasks) until a message is there, then `take` it."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         receiver = self.sync
