@@ -318,7 +318,8 @@ async def test_client_disconnect_aborts_streaming_over_http1(engine: FakeEngine,
     ):
         async for _ in response.aiter_bytes():
             break
-        assert len(engine.running) == 1
+        with trio.fail_after(5):
+            await engine.wait_for(lambda: len(engine.running) == 1)
     with trio.fail_after(1):
         await engine.wait_for(lambda: not engine.running)
     assert len(engine.aborted) == 1
