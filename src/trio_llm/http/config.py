@@ -158,6 +158,11 @@ def add_serve_arguments(
     )
     add("--device", default=engine.device, help="auto, cpu, cuda or cuda:N (default %(default)s)")
     add(
+        "--num-threads",
+        type=_positive_int,
+        help="torch threads in the engine (default: one per core)",
+    )
+    add(
         "--allowed-origins",
         default="",
         help="comma-separated CORS origins, or '*'; CORS is off unless given",
@@ -208,6 +213,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory=args.kv_cache_memory,
+        num_threads=args.num_threads,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())

@@ -1,0 +1,263 @@
+"""The real server (`python -m trio_llm serve`, a subprocess on loopback) with the real engine
+on the tiny model, driven by the official OpenAI SDK (sync and async), raw httpx and raw h2."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import trio
+from http_clients import H2Client, sse_payloads
+from http_server_process import ServerProcess, run_server
+
+KEY = "test-key"
+PROMPT = [{"role": "user", "content": "Tell me a story about a cat."}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    with run_server(
+        str(tiny_model_dir),
+        "--served-model-name", "tiny",
+        "--api-key", KEY,
+        "--max-num-seqs", "8",
+        "--kv-cache-memory", "32MiB",
+        "--dtype", "float32",
+        "--shutdown-timeout", "5",
+    ) as s:  # fmt: skip
+        yield s
+
+
+@pytest.fixture(scope="module")
+def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0) as client:
+        yield client
+
+
+def greedy(sdk: openai.OpenAI, **extra: object) -> openai.types.chat.ChatCompletion:
+    return sdk.chat.completions.create(
+        model="tiny", messages=PROMPT, max_tokens=12, temperature=0, **extra
+    )
+
+
+def test_chat_with_usage(sdk: openai.OpenAI) -> None:
+    reply = greedy(sdk)
+    assert reply.id.startswith("chatcmpl-") and reply.object == "chat.completion"
+    assert reply.model == "tiny"
+    [choice] = reply.choices
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = reply.usage
+    assert usage is not None and usage.prompt_tokens > 5
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_max_tokens_gives_length(sdk: openai.OpenAI) -> None:
+    reply = greedy(sdk, max_tokens=3, extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 3
+
+
+def test_streaming_matches_non_streaming(sdk: openai.OpenAI) -> None:
+    expected = greedy(sdk).choices[0].message.content
+    stream = sdk.chat.completions.create(
+        model="tiny",
+        messages=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert {c.id for c in chunks} == {chunks[0].id}
+
+
+def test_n2_and_seed_reproducibility(sdk: openai.OpenAI) -> None:
+    def sample(seed: int) -> list[str]:
+        reply = sdk.chat.completions.create(
+            model="tiny", messages=PROMPT, max_tokens=8, temperature=1.0, n=2, seed=seed
+        )
+        assert [c.index for c in reply.choices] == [0, 1]
+        return [c.message.content or "" for c in reply.choices]
+
+    first = sample(42)
+    assert sample(42) == first
+    assert first[0] != first[1]  # choices get seeds seed+0 and seed+1
+
+
+def test_chat_logprobs(sdk: openai.OpenAI) -> None:
+    reply = greedy(
+        sdk, max_tokens=4, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True}
+    )
+    logprobs = reply.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert len(logprobs.content) == 4
+    for position in logprobs.content:
+        assert position.logprob <= 0 and len(position.top_logprobs) == 2
+        # greedy: the chosen token is the most likely one
+        assert position.logprob == pytest.approx(position.top_logprobs[0].logprob, abs=1e-4)
+
+
+def test_completion_stop_and_logprobs(sdk: openai.OpenAI) -> None:
+    full = sdk.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    text = full.choices[0].text
+    assert full.object == "text_completion" and full.id.startswith("cmpl-")
+    stop = next(text[i : i + 2] for i in range(2, len(text) - 1) if text[i : i + 2].strip())
+    cut = sdk.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=12, temperature=0, stop=[stop],
+        logprobs=1, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    choice = cut.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.text == text[: text.index(stop)]
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs
+
+
+def test_sdk_typed_errors(server: ServerProcess, sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        greedy(sdk, max_tokens=100_000)
+    assert bad.value.body["param"] == "max_tokens"  # type: ignore[index]
+    assert "context" in bad.value.message
+    with pytest.raises(openai.BadRequestError):
+        greedy(sdk, temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        sdk.chat.completions.create(model="gpt-4", messages=PROMPT)
+    with (
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as stranger,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        stranger.models.list()
+    assert [m.id for m in sdk.models.list()] == ["tiny"]
+
+
+async def test_async_sdk_stream_and_batch(server: ServerProcess) -> None:
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0) as sdk:
+        stream = await sdk.chat.completions.create(
+            model="tiny", messages=PROMPT, max_tokens=5, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+        assert "".join(pieces)
+        batch = await sdk.completions.create(
+            model="tiny", prompt=["Hello", "The sky is"], max_tokens=4, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert [c.index for c in batch.choices] == [0, 1]
+        assert batch.usage is not None and batch.usage.completion_tokens == 8
+
+
+async def test_raw_sse_and_h2c(server: ServerProcess) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    request = {"model": "tiny", "messages": PROMPT, "max_tokens": 4, "stream": True}
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=headers, http1=False, http2=True
+    ) as c:
+        response = await c.post("/v1/chat/completions", json=request)
+    assert response.http_version == "HTTP/2"
+    payloads = sse_payloads(response.text)
+    assert payloads[-1] == "[DONE]"
+    assert json.loads(payloads[0])["choices"][0]["delta"]["role"] == "assistant"
+
+
+# -- disconnects abort generation in the engine -----------------------------------------------
+
+LONG = {
+    "model": "tiny",
+    "messages": PROMPT,
+    "max_tokens": 1000,
+    "ignore_eos": True,
+}
+
+
+def test_disconnect_aborts_streaming_http1(server: ServerProcess) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with (
+        httpx.Client(base_url=server.url, headers=headers) as c,
+        c.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response,
+    ):
+        for _ in response.iter_lines():
+            break
+        server.wait_running(1)
+    m = server.wait_idle(1.0)
+    assert m["trio_llm_num_requests_running"] == 0
+    assert m["trio_llm_kv_cache_free_blocks"] == m["trio_llm_kv_cache_total_blocks"]
+
+
+def test_disconnect_aborts_non_streaming(server: ServerProcess) -> None:
+    client = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"})
+
+    def post() -> None:
+        try:
+            client.post("/v1/chat/completions", json=LONG, timeout=60)
+        except httpx.HTTPError:
+            pass  # closed under it: that is the point
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    server.wait_running(1)
+    client.close()  # hangs up on the waiting request
+    thread.join(10)
+    m = server.wait_idle(1.0)
+    assert m["trio_llm_num_requests_running"] == 0
+    assert m["trio_llm_kv_cache_free_blocks"] == m["trio_llm_kv_cache_total_blocks"]
+
+
+async def test_rst_stream_aborts_one_stream_of_many(server: ServerProcess) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    client = H2Client(await trio.open_tcp_stream(host, int(port)), f"{host}:{port}")
+    await client.start()
+    headers = {"authorization": f"Bearer {KEY}"}
+    doomed = await client.post("/v1/chat/completions", {**LONG, "stream": True}, headers)
+    survivor = await client.post(
+        "/v1/chat/completions", {**LONG, "stream": True, "max_tokens": 40}, headers
+    )
+    with trio.fail_after(30):
+        await client.receive_until(lambda: client.data[doomed].count(b"data:") > 2)
+    await client.reset(doomed)
+    with trio.fail_after(30):
+        await client.receive_until(lambda: survivor in client.ended)
+    assert sse_payloads(client.data[survivor].decode())[-1] == "[DONE]"
+    assert doomed not in client.ended
+    m = await trio.to_thread.run_sync(server.wait_idle, 1.0)
+    assert m["trio_llm_num_requests_running"] == 0
+    assert m["trio_llm_kv_cache_free_blocks"] == m["trio_llm_kv_cache_total_blocks"]
+    await client.stream.aclose()
+
+
+def test_metrics_count_requests_and_tokens(server: ServerProcess) -> None:
+    text = httpx.get(server.url + "/metrics").text
+    assert (
+        'trio_llm_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}'
+        in text
+    )
+    assert "trio_llm_time_to_first_token_seconds_count" in text
+    m = server.metrics()
+    assert m["trio_llm_generation_tokens_total"] > 0 and m["trio_llm_prompt_tokens_total"] > 0
+    assert m["trio_llm_engine_alive"] == 1
+
+
+def test_graceful_shutdown_lets_a_stream_finish(tiny_model_dir: Path) -> None:
+    with run_server(str(tiny_model_dir), "--kv-cache-memory", "16MiB", "--dtype", "float32") as s:
+        request = {"messages": PROMPT, "max_tokens": 30, "ignore_eos": True, "stream": True}
+        with (
+            httpx.Client(base_url=s.url) as c,
+            c.stream("POST", "/v1/chat/completions", json=request) as response,
+        ):
+            lines = response.iter_lines()
+            next(lines)
+            s.process.terminate()  # SIGTERM mid-stream
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert s.process.wait(30) == 0
