@@ -454,6 +454,7 @@ def test_completion_stream_echo_and_logprob_offsets() -> None:
     assert a["logprobs"]["tokens"] == ["i", "a", "b"]
     assert a["logprobs"]["token_logprobs"] == [-3.0, -1.0, -2.0]
     assert a["logprobs"]["top_logprobs"][1] == {"b": -0.1, "a": -1.0}
+    assert a["logprobs"]["text_offset"] == [1, 2, 3]  # "i" ends the echoed "Hi"
     assert b["logprobs"]["text_offset"] == [4]  # after "Hiab"
     assert b["finish_reason"] == "stop"
 

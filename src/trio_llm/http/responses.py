@@ -213,13 +213,18 @@ def chat_logprobs(positions: Iterable[PositionLogprobs], top_n: int) -> ChatLogp
 
 
 def completion_logprobs(
-    positions: Iterable[PositionLogprobs | None], top_n: int, offset: int
+    prompt: Iterable[PositionLogprobs | None],
+    generated: Iterable[PositionLogprobs],
+    top_n: int,
+    generated_offset: int,
 ) -> CompletionLogprobs:
-    """Legacy completions logprobs; `offset` is where the first token's text starts."""
+    """Legacy completions logprobs. `generated_offset` is where the generated text starts in
+    the choice's text; echoed prompt tokens are laid out backwards from there (the first prompt
+    token has no logprob and is left out)."""
+    prompt = [p for p in prompt if p is not None]
     out = CompletionLogprobs([], [], [], [])
-    for p in positions:
-        if p is None:  # the first prompt token has no logprob
-            continue
+    offset = max(0, generated_offset - sum(len(p.chosen.decoded) for p in prompt))
+    for p in (*prompt, *generated):
         out.tokens.append(p.chosen.decoded)
         out.token_logprobs.append(_finite(p.chosen.logprob))
         top = {t.decoded: _finite(t.logprob) for t in p.top[:top_n]}
@@ -228,11 +233,6 @@ def completion_logprobs(
         out.text_offset.append(offset)
         offset += len(p.chosen.decoded)
     return out
-
-
-def _prompt_positions(output: RequestOutput) -> list[PositionLogprobs | None]:
-    """Prompt logprobs with the first token (which has none) kept as a token of its own."""
-    return list(output.prompt_logprobs or ())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,11 +296,8 @@ def completion_response(
             prefix = echo_texts[i] if echo_texts is not None else ""
             lp = None
             if logprobs is not None:
-                positions: list[PositionLogprobs | None] = []
-                if echo_texts is not None:
-                    positions.extend(_prompt_positions(output))
-                positions.extend(o.logprobs or ())
-                lp = completion_logprobs(positions, logprobs, 0)
+                prompt = output.prompt_logprobs if echo_texts is not None else None
+                lp = completion_logprobs(prompt or (), o.logprobs or (), logprobs, len(prefix))
             choices.append(CompletionChoice(i * n + o.index, prefix + o.text, lp, o.finish_reason))
     return CompletionResponse(response_id, created, model, choices, usage.usage())
 
@@ -398,18 +395,20 @@ class CompletionStream:
         for o in output.outputs:
             choice = prompt_index * self._n + o.index
             first = choice not in self._offsets
-            offset = self._offsets.setdefault(choice, 0)
-            text = o.text
-            positions: list[PositionLogprobs | None] = []
+            offset = self._offsets.get(choice, 0)
+            echo = ""
+            prompt: list[PositionLogprobs | None] = []
             if first and self._echo_texts is not None:
-                text = self._echo_texts[prompt_index] + text
-                positions.extend(_prompt_positions(output))
+                echo = self._echo_texts[prompt_index]
+                prompt = list(output.prompt_logprobs or ())
+            text = echo + o.text
             if not text and not o.finished and not o.logprobs:
                 continue
-            positions.extend(o.logprobs or ())
             lp = None
             if self._logprobs is not None:
-                lp = completion_logprobs(positions, self._logprobs, offset)
+                lp = completion_logprobs(
+                    prompt, o.logprobs or (), self._logprobs, offset + len(echo)
+                )
             self._offsets[choice] = offset + len(text)
             chunks.append(self._chunk([CompletionChoice(choice, text, lp, o.finish_reason)]))
         return chunks
