@@ -4,7 +4,6 @@ on the tiny model, driven by the official OpenAI SDK (sync and async), raw httpx
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,21 +194,19 @@ def test_disconnect_aborts_streaming_http1(server: ServerProcess) -> None:
     assert m["trio_llm_kv_cache_free_blocks"] == m["trio_llm_kv_cache_total_blocks"]
 
 
-def test_disconnect_aborts_non_streaming(server: ServerProcess) -> None:
-    client = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"})
-
-    def post() -> None:
-        try:
-            client.post("/v1/chat/completions", json=LONG, timeout=60)
-        except httpx.HTTPError:
-            pass  # closed under it: that is the point
-
-    thread = threading.Thread(target=post)
-    thread.start()
-    server.wait_running(1)
-    client.close()  # hangs up on the waiting request
-    thread.join(10)
-    m = server.wait_idle(1.0)
+async def test_disconnect_aborts_non_streaming(server: ServerProcess) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps(LONG).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(head.encode() + body)
+    await trio.to_thread.run_sync(server.wait_running, 1)
+    await stream.aclose()  # hang up while the complete response is still being generated
+    m = await trio.to_thread.run_sync(server.wait_idle, 1.0)
     assert m["trio_llm_num_requests_running"] == 0
     assert m["trio_llm_kv_cache_free_blocks"] == m["trio_llm_kv_cache_total_blocks"]
 
