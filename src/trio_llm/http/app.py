@@ -678,10 +678,19 @@ def build_app(engine_client: EngineClient, *, config: ServerConfig | None = None
     return _make_app(state)
 
 
+def setup_logging(level: str) -> None:
+    """Log to stderr at `level`, unless the process already set logging up."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+
+
 def create_app(config: ServerConfig | None = None) -> QuartTrio:
     """The app that owns its engine: its lifespan starts the engine (config from the
     TRIO_LLM_* environment when none is given), restarts it if it dies, and stops it."""
     state = AppState(config or config_from_env())
+    setup_logging(state.config.log_level)
     app = _make_app(state)
 
     async def run_supervisor(task_status: trio.TaskStatus[None]) -> None:

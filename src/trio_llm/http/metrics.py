@@ -37,7 +37,9 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
         yield GaugeMetricFamily(
-            "trio_llm_engine_alive", "1 while the engine process is alive", value=int(bool(stats))
+            "trio_llm_engine_alive",
+            "1 while the engine process is alive",
+            value=int(stats is not None),
         )
         if stats is None:
             return

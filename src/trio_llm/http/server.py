@@ -19,7 +19,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.utils import LifespanFailureError
 
-from trio_llm.http.app import AppState, app_state, create_app
+from trio_llm.http.app import AppState, app_state, create_app, setup_logging
 from trio_llm.http.config import ServerConfig
 
 log = logging.getLogger("trio_llm.server")
@@ -37,12 +37,6 @@ def hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc.access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(D)sus'
     hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
 
 async def serve(
