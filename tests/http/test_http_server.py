@@ -245,16 +245,17 @@ def test_metrics_count_requests_and_tokens(server: ServerProcess) -> None:
     assert m["trio_llm_engine_alive"] == 1
 
 
-def test_graceful_shutdown_lets_a_stream_finish(tiny_model_dir: Path) -> None:
-    with run_server(str(tiny_model_dir), "--kv-cache-memory", "16MiB", "--dtype", "float32") as s:
-        request = {"messages": PROMPT, "max_tokens": 30, "ignore_eos": True, "stream": True}
-        with (
-            httpx.Client(base_url=s.url) as c,
-            c.stream("POST", "/v1/chat/completions", json=request) as response,
-        ):
-            lines = response.iter_lines()
-            next(lines)
-            s.process.terminate()  # SIGTERM mid-stream
-            rest = [line for line in lines if line]
-        assert rest[-1] == "data: [DONE]"
-        assert s.process.wait(30) == 0
+def test_sigterm_lets_a_stream_finish_then_exits_0(server: ServerProcess) -> None:
+    """Last in the module: it shuts the module's server down (run_server checks exit 0)."""
+    request = {**LONG, "max_tokens": 30, "stream": True}
+    with (
+        httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}) as c,
+        c.stream("POST", "/v1/chat/completions", json=request) as response,
+    ):
+        lines = response.iter_lines()
+        next(lines)
+        server.process.terminate()  # SIGTERM mid-stream
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    assert sum(1 for line in rest if '"content"' in line) == 30  # nothing was cut
+    assert server.process.wait(30) == 0
