@@ -56,7 +56,10 @@ class AttentionMetadata:
     decode_slots: torch.Tensor | None = None
     """[num_decodes, L] int64: the cache slots of each decode sequence's positions (padded)."""
     decode_mask: torch.Tensor | None = None
-    """[num_decodes, 1, 1, L] bool: True where a padded position is real."""
+    """[num_decodes, 1, 1, L] bool: True where a padded position is real; None if all are."""
+    decode_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    """[num_decodes * L, Hkv * D] scratch for the gathered keys and values, shared by every
+    layer of the step (no allocation, no page faults per layer)."""
     prefills: list[PrefillChunk] = field(default_factory=list)
     # triton path
     block_tables: torch.Tensor | None = None
@@ -120,10 +123,13 @@ def _torch_attention(
     nd = meta.num_decodes
     if nd:
         slots = meta.decode_slots
-        assert slots is not None
+        assert slots is not None and meta.decode_buffers is not None
         length = slots.shape[1]
-        kd = k_rows.index_select(0, slots.view(-1)).view(nd, length, num_kv_heads, head_dim)
-        vd = v_rows.index_select(0, slots.view(-1)).view(nd, length, num_kv_heads, head_dim)
+        k_buf, v_buf = meta.decode_buffers
+        torch.index_select(k_rows, 0, slots.view(-1), out=k_buf)
+        torch.index_select(v_rows, 0, slots.view(-1), out=v_buf)
+        kd = k_buf.view(nd, length, num_kv_heads, head_dim)
+        vd = v_buf.view(nd, length, num_kv_heads, head_dim)
         # One query token per sequence: the query heads sharing a KV head become that head's
         # query rows ([B, Hkv, group, D]), so no KV head is repeated and no mask is causal.
         qd = q[:nd].reshape(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)

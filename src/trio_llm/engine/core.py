@@ -164,6 +164,16 @@ class EngineCore:
             self.scheduler.finish(seq, "abort")
             self._pending.append(EngineCoreOutput(request_id=request_id, finish_reason="abort"))
 
+    def reject(self, request_id: str, message: str) -> None:
+        """Finish a request with an 'error' output at the next step, whether it is running,
+        waiting, finished or was never read."""
+        seq = self.requests.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq, "error")
+        self._pending.append(
+            EngineCoreOutput(request_id=request_id, finish_reason="error", error=message)
+        )
+
     # -- the loop body --------------------------------------------------------------------
 
     def has_work(self) -> bool:

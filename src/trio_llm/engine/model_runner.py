@@ -207,6 +207,11 @@ class ModelRunner:
             length = int(lens.max())
             j = np.arange(length)
             meta.decode_slots = _tensor(tables[:nd, j // bs] * bs + j % bs, device)
+            width = self.spec.num_kv_heads * self.spec.head_dim
+            meta.decode_buffers = (
+                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
+                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
+            )
             if (lens != length).any():
                 mask = j[None, :] < lens[:, None]
                 meta.decode_mask = _tensor(mask[:, None, None, :], device)
