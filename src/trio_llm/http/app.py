@@ -678,19 +678,30 @@ def build_app(engine_client: EngineClient, *, config: ServerConfig | None = None
     return _make_app(state)
 
 
-def setup_logging(level: str) -> None:
-    """Log to stderr at `level`, unless the process already set logging up."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str, *, root: bool = True) -> None:
+    """Log to stderr at `level`, unless the process already set logging up. `root=False`
+    configures only trio-llm's loggers (under a Hypercorn that logs its own lines)."""
+    if logging.getLogger().handlers:
+        return
+    if root:
+        logging.basicConfig(level=level.upper(), format=_LOG_FORMAT)
+        return
+    logger = logging.getLogger("trio_llm")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+        logger.addHandler(handler)
+        logger.setLevel(level.upper())
 
 
 def create_app(config: ServerConfig | None = None) -> QuartTrio:
     """The app that owns its engine: its lifespan starts the engine (config from the
     TRIO_LLM_* environment when none is given), restarts it if it dies, and stops it."""
     state = AppState(config or config_from_env())
-    setup_logging(state.config.log_level)
+    setup_logging(state.config.log_level, root=False)
     app = _make_app(state)
 
     async def run_supervisor(task_status: trio.TaskStatus[None]) -> None:
