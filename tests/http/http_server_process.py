@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -47,6 +48,18 @@ class ServerProcess:
             if idle or time.monotonic() > deadline:
                 return m
             time.sleep(0.02)
+
+    def engine_pid(self) -> int:
+        """The engine process: the server's only child."""
+        tasks = Path(f"/proc/{self.process.pid}/task").iterdir()
+        [child] = [c for task in tasks for c in (task / "children").read_text().split()]
+        return int(child)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the server did not become healthy"
+            time.sleep(0.1)
 
     def wait_running(self, count: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

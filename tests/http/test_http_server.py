@@ -4,6 +4,8 @@ on the tiny model, driven by the official OpenAI SDK (sync and async), raw httpx
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -243,6 +245,31 @@ def test_metrics_count_requests_and_tokens(server: ServerProcess) -> None:
     m = server.metrics()
     assert m["trio_llm_generation_tokens_total"] > 0 and m["trio_llm_prompt_tokens_total"] > 0
     assert m["trio_llm_engine_alive"] == 1
+
+
+async def test_engine_crash_fails_in_flight_requests_then_restarts(server: ServerProcess) -> None:
+    engine_pid = await trio.to_thread.run_sync(server.engine_pid)
+    results: dict[str, httpx.Response] = {}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as c:
+
+        async def post(name: str, body: dict) -> None:
+            results[name] = await c.post("/v1/chat/completions", json=body)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "stream", {**LONG, "stream": True})
+            nursery.start_soon(post, "plain", LONG)
+            await trio.to_thread.run_sync(server.wait_running, 2)
+            os.kill(engine_pid, signal.SIGKILL)
+        plain = results["plain"]
+        assert plain.status_code == 500 and plain.json()["error"]["code"] == "engine_dead"
+        events = sse_payloads(results["stream"].text)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "engine_dead"
+        assert (await c.get("/health")).status_code == 503
+        await trio.to_thread.run_sync(server.wait_healthy, 120)  # the supervisor restarted it
+        again = await c.post("/v1/chat/completions", json={**LONG, "max_tokens": 3})
+        assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 3
 
 
 def test_sigterm_lets_a_stream_finish_then_exits_0(server: ServerProcess) -> None:
