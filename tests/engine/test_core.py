@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import make_core, random_prompts, request, run
 
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.core import EngineConfigError, EngineCore
 from trio_llm.engine.loader import ModelSource, load_tokenizer
 
 
@@ -272,3 +272,10 @@ def test_prompt_logprobs_survive_preemption(tiny_model_dir: Path, core: EngineCo
         lps = got[str(i)].prompt_logprobs
         assert lps is not None and len(lps) == len(p)
         assert got[str(i)].token_ids == expected[str(i)].token_ids
+
+
+def test_engine_arguments_that_cannot_work_are_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(EngineConfigError, match="max_num_seqs"):
+        make_core(tiny_model_dir, max_num_seqs=64, max_num_batched_tokens=32)
+    with pytest.raises(EngineConfigError, match="kv_cache_memory"):
+        make_core(tiny_model_dir, kv_cache_memory=1000)

@@ -35,7 +35,6 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
 )
-from trio_llm.sampling_params import SamplingParamsError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +50,11 @@ class RequestError(ValueError):
 
 class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
+        if args.max_num_seqs > args.max_num_batched_tokens:
+            raise EngineConfigError(
+                f"max_num_seqs ({args.max_num_seqs}) exceeds max_num_batched_tokens "
+                f"({args.max_num_batched_tokens}): some running sequences could never decode"
+            )
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         source = loader.resolve_model(args.model)
@@ -70,6 +74,12 @@ class EngineCore:
             )
         capacity = num_blocks * args.block_size
         max_model_len = args.max_model_len or config.max_position_embeddings
+        window = getattr(config, "sliding_window", None)
+        if window and getattr(config, "use_sliding_window", True) and max_model_len > window:
+            # The paged attention attends over the whole context: beyond the window it would
+            # differ from the model's own sliding-window attention.
+            log.warning("max_model_len %d capped to the sliding window %d", max_model_len, window)
+            max_model_len = window
         if max_model_len > capacity:
             log.warning(
                 "max_model_len %d capped to %d: the KV cache holds no more", max_model_len, capacity
@@ -116,9 +126,13 @@ class EngineCore:
     def add_request(self, req: EngineCoreRequest) -> None:
         try:
             seq = self._new_sequence(req)
-        except (RequestError, SamplingParamsError) as exc:
+        except Exception as exc:  # whatever is wrong with it, it fails alone
             self._pending.append(
-                EngineCoreOutput(request_id=req.request_id, finish_reason="error", error=str(exc))
+                EngineCoreOutput(
+                    request_id=req.request_id,
+                    finish_reason="error",
+                    error=str(exc) or type(exc).__name__,
+                )
             )
             return
         self.requests[req.request_id] = seq
