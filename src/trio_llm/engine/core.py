@@ -50,11 +50,6 @@ class RequestError(ValueError):
 
 class EngineCore:
     def __init__(self, args: EngineArgs) -> None:
-        if args.max_num_seqs > args.max_num_batched_tokens:
-            raise EngineConfigError(
-                f"max_num_seqs ({args.max_num_seqs}) exceeds max_num_batched_tokens "
-                f"({args.max_num_batched_tokens}): some running sequences could never decode"
-            )
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         source = loader.resolve_model(args.model)
@@ -94,7 +89,8 @@ class EngineCore:
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
-            max_num_seqs=args.max_num_seqs,
+            # More running sequences than tokens per step would leave some never decoding.
+            max_num_seqs=min(args.max_num_seqs, args.max_num_batched_tokens),
             max_num_batched_tokens=args.max_num_batched_tokens,
             eos_token_ids=self.eos_token_ids,
             max_model_len=max_model_len,
