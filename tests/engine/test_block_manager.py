@@ -72,7 +72,7 @@ def test_freed_cached_blocks_survive_until_the_pool_runs_dry_then_go_lru() -> No
     assert len(bm.cached_prefix(seq(list(range(100, 109))))) == 2
 
 
-def test_a_hash_collision_never_serves_other_tokens(monkeypatch: object) -> None:
+def test_a_hash_collision_never_serves_other_tokens() -> None:
     bm = BlockManager(8, BS, enable_prefix_caching=True)
     a = seq([1, 2, 3, 4, 5])
     compute(bm, a)
