@@ -44,7 +44,7 @@ _DEFAULT_SM_COUNT = 132
 # small share of the time.
 _PROGRAMS_PER_SM = 16
 _MIN_SPLIT_TOKENS = 128
-_MAX_SPLITS = 64
+MAX_SPLITS = 64
 
 
 def _sm_count(device: torch.device) -> int:
@@ -67,7 +67,7 @@ def decode_config(
     base = max(1, batch * num_kv_heads)
     wanted = -(-_PROGRAMS_PER_SM * _sm_count(device) // base)
     by_length = max(1, -(-max_context // _MIN_SPLIT_TOKENS))
-    return DecodeConfig(num_splits=max(1, min(wanted, by_length, _MAX_SPLITS)))
+    return DecodeConfig(num_splits=max(1, min(wanted, by_length, MAX_SPLITS)))
 
 
 def prefill_config(dtype: torch.dtype) -> PrefillConfig:
