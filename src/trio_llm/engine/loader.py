@@ -46,6 +46,13 @@ SUPPORTED_ARCHITECTURES = frozenset(
 """Decoders whose attention goes through transformers' AttentionInterface with the keyword
 arguments the paged engine passes; others are refused at load with a clear message."""
 
+_ARCHITECTURE_OF_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
 
 class ModelNotFoundError(FileNotFoundError):
     """The name resolves to nothing on this machine (the engine never downloads)."""
@@ -164,6 +171,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
         config = model.config
+        # A config built from GGUF metadata names no architecture; load_config needs one.
+        config.architectures = [type(model).__name__]
         # Tied weights share storage, which safetensors refuses to save twice; the tie is
         # restored from config.tie_word_embeddings on load.
         state = model.state_dict()
@@ -189,6 +198,9 @@ def load_config(source: ModelSource) -> PretrainedConfig:
 
     config = AutoConfig.from_pretrained(source.path)
     archs = list(getattr(config, "architectures", None) or [])
+    if not archs and config.model_type in _ARCHITECTURE_OF_MODEL_TYPE:
+        # Directories converted from GGUF by earlier versions carry only the model type.
+        archs = [_ARCHITECTURE_OF_MODEL_TYPE[config.model_type]]
     if not archs or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise UnsupportedModelError(
             f"{source.name}: architecture {', '.join(archs) or '(none given)'} is not supported; "
@@ -246,3 +258,37 @@ def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but CUDA is not available here")
     return device
+
+
+def load_model(source: ModelSource, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """The model with the engine's paged attention, in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    from trio_llm.engine import attention
+
+    load_config(source)
+    attention.register()
+    model = AutoModelForCausalLM.from_pretrained(
+        source.path,
+        dtype=dtype,
+        device_map=device,
+        attn_implementation=attention.ATTN_IMPLEMENTATION,
+    )
+    return model.eval()
+
+
+def eos_token_ids(source: ModelSource, config: PretrainedConfig) -> list[int]:
+    """EOS ids from the model config and, when present, its generation config."""
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    configs: list[object] = [config]
+    with contextlib.suppress(OSError, ValueError):
+        configs.append(GenerationConfig.from_pretrained(source.path))
+    for cfg in configs:
+        value = getattr(cfg, "eos_token_id", None)
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return sorted(ids)

@@ -1,0 +1,235 @@
+"""EngineCore: the engine's synchronous heart, usable in-process (tests, benchmarks) and inside
+the engine process.
+
+What it owns: the request table (request id -> live sequence), request validation, and the step
+loop body: schedule, run the model, update the sequences, and turn what happened into one
+`EngineCoreOutputs`.
+
+Invariants: nothing a request carries can raise out of `add_request` or `step`: a request the
+engine cannot serve (bad parameters, a prompt too long for the context, a duplicate id)
+finishes with an 'error' output at the next step, and the others continue. Every request that
+enters gets exactly one output with a finish reason; after that its id is forgotten and its
+blocks are back in the pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+
+import torch
+
+from trio_llm.config import EngineArgs
+from trio_llm.engine import loader
+from trio_llm.engine.attention import resolve_backend
+from trio_llm.engine.block_manager import BlockManager
+from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
+from trio_llm.engine.scheduler import ScheduledBatch, Scheduler
+from trio_llm.engine.sequence import Sequence
+from trio_llm.ipc.messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineReady,
+    SchedulerStats,
+)
+from trio_llm.sampling_params import SamplingParamsError
+
+log = logging.getLogger(__name__)
+
+
+class EngineConfigError(ValueError):
+    """The engine arguments cannot work with this model (for example, a KV budget smaller than
+    one block)."""
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve; it finishes with an 'error' output."""
+
+
+class EngineCore:
+    def __init__(self, args: EngineArgs) -> None:
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        source = loader.resolve_model(args.model)
+        device = loader.resolve_device(args.device)
+        dtype = loader.resolve_dtype(args.dtype, device)
+        backend = resolve_backend(args.attention_backend, device)
+        config = loader.load_config(source)
+        model = loader.load_model(source, dtype, device)
+
+        spec = kv_cache_spec(model, args.block_size, dtype)
+        kv_bytes = args.kv_cache_bytes()
+        num_blocks = kv_bytes // spec.bytes_per_block
+        if num_blocks < 1:
+            raise EngineConfigError(
+                f"kv_cache_memory {args.kv_cache_memory} holds no block of "
+                f"{spec.bytes_per_block} bytes; give at least that"
+            )
+        capacity = num_blocks * args.block_size
+        max_model_len = args.max_model_len or config.max_position_embeddings
+        if max_model_len > capacity:
+            log.warning(
+                "max_model_len %d capped to %d: the KV cache holds no more", max_model_len, capacity
+            )
+            max_model_len = capacity
+
+        self.args = args
+        self.device = torch.device(device)
+        self.vocab_size = int(config.vocab_size)
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(loader.eos_token_ids(source, config))
+        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=max_model_len,
+        )
+        self.runner = ModelRunner(
+            model, spec, num_blocks, device=self.device, backend=backend, seed=args.seed
+        )
+        self.requests: dict[str, Sequence] = {}
+        self._arrivals = itertools.count()
+        self._pending: list[EngineCoreOutput] = []
+        """Outputs decided outside a step (errors at add, aborts), sent with the next step."""
+        self.ready = EngineReady(
+            model=args.served_model_name or source.name,
+            max_model_len=max_model_len,
+            vocab_size=self.vocab_size,
+            eos_token_ids=sorted(self.eos_token_ids),
+            dtype=str(dtype).removeprefix("torch."),
+            device=device,
+            block_size=args.block_size,
+            num_blocks=num_blocks,
+            kv_capacity_tokens=capacity,
+            kv_cache_bytes=num_blocks * spec.bytes_per_block,
+            attention_backend=backend,
+            pid=os.getpid(),
+        )
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        try:
+            seq = self._new_sequence(req)
+        except (RequestError, SamplingParamsError) as exc:
+            self._pending.append(
+                EngineCoreOutput(request_id=req.request_id, finish_reason="error", error=str(exc))
+            )
+            return
+        self.requests[req.request_id] = seq
+        self.scheduler.add(seq)
+
+    def _new_sequence(self, req: EngineCoreRequest) -> Sequence:
+        params = req.sampling_params
+        params.validate()
+        params.validate_vocab(self.vocab_size)
+        prompt = req.prompt_token_ids
+        if req.request_id in self.requests:
+            raise RequestError(f"request id {req.request_id!r} is already running")
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise RequestError(f"the prompt has token ids outside [0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens, but this model's context holds "
+                f"{self.max_model_len} (prompt and at least one output token)"
+            )
+        room = self.max_model_len - len(prompt)
+        seq = Sequence(
+            request_id=req.request_id,
+            token_ids=list(prompt),
+            params=params,
+            max_tokens=room if params.max_tokens is None else min(params.max_tokens, room),
+            priority=req.priority,
+            arrival=next(self._arrivals),
+        )
+        if params.seed is not None and not params.greedy:
+            seq.generator = torch.Generator(device=self.device)
+            seq.generator.manual_seed(params.seed)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]
+        return seq
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            seq = self.requests.pop(request_id, None)
+            if seq is None:
+                continue  # finished already (its final output is on its way) or unknown
+            self.scheduler.finish(seq, "abort")
+            self._pending.append(EngineCoreOutput(request_id=request_id, finish_reason="abort"))
+
+    def reject(self, request_id: str, message: str) -> None:
+        """Finish a request with an 'error' output at the next step, whether it is running,
+        waiting, finished or was never read."""
+        seq = self.requests.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq, "error")
+        self._pending.append(
+            EngineCoreOutput(request_id=request_id, finish_reason="error", error=message)
+        )
+
+    # -- the loop body --------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or bool(self._pending)
+
+    def step(self) -> EngineCoreOutputs:
+        outputs, self._pending = self._pending, []
+        if self.scheduler.has_work():
+            batch = self.scheduler.schedule()
+            if batch.seqs:
+                outputs.extend(self._run(batch))
+        return EngineCoreOutputs(outputs=outputs, timestamp=time.time(), stats=self.stats())
+
+    def _run(self, batch: ScheduledBatch) -> list[EngineCoreOutput]:
+        try:
+            result = self.runner.execute(batch, self.eos_token_ids)
+        except Exception as exc:
+            # A failure inside the model fails the requests of this batch, not the engine.
+            log.exception("model step failed; failing its %d requests", len(batch.seqs))
+            return [self._fail(seq, f"model step failed: {exc!r}") for seq in batch.seqs]
+        for i, lps in result.prompt_logprobs.items():
+            prompt_logprobs = batch.seqs[i].prompt_logprobs
+            assert prompt_logprobs is not None
+            prompt_logprobs.extend(lps)
+        advanced = self.scheduler.update(batch, result.token_ids)
+        return self._outputs(batch, result, advanced)
+
+    def _outputs(
+        self, batch: ScheduledBatch, result: StepResult, advanced: list[Sequence]
+    ) -> list[EngineCoreOutput]:
+        index = {id(seq): i for i, seq in enumerate(batch.seqs)} if result.logprobs else {}
+        outputs = []
+        for seq in advanced:
+            out = EngineCoreOutput(
+                request_id=seq.request_id,
+                new_token_ids=[seq.token_ids[-1]],
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
+            if result.logprobs is not None:
+                lp = result.logprobs[index[id(seq)]]
+                if lp is not None:
+                    out.new_logprobs = [lp]
+            if not seq.sent_first_output:
+                seq.sent_first_output = True
+                out.num_cached_tokens = max(seq.num_cached_tokens, 0)
+                out.prompt_logprobs = seq.prompt_logprobs
+            if seq.finish_reason is not None:
+                del self.requests[seq.request_id]
+            outputs.append(out)
+        return outputs
+
+    def _fail(self, seq: Sequence, message: str) -> EngineCoreOutput:
+        self.scheduler.finish(seq, "error")
+        self.requests.pop(seq.request_id, None)
+        return EngineCoreOutput(request_id=seq.request_id, finish_reason="error", error=message)
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()

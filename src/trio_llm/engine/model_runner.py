@@ -1,0 +1,232 @@
+"""The model runner: one scheduled batch in, one sampled token per finished chunk out.
+
+What it owns: the loaded transformers model, the paged KV cache tensors (one `k_cache` and
+`v_cache` per attention layer, hung on the layer's attention module), and the step's input
+tensors. A step packs every scheduled token of every sequence into one row, runs the model's
+decoder for hidden states, takes only the rows that are sampled (and the prompt rows of requests
+that asked for prompt logprobs) through the LM head, and samples.
+
+Invariant: the input tensors are built with numpy over the whole batch (no per-token Python);
+per-sequence Python is limited to reading each sequence's new tokens and block table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trio_llm.engine.attention import AttentionMetadata, PrefillChunk
+from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
+from trio_llm.engine.scheduler import ScheduledBatch
+from trio_llm.engine.sequence import Sequence
+from trio_llm.ipc.messages import TokenLogprobs
+
+
+@dataclass(slots=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+@dataclass(slots=True)
+class StepResult:
+    token_ids: list[int | None]
+    """The sampled token per scheduled sequence; None for a prefill chunk short of the end."""
+    logprobs: list[TokenLogprobs | None] | None
+    """Per scheduled sequence, when any asked."""
+    prompt_logprobs: dict[int, list[TokenLogprobs]]
+    """Batch index -> logprobs of the prompt positions this chunk predicted."""
+
+
+def kv_cache_spec(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return KVCacheSpec(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+    )
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: KVCacheSpec,
+        num_blocks: int,
+        *,
+        device: torch.device,
+        backend: str,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.decoder = model.model
+        self.lm_head = model.lm_head
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.device = device
+        self.backend = backend
+        self.vocab_size = model.config.vocab_size
+        self.sampler = Sampler(seed, device)
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        # Zeros, not empty: a masked-out position still multiplies its value by a zero weight,
+        # and uninitialized memory may hold NaN. On CPU zeroed pages cost nothing until touched.
+        self.k_caches = [
+            torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)
+        ]
+        self.v_caches = [
+            torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)
+        ]
+        for layer, k, v in zip(self.decoder.layers, self.k_caches, self.v_caches):
+            layer.self_attn.k_cache = k
+            layer.self_attn.v_cache = v
+        self.scale = spec.head_dim**-0.5
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, eos_token_ids: frozenset[int]) -> StepResult:
+        seqs = batch.seqs
+        num_tokens = np.asarray(batch.num_tokens, dtype=np.int64)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs))
+        ends = starts + num_tokens
+        cu = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(num_tokens, out=cu[1:])
+        total = int(cu[-1])
+
+        ids: list[int] = []
+        for s, a, b in zip(seqs, starts.tolist(), ends.tolist()):
+            ids.extend(s.token_ids[a:b])
+        row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
+        positions = np.arange(total, dtype=np.int64) - cu[row_seq] + starts[row_seq]
+        tables = self._block_tables(seqs)
+        bs = self.block_size
+        slots = tables[row_seq, positions // bs] * bs + positions % bs
+        meta = self._attention_metadata(batch, tables, starts, ends, cu, slots)
+
+        # Which rows go through the LM head: each sequence whose chunk reaches its last token
+        # samples from its last row; prompt-logprob requests also need their prompt rows.
+        num_all = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
+        samples = ends == num_all
+        sample_rows = cu[1:][samples] - 1
+        prompt_rows: dict[int, np.ndarray] = {}
+        for i, s in enumerate(seqs):
+            if s.prompt_logprobs is None:
+                continue
+            # Position p's row predicts token p + 1. Positions already scored (before a
+            # preemption made this sequence recompute) are not scored again.
+            first = max(int(starts[i]), len(s.prompt_logprobs) - 1)
+            last = min(int(ends[i]), s.num_prompt_tokens - 1)
+            if first < last:
+                offset = cu[i] - starts[i]
+                prompt_rows[i] = np.arange(offset + first, offset + last)
+
+        device = self.device
+        input_ids = torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0)
+        pos = torch.from_numpy(positions).to(device).unsqueeze(0)
+        hidden = self.decoder(
+            input_ids=input_ids, position_ids=pos, use_cache=False, trio_attn=meta
+        ).last_hidden_state[0]
+
+        sampled: list[int | None] = [None] * len(seqs)
+        logprobs: list[TokenLogprobs | None] | None = None
+        sample_idx = np.flatnonzero(samples)
+        if len(sample_idx):
+            rows = torch.from_numpy(sample_rows).to(device)
+            logits = self.lm_head(hidden.index_select(0, rows))
+            sample_seqs = [seqs[i] for i in sample_idx]
+            st = SamplingTensors.build(sample_seqs, eos_token_ids, self.vocab_size, device)
+            out = self.sampler(logits, st)
+            for i, token in zip(sample_idx.tolist(), out.token_ids):
+                sampled[i] = token
+            if out.logprobs is not None:
+                logprobs = [None] * len(seqs)
+                for i, lp in zip(sample_idx.tolist(), out.logprobs):
+                    logprobs[i] = lp
+        prompt_lps = {
+            i: self._prompt_logprobs(hidden, rows, seqs[i]) for i, rows in prompt_rows.items()
+        }
+        return StepResult(sampled, logprobs, prompt_lps)
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, rows: np.ndarray, seq: Sequence
+    ) -> list[TokenLogprobs]:
+        """Scores of the prompt tokens after the ones `seq.prompt_logprobs` already holds."""
+        logits = self.lm_head(hidden.index_select(0, torch.from_numpy(rows).to(self.device)))
+        assert seq.prompt_logprobs is not None
+        first = len(seq.prompt_logprobs)
+        targets = seq.token_ids[first : first + len(rows)]
+        chosen = torch.tensor(targets, dtype=torch.long, device=self.device)
+        k = seq.params.prompt_logprobs
+        lps = compute_logprobs(logits, chosen, [k] * len(rows))
+        return [lp for lp in lps if lp is not None]
+
+    def _block_tables(self, seqs: list[Sequence]) -> np.ndarray:
+        width = max(len(s.block_table) for s in seqs)
+        tables = np.zeros((len(seqs), width), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            tables[i, : len(s.block_table)] = s.block_table
+        return tables
+
+    def _attention_metadata(
+        self,
+        batch: ScheduledBatch,
+        tables: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        cu: np.ndarray,
+        slots: np.ndarray,
+    ) -> AttentionMetadata:
+        device = self.device
+        nd = batch.num_decodes
+        meta = AttentionMetadata(
+            backend=self.backend,
+            slot_mapping=_tensor(slots, device),
+            num_decodes=nd,
+            scale=self.scale,
+        )
+        if self.backend == "triton":
+            meta.block_tables = torch.from_numpy(tables.astype(np.int32)).to(device)
+            meta.context_lens = torch.from_numpy(ends.astype(np.int32)).to(device)
+            meta.cu_seqlens_q = torch.from_numpy((cu[nd:] - cu[nd]).astype(np.int32)).to(device)
+            return meta
+        bs = self.block_size
+        if nd:
+            lens = ends[:nd]
+            length = int(lens.max())
+            j = np.arange(length)
+            meta.decode_slots = _tensor(tables[:nd, j // bs] * bs + j % bs, device)
+            width = self.spec.num_kv_heads * self.spec.head_dim
+            meta.decode_buffers = (
+                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
+                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
+            )
+            if (lens != length).any():
+                mask = j[None, :] < lens[:, None]
+                meta.decode_mask = _tensor(mask[:, None, None, :], device)
+        for i in range(nd, len(batch.seqs)):
+            start, ctx = int(starts[i]), int(ends[i])
+            chunk = PrefillChunk(int(cu[i]), int(cu[i + 1]), None, None)
+            if start:
+                j = np.arange(ctx)
+                chunk.context_slots = _tensor(tables[i, j // bs] * bs + j % bs, device)
+                q_pos = np.arange(start, ctx)
+                chunk.mask = _tensor(j[None, :] <= q_pos[:, None], device)
+            meta.prefills.append(chunk)
+        return meta
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """numpy fancy indexing may hand back a strided array; the attention views need rows."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)

@@ -1,0 +1,172 @@
+"""The engine process: EngineCore driven by the two shared-memory rings.
+
+What it owns: the process's life. It reads one `EngineLaunch` from stdin, attaches the rings it
+inherited, watches its parent, loads the model and answers `EngineReady` (or `EngineFailure`,
+then exits non-zero). Then it loops: take every pending message (adds, aborts, Shutdown), step
+while there is work and send one `EngineCoreOutputs` per step, and block on the request ring's
+doorbell when there is none, which costs no CPU.
+
+Invariants: the engine never outlives the frontend. A blocked ring operation raises
+`PeerDiedError` when the parent exits (a pidfd in the ring's epoll set), and every loop
+iteration also checks that the parent is still the same process, for the case where the engine
+is busy stepping and never blocks. (No PR_SET_PDEATHSIG: it fires when the *thread* that forked
+exits, and Trio forks from a worker thread that its thread cache retires after a few seconds
+idle, which would kill a healthy engine.) A message the engine cannot read is logged and
+dropped, failing its request when the request id can still be read; one request's bad data
+never ends the loop. Anything else that escapes is fatal: the frontend gets `EngineFailure`
+before the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from trio_llm.engine.launch import EngineLaunch
+from trio_llm.ipc.codec import DecodeError, decode_frontend_message, encode
+from trio_llm.ipc.messages import (
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineFailure,
+    Shutdown,
+)
+from trio_llm.ipc.shm_ring import (
+    MessageTooLargeError,
+    PeerDiedError,
+    RingClosedError,
+    RingReceiver,
+    RingSender,
+    ShmRing,
+)
+
+if TYPE_CHECKING:
+    from trio_llm.engine.core import EngineCore
+
+log = logging.getLogger("trio_llm.engine")
+
+
+class ParentGoneError(Exception):
+    """The frontend process exited while the engine was busy."""
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=os.environ.get("TRIO_LLM_ENGINE_LOG", "WARNING"),
+        format="engine %(levelname)s %(name)s: %(message)s",
+    )
+    launch = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=EngineLaunch)
+    parent = os.getppid()
+    requests = ShmRing.attach(launch.request_ring)
+    outputs = ShmRing.attach(launch.output_ring)
+    requests.watch_peer(parent)
+    outputs.watch_peer(parent)
+    rx, tx = requests.receiver(), outputs.sender()
+    if os.getppid() != parent:
+        return 1  # the parent died before the watch began
+    try:
+        # Imported here so that a broken install (no torch, say) still reports EngineFailure.
+        from trio_llm.engine.core import EngineCore
+
+        core = EngineCore(launch.args)
+    except Exception as exc:
+        _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
+        return 1
+    try:
+        tx.send(encode(core.ready))
+        return EngineLoop(core, rx, tx, parent).run()
+    except (PeerDiedError, ParentGoneError):
+        return 1
+    except RingClosedError:
+        return 0  # the frontend closed its ends: nobody is left to serve
+    except Exception as exc:
+        log.exception("engine loop failed")
+        _send_failure(tx, f"the engine failed: {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        requests.close()
+        outputs.close()
+
+
+def _send_failure(tx: RingSender, message: str) -> None:
+    failure = EngineFailure(message=message, traceback=traceback.format_exc())
+    try:
+        tx.send(encode(failure), timeout=5.0)
+    except (MessageTooLargeError, RingClosedError, TimeoutError):
+        tx.send(encode(EngineFailure(message=message)), timeout=5.0)
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore, rx: RingReceiver, tx: RingSender, parent: int) -> None:
+        self.core = core
+        self.rx = rx
+        self.tx = tx
+        self.parent = parent
+
+    def run(self) -> int:
+        core = self.core
+        while True:
+            if os.getppid() != self.parent:
+                raise ParentGoneError
+            messages = self.rx.receive_all_nowait()
+            if not messages and not core.has_work():
+                messages = [self.rx.receive()]  # sleeps on the doorbell (and the parent's pidfd)
+            aborted = False
+            for raw in messages:
+                msg = self._decode(raw)
+                if isinstance(msg, Shutdown):
+                    return 0
+                if isinstance(msg, EngineCoreRequest):
+                    core.add_request(msg)
+                elif isinstance(msg, AbortRequests):
+                    core.abort_requests(msg.request_ids)
+                    aborted = True
+            # After aborts, step even when idle: the abort outputs and fresh stats reach the
+            # frontend at once.
+            if core.has_work() or aborted:
+                self.send(core.step())
+
+    def _decode(self, raw: bytes) -> object:
+        try:
+            return decode_frontend_message(raw)
+        except DecodeError as exc:
+            request_id = _request_id_of(raw)
+            log.error("unreadable message (request %s): %s", request_id, exc)
+            if request_id is not None:
+                self.core.reject(request_id, f"the engine could not read the request: {exc}")
+            return None
+
+    def send(self, outputs: EngineCoreOutputs) -> None:
+        """One message per step; a step too large for the ring goes out in several, and an
+        output too large on its own fails its request instead."""
+        try:
+            self.tx.send(encode(outputs))
+            return
+        except MessageTooLargeError:
+            pass
+        for out in outputs.outputs:
+            single = EngineCoreOutputs(
+                outputs=[out], timestamp=outputs.timestamp, stats=outputs.stats
+            )
+            try:
+                self.tx.send(encode(single))
+            except MessageTooLargeError:
+                self.core.reject(out.request_id, "the output is too large for the output ring")
+        if not outputs.outputs:
+            raise MessageTooLargeError("an empty outputs message does not fit the output ring")
+
+
+def _request_id_of(raw: bytes) -> str | None:
+    """The request id of an 'add' message whose other fields do not decode, if readable."""
+    try:
+        fields = msgspec.msgpack.decode(raw)
+    except DecodeError:
+        return None
+    if isinstance(fields, list) and len(fields) > 1 and fields[0] == "add":
+        return fields[1] if isinstance(fields[1], str) else None
+    return None

@@ -1,0 +1,263 @@
+"""The sampler: from one step's logits to the next token of every sampled sequence.
+
+What it owns: turning per-request sampling parameters into per-row tensors
+(`SamplingTensors.build`), and the batched pipeline over a [B, V] logits tensor:
+logprobs of the raw logits, then logit_bias, min_tokens masking, penalties, then greedy argmax
+or temperature, min-p, top-k, top-p and a draw. Work a batch does not ask for is skipped, so a
+batch of plain greedy requests costs one argmax.
+
+Invariant: a seeded request's draw uses only its own `torch.Generator`, advanced exactly once
+per step, so its tokens do not depend on what else is in the batch. Unseeded rows share the
+engine's generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from trio_llm.engine.sequence import Sequence
+from trio_llm.ipc.messages import TokenLogprobs
+
+_NEG_INF = float("-inf")
+
+
+@dataclass(slots=True)
+class SamplingTensors:
+    """Per-row parameters of one step's batch; None where no row needs that stage."""
+
+    all_greedy: bool
+    greedy: torch.Tensor | None = None
+    """[B] bool: rows that take the argmax."""
+    temperature: torch.Tensor | None = None
+    """[B, 1] (1.0 on greedy rows)."""
+    top_k: torch.Tensor | None = None
+    """[B] int64, 0 where disabled."""
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    generators: dict[int, torch.Generator] | None = None
+    """Row -> the request's own generator."""
+    bias_rows: torch.Tensor | None = None
+    bias_cols: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+    banned_rows: torch.Tensor | None = None
+    """(row, token) pairs masked because min_tokens are not out yet."""
+    banned_cols: torch.Tensor | None = None
+    penalty_rows: torch.Tensor | None = None
+    """Rows with any penalty; the penalty tensors below are indexed like this list."""
+    presence: torch.Tensor | None = None
+    frequency: torch.Tensor | None = None
+    repetition: torch.Tensor | None = None
+    output_ids: torch.Tensor | None = None
+    """[P, max_out] output tokens of the penalized rows, padded with V."""
+    context_ids: torch.Tensor | None = None
+    """[P, max_len] prompt and output tokens of the penalized rows, padded with V."""
+    num_logprobs: list[int | None] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        seqs: Seq[Sequence],
+        eos_token_ids: frozenset[int],
+        vocab_size: int,
+        device: torch.device,
+    ) -> SamplingTensors:
+        params = [s.params for s in seqs]
+        all_greedy = all(p.greedy for p in params)
+        st = cls(all_greedy=all_greedy)
+        if not all_greedy:
+            st.greedy = torch.tensor([p.greedy for p in params], device=device)
+            st.temperature = torch.tensor(
+                [1.0 if p.greedy else p.temperature for p in params], device=device
+            ).unsqueeze(1)
+            if any(p.top_k > 0 and not p.greedy for p in params):
+                st.top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
+            if any(p.top_p < 1.0 and not p.greedy for p in params):
+                st.top_p = torch.tensor([p.top_p for p in params], device=device)
+            if any(p.min_p > 0.0 and not p.greedy for p in params):
+                st.min_p = torch.tensor([p.min_p for p in params], device=device)
+            gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
+            st.generators = gens or None
+        if any(p.logit_bias for p in params):
+            rows, cols, vals = [], [], []
+            for i, p in enumerate(params):
+                for token, bias in (p.logit_bias or {}).items():
+                    rows.append(i)
+                    cols.append(token)
+                    vals.append(bias)
+            st.bias_rows = torch.tensor(rows, device=device)
+            st.bias_cols = torch.tensor(cols, device=device)
+            st.bias_values = torch.tensor(vals, device=device)
+        if any(s.num_output_tokens < s.params.min_tokens for s in seqs):
+            rows, cols = [], []
+            for i, s in enumerate(seqs):
+                if s.num_output_tokens < s.params.min_tokens:
+                    banned = set(s.params.stop_token_ids)
+                    if not s.params.ignore_eos:
+                        banned |= eos_token_ids
+                    rows.extend([i] * len(banned))
+                    cols.extend(banned)
+            st.banned_rows = torch.tensor(rows, dtype=torch.long, device=device)
+            st.banned_cols = torch.tensor(cols, dtype=torch.long, device=device)
+        penalized = [
+            i
+            for i, p in enumerate(params)
+            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+        ]
+        if penalized:
+            st.penalty_rows = torch.tensor(penalized, device=device)
+            st.presence = torch.tensor([params[i].presence_penalty for i in penalized])
+            st.frequency = torch.tensor([params[i].frequency_penalty for i in penalized])
+            st.repetition = torch.tensor([params[i].repetition_penalty for i in penalized])
+            st.presence = st.presence.to(device).unsqueeze(1)
+            st.frequency = st.frequency.to(device).unsqueeze(1)
+            st.repetition = st.repetition.to(device).unsqueeze(1)
+            st.output_ids = _padded([seqs[i].output_token_ids for i in penalized], vocab_size)
+            st.context_ids = _padded([seqs[i].token_ids for i in penalized], vocab_size)
+            st.output_ids = st.output_ids.to(device)
+            st.context_ids = st.context_ids.to(device)
+        if any(p.logprobs is not None for p in params):
+            st.num_logprobs = [p.logprobs for p in params]
+        return st
+
+
+def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
+        logits = logits.float()
+        raw = logits
+        if st.bias_rows is not None or st.banned_rows is not None or st.penalty_rows is not None:
+            logits = logits.clone()
+            apply_logit_bias(logits, st)
+            apply_penalties(logits, st)
+            if st.banned_rows is not None:
+                logits[st.banned_rows, st.banned_cols] = _NEG_INF
+        tokens = logits.argmax(dim=-1) if st.all_greedy else self._sample(logits, st)
+        token_list = tokens.tolist()
+        logprobs = None
+        if st.num_logprobs is not None:
+            logprobs = compute_logprobs(raw, tokens, st.num_logprobs)
+        return SamplerOutput(token_list, logprobs)
+
+    def _sample(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        assert st.greedy is not None and st.temperature is not None
+        greedy_tokens = logits.argmax(dim=-1)
+        logits = logits / st.temperature
+        if st.min_p is not None:
+            apply_min_p(logits, st.min_p)
+        if st.top_k is not None or st.top_p is not None:
+            logits = apply_top_k_top_p(logits, st.top_k, st.top_p)
+        probs = logits.softmax(dim=-1)
+        sampled = self._draw(probs, st.generators)
+        return torch.where(st.greedy, greedy_tokens, sampled)
+
+    def _draw(
+        self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None
+    ) -> torch.Tensor:
+        """Gumbel-style race: argmax(p / E) with E ~ Exp(1) draws index i with probability p_i,
+        and it lets each row take its noise from its own generator."""
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for row, gen in (generators or {}).items():
+            noise[row].exponential_(generator=gen)
+        return probs.div_(noise).argmax(dim=-1)
+
+
+def apply_logit_bias(logits: torch.Tensor, st: SamplingTensors) -> None:
+    if st.bias_rows is not None:
+        assert st.bias_cols is not None and st.bias_values is not None
+        logits.index_put_((st.bias_rows, st.bias_cols), st.bias_values, accumulate=True)
+
+
+def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> None:
+    """Presence and frequency penalties count output tokens (OpenAI); the repetition penalty
+    (divide positive logits, multiply negative ones) covers prompt and output (HF/CTRL)."""
+    if st.penalty_rows is None:
+        return
+    assert st.output_ids is not None and st.context_ids is not None
+    assert st.presence is not None and st.frequency is not None and st.repetition is not None
+    rows = st.penalty_rows
+    vocab = logits.shape[1]
+    sub = logits[rows]
+    counts = torch.zeros(len(rows), vocab + 1, device=logits.device)
+    counts.scatter_add_(1, st.output_ids, torch.ones_like(st.output_ids, dtype=counts.dtype))
+    counts = counts[:, :vocab]
+    seen = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=logits.device)
+    seen.scatter_(1, st.context_ids, True)
+    seen = seen[:, :vocab]
+    rep = torch.where(seen, st.repetition, torch.ones_like(st.repetition))
+    sub = torch.where(sub > 0, sub / rep, sub * rep)
+    sub -= st.frequency * counts + st.presence * (counts > 0)
+    logits[rows] = sub
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    probs = logits.softmax(dim=-1)
+    top = probs.max(dim=-1, keepdim=True).values
+    logits.masked_fill_(probs < min_p.unsqueeze(1) * top, _NEG_INF)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    vocab = logits.shape[1]
+    if top_p is None:
+        assert top_k is not None
+        # Top-k alone: the k-th largest value is the threshold; no full sort needed.
+        k = top_k.clamp(max=vocab)
+        kmax = int(k.max())
+        kth = logits.topk(kmax, dim=-1).values.gather(1, (k.clamp(min=1) - 1).unsqueeze(1))
+        kth.masked_fill_((k == 0).unsqueeze(1), _NEG_INF)  # rows without top-k keep all
+        return logits.masked_fill(logits < kth, _NEG_INF)
+    sorted_logits, order = logits.sort(dim=-1)  # ascending
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+        kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, _NEG_INF)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    # Drop the smallest tokens whose total stays within 1 - p; the largest always survives.
+    drop = cum <= (1.0 - top_p).unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits.masked_fill_(drop, _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def compute_logprobs(
+    logits: torch.Tensor, chosen: torch.Tensor, num_alternatives: Seq[int | None]
+) -> list[TokenLogprobs | None]:
+    """Logprob and rank of each row's chosen token, plus its top-N alternatives (raw model
+    distribution, before any sampling parameter)."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1))
+    ranks = (logprobs > chosen_lp).sum(dim=-1).add_(1).tolist()
+    chosen_lp_list = chosen_lp.squeeze(1).tolist()
+    chosen_list = chosen.tolist()
+    k = max((n or 0) for n in num_alternatives)
+    if k:
+        top_lp, top_ids = logprobs.topk(k, dim=-1)
+        top_lp_list, top_ids_list = top_lp.tolist(), top_ids.tolist()
+    out: list[TokenLogprobs | None] = []
+    for i, n in enumerate(num_alternatives):
+        if n is None:
+            out.append(None)
+            continue
+        ids = [chosen_list[i]] + (top_ids_list[i][:n] if n else [])
+        lps = [chosen_lp_list[i]] + (top_lp_list[i][:n] if n else [])
+        out.append(TokenLogprobs(token_ids=ids, logprobs=lps, rank=ranks[i]))
+    return out

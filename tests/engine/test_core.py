@@ -1,0 +1,274 @@
+"""EngineCore in-process: greedy equivalence with Hugging Face, chunking, preemption, prefix
+caching, block accounting, seeds, priority and per-request errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import make_core, random_prompts, request, run
+
+from trio_llm.engine.core import EngineCore
+from trio_llm.engine.loader import ModelSource, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tiny_model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def core(tiny_model_dir: Path) -> EngineCore:
+    return make_core(tiny_model_dir)
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.config.eos_token_id,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def assert_all_blocks_free(core: EngineCore) -> None:
+    stats = core.stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_running == stats.num_waiting == 0
+    assert not core.requests
+
+
+LENGTHS = [1, 3, 9, 16, 17, 31, 64, 100]
+
+
+def test_greedy_matches_hf_generate(core: EngineCore, hf_tiny: torch.nn.Module) -> None:
+    prompts = random_prompts(LENGTHS)
+    results = run(core, [request(str(i), p, max_tokens=12) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        expected = hf_greedy(hf_tiny, prompt, 12)
+        got = results[str(i)]
+        assert got.token_ids == expected, f"prompt {i} ({len(prompt)} tokens)"
+        assert got.finish_reason == ("stop" if len(expected) < 12 else "length")
+    assert_all_blocks_free(core)
+
+
+@pytest.mark.slow
+def test_greedy_matches_hf_generate_on_the_default_model(default_model: ModelSource) -> None:
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(default_model)
+    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    prompts = [tokenizer(t)["input_ids"] for t in texts]
+    core = make_core(default_model.path, kv_cache_memory="64MiB", dtype="float32")
+    results = run(core, [request(str(i), p, max_tokens=6) for i, p in enumerate(prompts)])
+    hf = AutoModelForCausalLM.from_pretrained(default_model.path, dtype=torch.float32).eval()
+    for i, prompt in enumerate(prompts):
+        assert results[str(i)].token_ids == hf_greedy(hf, prompt, 6), texts[i]
+
+
+def test_chunked_prefill_equals_unchunked(tiny_model_dir: Path, core: EngineCore) -> None:
+    prompts = random_prompts([150, 7, 90], seed=1)
+    reqs = [request(str(i), p, max_tokens=10, ignore_eos=True) for i, p in enumerate(prompts)]
+    whole = run(core, reqs)
+    chunked_core = make_core(tiny_model_dir, max_num_batched_tokens=16)
+    chunked = run(chunked_core, reqs)
+    assert chunked_core.stats().num_steps > core.stats().num_steps
+    for i in range(len(prompts)):
+        assert chunked[str(i)].token_ids == whole[str(i)].token_ids
+    assert_all_blocks_free(chunked_core)
+
+
+def test_too_small_kv_cache_preempts_and_outputs_stay_the_same(
+    tiny_model_dir: Path, core: EngineCore
+) -> None:
+    prompts = random_prompts([40, 35, 30, 45, 20], seed=2)
+    reqs = [request(str(i), p, max_tokens=40, ignore_eos=True) for i, p in enumerate(prompts)]
+    expected = run(core, reqs)
+    block_bytes = core.ready.kv_cache_bytes // core.ready.num_blocks
+    # 20 blocks (320 tokens) for five sequences that reach 60-85 tokens (4-6 blocks) each.
+    small = make_core(tiny_model_dir, kv_cache_memory=20 * block_bytes)
+    got = run(small, reqs)
+    assert small.stats().num_preemptions > 0
+    for i in range(len(prompts)):
+        assert got[str(i)].token_ids == expected[str(i)].token_ids
+        assert got[str(i)].finish_reason == "length"
+    assert_all_blocks_free(small)
+
+
+def test_prefix_cache_serves_a_shared_prefix(tiny_model_dir: Path) -> None:
+    prefix, tail_a, tail_b = random_prompts([70, 5, 9], seed=3)
+    cached = make_core(tiny_model_dir)
+    uncached = make_core(tiny_model_dir, enable_prefix_caching=False)
+    first = run(cached, [request("a", prefix + tail_a, max_tokens=8, ignore_eos=True)])
+    second = run(cached, [request("b", prefix + tail_b, max_tokens=8, ignore_eos=True)])
+    assert first["a"].num_cached_tokens == 0
+    assert second["b"].num_cached_tokens == 64  # the four full blocks of the shared prefix
+    stats = cached.stats()
+    assert stats.prefix_cache_hits == 64
+    assert stats.prefix_cache_queries == 75 + 79
+    reference = run(uncached, [request("b", prefix + tail_b, max_tokens=8, ignore_eos=True)])
+    assert second["b"].token_ids == reference["b"].token_ids
+    assert reference["b"].num_cached_tokens == 0
+    assert_all_blocks_free(cached)
+
+
+def test_identical_prompts_in_one_batch_share_cached_blocks(core: EngineCore) -> None:
+    (prompt,) = random_prompts([40], seed=4)
+    results = run(core, [request(str(i), prompt, max_tokens=5) for i in range(3)])
+    assert len({tuple(r.token_ids) for r in results.values()}) == 1
+    assert_all_blocks_free(core)
+
+
+def test_aborts_and_finishes_return_every_block(core: EngineCore) -> None:
+    prompts = random_prompts([30, 50, 12, 70], seed=5)
+    for i, p in enumerate(prompts):
+        core.add_request(request(str(i), p, max_tokens=30, ignore_eos=True))
+    core.abort_requests(["3"])  # still waiting
+    first = core.step()
+    assert next((o.request_id, o.finish_reason) for o in first.outputs) == ("3", "abort")
+    core.step()
+    core.abort_requests(["1", "no-such-request"])  # running
+    aborted = core.step()
+    assert ("1", "abort") in [(o.request_id, o.finish_reason) for o in aborted.outputs]
+    finished = {o.request_id: o.finish_reason for o in aborted.outputs if o.finish_reason}
+    while core.has_work():
+        finished |= {o.request_id: o.finish_reason for o in core.step().outputs if o.finish_reason}
+    assert finished == {"0": "length", "1": "abort", "2": "length"}
+    assert_all_blocks_free(core)
+
+
+def test_a_seeded_request_draws_the_same_tokens_whatever_else_runs(core: EngineCore) -> None:
+    prompt, *others = random_prompts([12, 30, 5, 44, 8], seed=6)
+    seeded = request("seeded", prompt, temperature=0.9, top_p=0.95, seed=1234, max_tokens=16)
+    alone = run(core, [seeded])["seeded"].token_ids
+    crowd = [
+        request(f"o{i}", p, temperature=1.0, max_tokens=20 + i, ignore_eos=True)
+        for i, p in enumerate(others)
+    ]
+    crowd.append(request("greedy", others[0], max_tokens=3))
+    together = run(core, [*crowd[:2], seeded, *crowd[2:]])["seeded"].token_ids
+    assert together == alone
+    other_seed = request("seeded", prompt, temperature=0.9, top_p=0.95, seed=99, max_tokens=16)
+    assert run(core, [other_seed])["seeded"].token_ids != alone
+
+
+def test_lower_priority_value_runs_first_fcfs_among_equals(tiny_model_dir: Path) -> None:
+    serial = make_core(tiny_model_dir, max_num_seqs=1)
+    prompts = random_prompts([5, 6, 7, 8], seed=7)
+    order: list[str] = []
+    for rid, prio, p in zip(["late", "first", "second", "third"], [5, 0, 1, 1], prompts):
+        serial.add_request(request(rid, p, priority=prio, max_tokens=2, ignore_eos=True))
+    while serial.has_work():
+        order += [o.request_id for o in serial.step().outputs if o.finish_reason]
+    assert order == ["first", "second", "third", "late"]
+
+
+def test_bad_requests_fail_alone(core: EngineCore) -> None:
+    good = random_prompts([10], seed=8)[0]
+    too_long = [5] * core.ready.max_model_len
+    reqs = [
+        request("good", good, max_tokens=4, ignore_eos=True),
+        request("out-of-vocab", [1, 2, core.ready.vocab_size]),
+        request("empty", []),
+        request("too-long", too_long),
+        request("bad-params", good, top_p=0.0),
+        request("bad-bias", good, logit_bias={core.ready.vocab_size + 5: 1.0}),
+    ]
+    results = run(core, reqs)
+    assert results["good"].finish_reason == "length"
+    assert len(results["good"].token_ids) == 4
+    for rid in ["out-of-vocab", "empty", "too-long", "bad-params", "bad-bias"]:
+        assert results[rid].finish_reason == "error", rid
+        assert results[rid].error
+    assert "context" in (results["too-long"].error or "")
+    assert "top_p" in (results["bad-params"].error or "")
+    assert_all_blocks_free(core)
+
+
+def test_a_duplicate_request_id_is_refused_and_the_first_continues(core: EngineCore) -> None:
+    (prompt,) = random_prompts([10], seed=9)
+    core.add_request(request("dup", prompt, max_tokens=3, ignore_eos=True))
+    core.add_request(request("dup", prompt, max_tokens=3, ignore_eos=True))
+    outs = []
+    while core.has_work():
+        outs += core.step().outputs
+    reasons = [o.finish_reason for o in outs if o.finish_reason]
+    assert sorted(reasons, key=str) == ["error", "length"]
+    assert sum(len(o.new_token_ids) for o in outs) == 3
+    assert_all_blocks_free(core)
+
+
+def test_logprobs_and_prompt_logprobs_match_a_full_forward(
+    tiny_model_dir: Path, hf_tiny: torch.nn.Module
+) -> None:
+    (prompt,) = random_prompts([40], seed=10)
+    # A 16-token budget splits the prompt into chunks: prompt logprobs come from every chunk.
+    chunked = make_core(tiny_model_dir, max_num_batched_tokens=16)
+    got = run(chunked, [request("r", prompt, max_tokens=4, logprobs=3, prompt_logprobs=2)])["r"]
+    tokens = prompt + got.token_ids
+    with torch.inference_mode():
+        ref = hf_tiny(torch.tensor([tokens])).logits[0].log_softmax(-1)
+    assert got.prompt_logprobs is not None and len(got.prompt_logprobs) == len(prompt)
+    assert got.prompt_logprobs[0] is None
+    for pos in range(1, len(prompt)):
+        lp = got.prompt_logprobs[pos]
+        assert lp is not None
+        assert lp.token_ids[0] == prompt[pos]
+        assert lp.logprobs[0] == pytest.approx(ref[pos - 1, prompt[pos]].item(), abs=1e-4)
+        assert lp.token_ids[1:] == ref[pos - 1].topk(2).indices.tolist()
+    assert len(got.logprobs) == 4
+    for k, lp in enumerate(got.logprobs):
+        row = ref[len(prompt) + k - 1]
+        assert lp.token_ids[0] == got.token_ids[k] == row.argmax().item()
+        assert lp.rank == 1
+        assert lp.logprobs[0] == pytest.approx(row.max().item(), abs=1e-4)
+        assert lp.token_ids[1:] == row.topk(3).indices.tolist()
+
+
+def test_stop_token_ids_finish_with_the_stop_reason(core: EngineCore) -> None:
+    (prompt,) = random_prompts([12], seed=11)
+    free = run(core, [request("free", prompt, max_tokens=8, ignore_eos=True)])["free"].token_ids
+    stop_at = next(i for i, t in enumerate(free) if t not in free[:i] and i >= 2)
+    stop = free[stop_at]
+    got = run(core, [request("s", prompt, max_tokens=8, stop_token_ids=[stop])])["s"]
+    assert got.token_ids == free[: stop_at + 1]
+    assert (got.finish_reason, got.stop_reason) == ("stop", stop)
+    # min_tokens beyond the stop position masks the stop token there.
+    late = run(
+        core, [request("m", prompt, max_tokens=8, stop_token_ids=[stop], min_tokens=stop_at + 1)]
+    )
+    assert late["m"].token_ids[stop_at] != stop
+    assert len(late["m"].token_ids) > stop_at + 1
+
+
+def test_the_context_limit_finishes_with_length(tiny_model_dir: Path) -> None:
+    short = make_core(tiny_model_dir, max_model_len=20)
+    (prompt,) = random_prompts([15], seed=12)
+    got = run(short, [request("r", prompt, max_tokens=None, ignore_eos=True)])["r"]
+    assert len(got.token_ids) == 5
+    assert got.finish_reason == "length"
+    assert short.ready.max_model_len == 20
+
+
+def test_prompt_logprobs_survive_preemption(tiny_model_dir: Path, core: EngineCore) -> None:
+    prompts = random_prompts([40, 35, 30, 45], seed=13)
+    reqs = [
+        request(str(i), p, max_tokens=40, ignore_eos=True, prompt_logprobs=0)
+        for i, p in enumerate(prompts)
+    ]
+    expected = run(core, reqs)
+    block_bytes = core.ready.kv_cache_bytes // core.ready.num_blocks
+    small = make_core(tiny_model_dir, kv_cache_memory=16 * block_bytes)
+    got = run(small, reqs)
+    assert small.stats().num_preemptions > 0
+    for i, p in enumerate(prompts):
+        lps = got[str(i)].prompt_logprobs
+        assert lps is not None and len(lps) == len(p)
+        assert got[str(i)].token_ids == expected[str(i)].token_ids

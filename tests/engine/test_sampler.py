@@ -1,0 +1,194 @@
+"""The sampler on plain tensors: each sampling parameter does what the OpenAI/vLLM semantics
+say, over a batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
+from trio_llm.engine.sequence import Sequence
+from trio_llm.sampling_params import SamplingParams
+
+EOS = 2
+CPU = torch.device("cpu")
+
+
+def seqs_for(
+    *params: SamplingParams, outputs: list[int] | None = None, prompt: tuple[int, ...] = (1,)
+) -> list[Sequence]:
+    out = []
+    for i, p in enumerate(params):
+        seq = Sequence(request_id=str(i), token_ids=list(prompt), params=p, max_tokens=100)
+        seq.token_ids += outputs or []
+        out.append(seq)
+    return out
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], seed: int = 0) -> list[int]:
+    st = SamplingTensors.build(seqs, frozenset({EOS}), logits.shape[1], CPU)
+    return Sampler(seed, CPU)(logits, st).token_ids
+
+
+def probs_logits(*probs: float, rows: int = 1) -> torch.Tensor:
+    return torch.tensor([math.log(p) for p in probs]).repeat(rows, 1)
+
+
+def test_greedy_takes_the_argmax_per_row() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 1.0]])
+    assert sample(
+        logits, seqs_for(SamplingParams(temperature=0), SamplingParams(temperature=0))
+    ) == [1, 0]
+
+
+def test_greedy_rows_stay_greedy_in_a_sampled_batch() -> None:
+    logits = probs_logits(0.4, 0.35, 0.25, rows=200)
+    params = [SamplingParams(temperature=0) if i % 2 else SamplingParams() for i in range(200)]
+    tokens = sample(logits, seqs_for(*params))
+    assert all(t == 0 for t in tokens[1::2])
+    assert len(set(tokens[0::2])) == 3  # the sampled rows spread over every token
+
+
+def test_top_k_keeps_the_k_most_likely() -> None:
+    logits = probs_logits(0.1, 0.4, 0.3, 0.2, rows=400)
+    tokens = sample(logits, seqs_for(*[SamplingParams(top_k=2)] * 400))
+    assert set(tokens) == {1, 2}
+
+
+def test_top_k_and_disabled_rows_mix() -> None:
+    logits = probs_logits(0.1, 0.4, 0.3, 0.2, rows=400)
+    params = [SamplingParams(top_k=1) if i % 2 else SamplingParams(top_k=0) for i in range(400)]
+    tokens = sample(logits, seqs_for(*params))
+    assert set(tokens[1::2]) == {1}
+    assert set(tokens[0::2]) == {0, 1, 2, 3}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    logits = probs_logits(0.5, 0.3, 0.15, 0.05, rows=400)
+    tokens = sample(logits, seqs_for(*[SamplingParams(top_p=0.7)] * 400))
+    assert set(tokens) == {0, 1}
+
+
+def test_top_k_and_top_p_together() -> None:
+    logits = probs_logits(0.05, 0.5, 0.3, 0.15, rows=400)
+    tokens = sample(logits, seqs_for(*[SamplingParams(top_k=3, top_p=0.9)] * 400))
+    assert set(tokens) == {1, 2, 3}
+    tokens = sample(logits, seqs_for(*[SamplingParams(top_k=2, top_p=0.99)] * 400))
+    assert set(tokens) == {1, 2}
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top() -> None:
+    logits = probs_logits(0.6, 0.3, 0.1, rows=400)
+    tokens = sample(logits, seqs_for(*[SamplingParams(min_p=0.2)] * 400))
+    assert set(tokens) == {0, 1}
+
+
+def test_low_temperature_concentrates_high_temperature_spreads() -> None:
+    logits = probs_logits(0.5, 0.3, 0.2, rows=600)
+    cold = sample(logits, seqs_for(*[SamplingParams(temperature=0.05)] * 600))
+    hot = sample(logits, seqs_for(*[SamplingParams(temperature=5.0)] * 600))
+    assert cold.count(0) > 590
+    assert 150 < hot.count(2) < 250  # close to uniform
+
+
+def test_seeded_rows_repeat_and_unseeded_rows_do_not_disturb_them() -> None:
+    logits = probs_logits(*[0.1] * 10, rows=3)
+    seeded = SamplingParams(seed=42)
+
+    def draw(batch: list[SamplingParams], engine_seed: int) -> list[int]:
+        seqs = seqs_for(*batch)
+        for seq in seqs:
+            if seq.params.seed is not None:
+                seq.generator = torch.Generator().manual_seed(seq.params.seed)
+        st = SamplingTensors.build(seqs, frozenset({EOS}), 10, CPU)
+        sampler = Sampler(engine_seed, CPU)
+        return [sampler(logits[: len(seqs)], st).token_ids[batch.index(seeded)] for _ in range(20)]
+
+    alone = draw([seeded], 0)
+    assert draw([SamplingParams(), seeded, SamplingParams()], 1) == alone
+    assert len(set(alone)) > 1
+
+
+def test_logit_bias_moves_the_argmax() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, 0.5]])
+    params = SamplingParams(temperature=0, logit_bias={3: 5.0})
+    assert sample(logits, seqs_for(params)) == [3]
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_enough_tokens() -> None:
+    logits = torch.tensor([[0.0, 0.0, 9.0, 0.0, 8.0, 1.0]])  # EOS (2) then stop token 4
+    params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[4])
+    assert sample(logits, seqs_for(params, outputs=[11])) == [5]
+    assert sample(logits, seqs_for(params, outputs=[11, 12, 13])) == [EOS]
+    ignore = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[4], ignore_eos=True)
+    assert sample(logits, seqs_for(ignore, outputs=[11])) == [EOS]
+
+
+def test_penalties() -> None:
+    base = torch.tensor([[1.0, 1.0, 1.0, 2.0, -1.0]])
+    # Output tokens so far: 0 twice, 1 once; the prompt (token 4) does not count.
+    outputs = [0, 0, 1]
+    cases = {
+        "presence": (SamplingParams(presence_penalty=0.6), [0.4, 0.4, 1.0, 2.0, -1.0]),
+        "frequency": (SamplingParams(frequency_penalty=0.5), [0.0, 0.5, 1.0, 2.0, -1.0]),
+    }
+    for name, (params, expected) in cases.items():
+        seqs = seqs_for(params, outputs=outputs, prompt=(4,))
+        st = SamplingTensors.build(seqs, frozenset({EOS}), 5, CPU)
+        logits = base.clone()
+        from trio_llm.engine.sampler import apply_penalties
+
+        apply_penalties(logits, st)
+        assert logits[0].tolist() == pytest.approx(expected), name
+
+
+def test_repetition_penalty_covers_prompt_and_output() -> None:
+    from trio_llm.engine.sampler import apply_penalties
+
+    seq = Sequence(
+        request_id="r",
+        token_ids=[3, 4],
+        params=SamplingParams(repetition_penalty=2.0),
+        max_tokens=9,
+    )
+    seq.token_ids.append(0)
+    st = SamplingTensors.build([seq], frozenset({EOS}), 5, CPU)
+    logits = torch.tensor([[1.0, 1.0, 1.0, 2.0, -1.0]])
+    apply_penalties(logits, st)
+    assert logits[0].tolist() == pytest.approx([0.5, 1.0, 1.0, 1.0, -2.0])
+
+
+def test_penalized_and_plain_rows_in_one_batch() -> None:
+    logits = torch.tensor([[3.0, 2.9, 0.0], [3.0, 2.9, 0.0]])
+    seqs = seqs_for(
+        SamplingParams(temperature=0, frequency_penalty=1.0),
+        SamplingParams(temperature=0),
+        outputs=[0],
+    )
+    assert sample(logits, seqs) == [1, 0]
+
+
+def test_logprobs_of_the_chosen_token_and_the_top_alternatives() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])
+    chosen = torch.tensor([2, 2])
+    out = compute_logprobs(logits, chosen, [2, None])
+    ref = logits.log_softmax(-1).tolist()
+    first = out[0]
+    assert first is not None and out[1] is None
+    assert first.token_ids == [2, 1, 2]
+    assert first.logprobs == pytest.approx([ref[0][2], ref[0][1], ref[0][2]])
+    assert first.rank == 2
+
+
+def test_sampler_returns_logprobs_of_the_raw_distribution() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    params = SamplingParams(temperature=0, logprobs=0, logit_bias={0: 10.0})
+    st = SamplingTensors.build(seqs_for(params), frozenset({EOS}), 4, CPU)
+    out = Sampler(0, CPU)(logits, st)
+    assert out.token_ids == [0]
+    assert out.logprobs is not None and out.logprobs[0] is not None
+    assert out.logprobs[0].token_ids == [0]
+    assert out.logprobs[0].logprobs == pytest.approx([logits.log_softmax(-1)[0, 0].item()])
+    assert out.logprobs[0].rank == 3
