@@ -6,12 +6,12 @@
 #
 # On the H200 it installs the carried wheels, runs the kernel tests compiled for CUDA (the same
 # files CI runs interpreted), bench/kernels.py's bandwidth grid, bench/engine.py on CUDA when
-# that script exists, then the launch-shape sweep. Each step has its own time limit under one
-# 8-minute deadline, so a slow step costs only what comes after it, and every step writes its
+# that script exists, then the launch-shape sweep. Each step is cut at its own time limit, all
+# under one 8-minute deadline, so a step that hangs cannot take the others' time; each writes its
 # own file under $OUT (bench/results/gpu/ when $OUT is unset), 8 at most:
 #   gpu_check.log (machine, versions, each step's exit status, time and last lines),
-#   kernel_tests.log, kernels.md, engine.log (+ engine*.md when the engine benchmark writes
-#   one), kernels_sweep.md; a benchmark's .log stays only when it wrote no table.
+#   kernel_tests.log, kernels.md, engine.log and engine.md (when bench/engine.py exists),
+#   kernels_sweep.md; a kernel benchmark's .log stays only when it wrote no table.
 # bench/results/kernels.md is then replaced by kernels.md, with the sweep appended.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
