@@ -1,18 +1,51 @@
 """trio-llm: an OpenAI-compatible LLM server and a nursery-based engine client."""
 
+from trio_llm.client import (
+    ChatTemplateError,
+    EngineClient,
+    EngineDeadError,
+    EngineRequestError,
+    EngineStartError,
+    EngineStats,
+    InvalidPromptError,
+    ModelConfig,
+    PromptTooLongError,
+    open_engine,
+)
 from trio_llm.config import DEFAULT_MODEL, EngineArgs
-from trio_llm.outputs import CompletionOutput, Logprob, RequestOutput
-from trio_llm.sampling_params import RequestOutputKind, SamplingParams
+from trio_llm.llm import LLM
+from trio_llm.outputs import (
+    CompletionOutput,
+    Logprob,
+    PositionLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
+from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL",
+    "LLM",
+    "ChatTemplateError",
     "CompletionOutput",
     "EngineArgs",
+    "EngineClient",
+    "EngineDeadError",
+    "EngineRequestError",
+    "EngineStartError",
+    "EngineStats",
+    "InvalidPromptError",
     "Logprob",
+    "ModelConfig",
+    "PositionLogprobs",
+    "PromptTooLongError",
+    "RequestMetrics",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "SamplingParamsError",
     "__version__",
+    "open_engine",
 ]

@@ -9,7 +9,15 @@ import anyio
 import pytest
 import sniffio
 
-from trio_llm.ipc import AsyncRingReceiver, RingClosedError, ShmRing, WouldBlock
+from trio_llm.ipc import (
+    AsyncRingReceiver,
+    RingClosedError,
+    ShmRing,
+    WouldBlock,
+    decode_frontend_message,
+    encode,
+)
+from trio_llm.ipc.messages import Shutdown
 
 pytestmark = pytest.mark.anyio
 
@@ -71,6 +79,13 @@ async def test_full_ring_blocks_the_sender_then_resumes(ring: ShmRing) -> None:
         batch = await rx.receive_batch()  # frees the whole ring at once
         assert len(batch) == sent
     assert await rx.receive() == b"late"
+
+
+async def test_receive_decoded(ring: ShmRing) -> None:
+    tx, rx = ring.async_sender(), ring.async_receiver()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tx.send, encode(Shutdown()))
+        assert await rx.receive_decoded(decode_frontend_message) == Shutdown()
 
 
 async def test_receive_batch_respects_max_messages(ring: ShmRing) -> None:
@@ -154,3 +169,43 @@ async def test_cancelling_a_waiting_receive_leaves_the_ring_usable(ring: ShmRing
         await rx.receive()
     await tx.send(b"next")
     assert await rx.receive() == b"next"
+
+
+async def test_many_tasks_share_a_full_ring(ring: ShmRing) -> None:
+    """Senders queue for room in turn (Trio allows one waiter per fd, asyncio drops extras)."""
+    tx, rx = ring.async_sender(), ring.async_receiver()
+    received: list[bytes] = []
+
+    async def send_all(task: int) -> None:
+        for i in range(50):
+            await tx.send(f"{task}:{i}".encode() * 4)
+
+    async def receive_all() -> None:
+        while len(received) < 10 * 50:
+            received.extend(await rx.receive_batch())
+
+    async with anyio.create_task_group() as tg:
+        for task in range(10):
+            tg.start_soon(send_all, task)
+        await anyio.wait_all_tasks_blocked()  # the ring is full and the senders queue
+        assert tx._queue.waiting > 1
+        tg.start_soon(receive_all)
+    for task in range(10):  # all arrived, each sender's in its order
+        mine = [m for m in received if m.startswith(f"{task}:".encode())]
+        assert mine == [f"{task}:{i}".encode() * 4 for i in range(50)]
+
+
+async def test_many_tasks_share_an_empty_ring(ring: ShmRing) -> None:
+    tx, rx = ring.async_sender(), ring.async_receiver()
+    got: list[bytes] = []
+
+    async def receive_one() -> None:
+        got.append(await rx.receive())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(receive_one)
+        await anyio.wait_all_tasks_blocked()
+        for i in range(5):
+            await tx.send(bytes([i]))
+    assert sorted(got) == [bytes([i]) for i in range(5)]

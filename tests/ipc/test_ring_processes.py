@@ -246,3 +246,28 @@ def test_sigkilled_owner_leaves_nothing_behind() -> None:
     finally:
         reap(owner)
     assert shm_entries() == before
+
+
+# -- stress: a million messages, random pauses on both sides -----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fence", "count"), [("membarrier", 1_000_000), ("lock", 200_000)])
+def test_stress_with_random_pauses(fence: str, count: int) -> None:
+    """What finds lost wake-ups: a small ring keeps both sides going to sleep and waking."""
+    max_len = 300
+    with ShmRing.create(4096, fence=fence) as ring:  # type: ignore[arg-type]
+        args = (spec_arg(ring), str(count), "2024", str(max_len))
+        source = start_peer("stress-source", *args, rings=(ring,))
+        sink = start_peer("stress-sink", *args, rings=(ring,))
+        try:
+            sent, received = read_report(source), read_report(sink)
+            assert source.wait(10) == 0
+            assert sink.wait(10) == 0, received
+        finally:
+            reap(source)
+            reap(sink)
+    assert received["received"] == count
+    assert received["crc"] == sent["crc"]
+    # Both sides really did sleep and wake each other, many times.
+    assert sent["waits"] > 100 and received["waits"] > 100, (sent, received)

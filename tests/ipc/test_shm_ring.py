@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import array
+import gc
 import mmap
 import os
 import threading
 
 import anyio
+import msgspec
 import pytest
 
 from trio_llm.ipc import (
@@ -19,8 +21,11 @@ from trio_llm.ipc import (
     RingSpec,
     ShmRing,
     WouldBlock,
+    decode_frontend_message,
+    encode,
     shm_ring,
 )
+from trio_llm.ipc.messages import Shutdown
 
 
 def move_to_offset(ring: ShmRing, offset: int) -> None:
@@ -336,3 +341,48 @@ def test_attach_checks_the_segment(ring: ShmRing) -> None:
 def test_attach_explains_missing_fds() -> None:
     with pytest.raises(RingError, match="pass_fds"):
         ShmRing.attach(RingSpec(1_000_000, 1_000_001, 1_000_002, 64))
+
+
+def test_an_endpoint_keeps_its_ring_alive() -> None:
+    rx = ShmRing.create(64).receiver()  # nothing else refers to the ring
+    gc.collect()
+    with pytest.raises(TimeoutError):
+        rx.receive(timeout=0.01)  # its doorbell fd is still open
+
+
+def test_receive_decoded_reads_in_place_even_across_the_wrap() -> None:
+    with ShmRing.create(64) as ring:
+        tx, rx = ring.sender(), ring.receiver()
+        for offset in (0, 40):  # contiguous, then wrapped around the end
+            move_to_offset(ring, offset)
+            tx.send_nowait(b"0123456789" * 4)
+            assert rx.receive_decoded_nowait(bytes) == b"0123456789" * 4
+        tx.send_nowait(encode(Shutdown()))
+        assert rx.receive_decoded(decode_frontend_message, timeout=1) == Shutdown()
+
+
+def test_receive_decoded_consumes_the_message_when_decode_fails(ring: ShmRing) -> None:
+    tx, rx = ring.sender(), ring.receiver()
+    tx.send_nowait(b"\xc1 not msgpack")
+    tx.send_nowait(encode(Shutdown()))
+    with pytest.raises(msgspec.DecodeError):
+        rx.receive_decoded_nowait(decode_frontend_message)
+    assert rx.receive_decoded_nowait(decode_frontend_message) == Shutdown()
+
+
+def test_receive_decoded_refuses_a_decode_that_keeps_the_memory(ring: ShmRing) -> None:
+    tx, rx = ring.sender(), ring.receiver()
+    tx.send_nowait(encode(Shutdown()))
+    with pytest.raises(RingError, match="kept a reference"):  # a Raw points into its input
+        rx.receive_decoded_nowait(lambda view: msgspec.msgpack.decode(view, type=msgspec.Raw))
+    with pytest.raises(WouldBlock):
+        rx.receive_decoded_nowait(bytes)
+
+
+def test_receive_decoded_gives_a_read_only_view(ring: ShmRing) -> None:
+    def scribble_through(view: memoryview) -> None:
+        view[0] = 0
+
+    ring.sender().send_nowait(b"data")
+    with pytest.raises(TypeError):
+        ring.receiver().receive_decoded_nowait(scribble_through)

@@ -41,27 +41,34 @@ Doorbells, and why no wake-up is lost. Each ring has two eventfds: "data" (the p
 sleeping consumer) and "space" (the consumer wakes a producer waiting on a full ring). Ringing on
 every message would cost a system call per message (0.7 us here, more than the rest of a send),
 so a side rings only when the other has announced that it sleeps: the consumer sets
-`consumer_sleeping`, fences, re-reads the tail, and only then blocks; the producer writes the
-tail, then reads `consumer_sleeping` and rings if it is set (symmetrically for a full ring, with
-`producer_waiting` and the head). That is Dekker's pattern, and it needs a StoreLoad fence on both
-sides, the one reordering x86 does allow (a store can wait in the store buffer while a later load
-completes). Two ways to get one from Python, chosen once per ring and recorded in the preamble:
+`consumer_sleeping` (a fresh epoch number), fences, re-reads the tail, and only then blocks; the
+producer writes the tail, then reads `consumer_sleeping` and rings once per epoch. Symmetrically,
+a producer facing a full ring sets `wake_at` (the head position at which a quarter of the ring, or
+what its message needs, is free: one wake-up per batch, not per message), fences, re-reads the
+head and blocks; the consumer rings once it has moved the head past `wake_at`. That is Dekker's
+pattern, and it needs a StoreLoad fence on both sides, the one reordering x86 does allow (a store
+can wait in the store buffer while a later load completes). Two ways to get one from Python,
+chosen once per ring and recorded in the preamble:
 
-- "membarrier" (the default where the kernel allows it): the asymmetric form. The side about to
-  sleep, which is on its slow path anyway, calls membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED); the
-  kernel makes every running thread of every registered process (both of ours register in
-  create/attach) execute a full barrier. Whether the peer's barrier lands before its tail store,
-  between its store and its flag load, or after its load, one of the two sides sees the other's
-  store. The hot path then needs no fence at all.
-- "lock": acquiring and releasing an uncontended `threading.Lock` executes a LOCK-prefixed
-  read-modify-write inside libc (`sem_trywait`/`sem_post` on CPython 3.11, an atomic
-  compare-exchange in 3.13's `PyMutex`), a full fence on x86; both sides pay it on every message
-  (about 0.2 us here). The fallback for kernels or sandboxes without membarrier.
+- "lock" (the default): acquiring and releasing an uncontended `threading.Lock` executes a
+  LOCK-prefixed read-modify-write inside libc (`sem_trywait`/`sem_post` on CPython 3.11, an
+  atomic compare-exchange in 3.13's `PyMutex`), which is a full fence on x86; the C compiler cannot
+  move the surrounding stores across the opaque calls either. Both sides pay it on every message,
+  about 0.2 us here.
+- "membarrier": the asymmetric form. The side about to sleep calls
+  membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED), and the kernel makes every running thread of every
+  registered process (ours register in create/attach) execute a full barrier; wherever the peer's
+  barrier lands (before its position store, between store and flag load, or after the load), one
+  side sees the other's store. The hot path then needs no fence, but each sleep costs an IPI to
+  the other CPUs, which in a VM under load took tens of microseconds (bench/results/ipc.md), so
+  it is the choice for dedicated cores only.
 
 The eventfd counter persists, so a ring that lands between the sleeper's check and its
 `epoll_wait` still wakes it. A closing side rings unconditionally. The two-process stress test (a
 million messages through a small ring, random pauses on both sides, in both fence modes)
-exercises all of this.
+exercises all of this; it cannot prove the fences necessary (with them removed it still passed
+three runs out of three here: the race window is a few store-buffer drains wide), only that the
+protocol loses nothing with them.
 
 A dead peer is noticed through a pidfd (`watch_peer`) that sits in the same epoll set as the
 doorbell, so a blocked operation wakes up when the peer exits, however it exits.
@@ -85,7 +92,7 @@ import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -152,6 +159,12 @@ _Q_HEAD = _OFF_HEAD // 8
 _W_CONSUMER_CLOSED = _OFF_CONSUMER_FLAGS // 4
 _W_CONSUMER_SLEEPING = _OFF_CONSUMER_FLAGS // 4 + 1
 _Q_DATA = _OFF_DATA // 8
+_OFF_BODY = _OFF_DATA + _HEADER_BYTES  # where the payload of a record at data offset 0 starts
+
+_NOWAIT = float("-inf")
+"""The timeout `send_nowait`/`receive_nowait` pass to `send`/`receive`: raise WouldBlock."""
+
+_T = TypeVar("_T")
 
 MIN_CAPACITY = 16
 MAX_CAPACITY = 1 << 32  # a record length is a u32
@@ -188,9 +201,8 @@ def _membarrier() -> Callable[[], None] | None:
     return barrier
 
 
-def _lock_fence() -> Callable[[], None]:
+def _lock_fence(lock: threading.Lock) -> Callable[[], None]:
     """A full fence from a lock round trip (see the module docstring)."""
-    lock = threading.Lock()
     acquire, release = lock.acquire, lock.release
 
     def fence() -> None:
@@ -198,15 +210,6 @@ def _lock_fence() -> Callable[[], None]:
         release()
 
     return fence
-
-
-def _record_bytes(payload_len: int) -> int:
-    return (payload_len + _HEADER_BYTES + 7) & -8
-
-
-def _drain_eventfd(fd: int) -> None:
-    with contextlib.suppress(BlockingIOError):
-        os.eventfd_read(fd)
 
 
 def _close_fds(fds: list[int]) -> None:
@@ -261,8 +264,9 @@ class ShmRing:
     The owner calls `create`, starts the child with `pass_fds=ring.fds` and `spec` (a msgspec
     Struct: encode it on the command line or a pipe), and the child calls `attach(spec)`. Each
     side then takes the endpoint it uses: `sender()`/`receiver()` for the blocking face,
-    `async_sender()`/`async_receiver()` for the AnyIO face (same endpoint underneath). An
-    endpoint is single-threaded: one thread, or one task, per endpoint.
+    `async_sender()`/`async_receiver()` for the AnyIO face (the same endpoint underneath). An
+    endpoint belongs to one thread; its AnyIO face may be shared by any number of tasks of that
+    thread's event loop.
     """
 
     def __init__(self, spec: RingSpec, mem: mmap.mmap, fence: str) -> None:
@@ -276,6 +280,8 @@ class ShmRing:
         self._peer_gone = False
         self._sender: RingSender | None = None
         self._receiver: RingReceiver | None = None
+        self._async_sender: AsyncRingSender | None = None
+        self._async_receiver: AsyncRingReceiver | None = None
         self._closed = False
         # Close our fds even if the caller forgets to; close() runs it early.
         self._finalizer = weakref.finalize(self, _close_fds, list(self.fds))
@@ -286,13 +292,11 @@ class ShmRing:
         return (self.spec.mem_fd, self.spec.data_fd, self.spec.space_fd)
 
     @classmethod
-    def create(
-        cls, capacity: int, *, fence: Literal["auto", "membarrier", "lock"] = "auto"
-    ) -> ShmRing:
+    def create(cls, capacity: int, *, fence: Literal["lock", "membarrier"] = "lock") -> ShmRing:
         """Allocate a ring with `capacity` data bytes (a multiple of 8, 16 to 2**32).
 
-        `fence` picks the doorbell protocol's fence (module docstring); "auto" takes
-        membarrier where the kernel allows it. The largest message is `capacity - 8` bytes.
+        `fence` picks how the doorbell protocol fences (module docstring). The largest message
+        is `capacity - 8` bytes.
         """
         _check_platform()
         if not (MIN_CAPACITY <= capacity <= MAX_CAPACITY) or capacity % 8:
@@ -300,12 +304,10 @@ class ShmRing:
                 f"capacity must be a multiple of 8 between {MIN_CAPACITY} and {MAX_CAPACITY}, "
                 f"got {capacity}"
             )
-        if fence == "auto":
-            fence = "membarrier" if _membarrier() is not None else "lock"
-        elif fence == "membarrier" and _membarrier() is None:
+        if fence not in _FENCE_MODES:
+            raise ValueError(f"fence must be 'lock' or 'membarrier', got {fence!r}")
+        if fence == "membarrier" and _membarrier() is None:
             raise RingError("membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) is not available here")
-        elif fence not in _FENCE_MODES:
-            raise ValueError(f"fence must be 'auto', 'membarrier' or 'lock', got {fence!r}")
         fds: list[int] = []
         try:
             # CLOEXEC: only a child given the fds in pass_fds inherits them.
@@ -411,12 +413,16 @@ class ShmRing:
         return self._receiver
 
     def async_sender(self) -> AsyncRingSender:
-        """The producer endpoint's AnyIO face."""
-        return AsyncRingSender(self.sender())
+        """The producer endpoint's AnyIO face (the same object on every call)."""
+        if self._async_sender is None:
+            self._async_sender = AsyncRingSender(self.sender())
+        return self._async_sender
 
     def async_receiver(self) -> AsyncRingReceiver:
-        """The consumer endpoint's AnyIO face."""
-        return AsyncRingReceiver(self.receiver())
+        """The consumer endpoint's AnyIO face (the same object on every call)."""
+        if self._async_receiver is None:
+            self._async_receiver = AsyncRingReceiver(self.receiver())
+        return self._async_receiver
 
     def statistics(self) -> RingStatistics:
         self._check_open()
@@ -446,7 +452,7 @@ class ShmRing:
             endpoint._release()
         self._closed = True
         for view in reversed(self._views):
-            view.release()
+            view.release()  # (after the endpoints released the views they sliced from these)
         self._mem.close()
         self._finalizer()
 
@@ -477,8 +483,10 @@ class _Endpoint:
     """What both endpoints share: the views, the fences, the epoll set {doorbell, peer pidfd}."""
 
     def __init__(self, ring: ShmRing, doorbell_fd: int, peer_doorbell_fd: int) -> None:
+        self._ring = ring  # keeps the fds open (the ring's finalizer closes them)
         self._mem = ring._mem
         self._bytes_view, self._q, self._w = ring._views
+        self._q_data = self._q[_Q_DATA:]  # record headers, indexed by data offset // 8
         self._cap = ring.capacity
         self._data_end = _OFF_DATA + ring.capacity
         self._doorbell_fd = doorbell_fd
@@ -486,12 +494,16 @@ class _Endpoint:
         if ring.fence == "membarrier":
             barrier = _membarrier()
             assert barrier is not None  # create/attach checked
-            self._fast_fence: Callable[[], None] | None = None
+            self._fence_lock: threading.Lock | None = None  # the hot path needs no fence
             self._slow_fence = barrier
         else:
-            self._fast_fence = self._slow_fence = _lock_fence()
+            self._fence_lock = threading.Lock()
+            self._slow_fence = _lock_fence(self._fence_lock)
         self._epoll = select.epoll()
-        self._epoll.register(doorbell_fd, select.EPOLLIN)
+        # Edge-triggered: every ring of the doorbell is one event, consumed by the epoll_wait that
+        # reports it, so the eventfd itself is never read (one system call less per wake-up).
+        # Its counter only grows, by one per ring: it would take 2**64 rings to fill it.
+        self._epoll.register(doorbell_fd, select.EPOLLIN | select.EPOLLET)
         self._pidfd: int | None = None
         self._peer_dead = False
         self._closed = False
@@ -515,11 +527,9 @@ class _Endpoint:
         return self._epoll.fileno()
 
     def _collect(self, events: list[tuple[int, int]]) -> None:
-        """Consume what woke us: drain the doorbell, note a dead peer."""
+        """Note what woke us: a dead peer matters; a doorbell event is consumed already."""
         for fd, _ in events:
-            if fd == self._doorbell_fd:
-                _drain_eventfd(fd)
-            elif fd == self._pidfd:
+            if fd == self._pidfd:
                 self._peer_died()
 
     def _ring_peer(self) -> None:
@@ -528,6 +538,7 @@ class _Endpoint:
 
     def _release(self) -> None:
         self._epoll.close()
+        self._q_data.release()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -555,6 +566,13 @@ class RingSender(_Endpoint):
         closed (a message racing with that close is dropped silently, as it would be unread),
         `PeerDiedError` once the receiving process is known to have exited.
         """
+        self.send(payload, _NOWAIT)
+
+    def send(self, payload: bytes | bytearray | memoryview, timeout: float | None = None) -> None:
+        """Publish one message, waiting for room; `TimeoutError` after `timeout` seconds.
+
+        Raises like `send_nowait` otherwise. (The hot path lives here, in one frame.)
+        """
         if self._stop:
             self._raise_if_unusable()
         if type(payload) is not bytes:
@@ -563,9 +581,11 @@ class RingSender(_Endpoint):
         size = (n + 15) & -8
         tail = self._tail
         if tail + size - self._head_seen > self._cap and not self._room_for(size):
-            raise anyio.WouldBlock
+            if timeout == _NOWAIT:
+                raise anyio.WouldBlock
+            self._wait_for_room(size, timeout)
         offset = tail % self._cap
-        body = _OFF_DATA + offset + 8
+        body = _OFF_BODY + offset
         end = body + n
         if end <= self._data_end:
             self._mem[body:end] = payload
@@ -575,14 +595,14 @@ class RingSender(_Endpoint):
             view = memoryview(payload)
             self._mem[body : self._data_end] = view[:first]
             self._mem[_OFF_DATA : _OFF_DATA + n - first] = view[first:]
-        q = self._q
-        q[_Q_DATA + (offset >> 3)] = n | _RECORD_TYPE_BITS
+        self._q_data[offset >> 3] = n | _RECORD_TYPE_BITS
         tail += size
-        q[_Q_TAIL] = tail
+        self._q[_Q_TAIL] = tail
         self._tail = tail
         self.messages += 1
-        if self._fast_fence is not None:
-            self._fast_fence()
+        if (lock := self._fence_lock) is not None:
+            lock.acquire()  # a full fence: see the module docstring
+            lock.release()
         # The receiver sets its sleeping flag when it closes too, so this one load covers both.
         sleeping = self._w[_W_CONSUMER_SLEEPING]
         if sleeping and sleeping != self._rung_for:
@@ -591,29 +611,24 @@ class RingSender(_Endpoint):
             if self._w[_W_CONSUMER_CLOSED]:
                 self._peer_closed = self._stop = True
 
-    def send(self, payload: bytes | bytearray | memoryview, timeout: float | None = None) -> None:
-        """Publish one message, waiting for room; `TimeoutError` after `timeout` seconds."""
-        try:
-            return self.send_nowait(payload)
-        except anyio.WouldBlock:
-            pass
+    def _wait_for_room(self, size: int, timeout: float | None) -> None:
+        """Return once `size` bytes are free; raise if they never will or `timeout` passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        payload = _byte_view(payload)
-        size = _record_bytes(len(payload))
-        while True:
-            if self._arm(size):
-                remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                self.waits += 1
-                events = self._epoll.poll(remaining)
-                self._disarm()
-                self._collect(events)
-            try:
-                return self.send_nowait(payload)
-            except anyio.WouldBlock:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"ring full for {timeout} s ({len(payload)}-byte message)"
-                    ) from None
+        while not self._room_for(size):
+            if deadline is None:
+                self._sleep(size, -1.0)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"ring full for {timeout} s ({size - 8}-byte message)")
+            self._sleep(size, remaining)
+
+    def _sleep(self, size: int, timeout: float) -> None:
+        if self._arm(size):
+            self.waits += 1
+            events = self._epoll.poll(timeout)
+            self._disarm()
+            self._collect(events)
 
     def close(self) -> None:
         """End the stream: the receiver drains what was sent, then gets RingClosedError."""
@@ -676,6 +691,7 @@ class RingReceiver(_Endpoint):
         super().__init__(ring, ring.spec.data_fd, ring.spec.space_fd)
         self._head: int = self._q[_Q_HEAD]
         self._tail_seen = self._head
+        self._readonly_view = self._bytes_view.toreadonly()
         self._epoch = 0  # of our sleeps: the sender rings once per epoch
         self._rung_for = 0  # the sender's last wake-at position we rang for
 
@@ -685,25 +701,35 @@ class RingReceiver(_Endpoint):
         Once the ring is empty and the sender has closed (or its process exited), raises
         `RingClosedError` (`PeerDiedError`) instead.
         """
+        return self.receive(_NOWAIT)
+
+    def receive(self, timeout: float | None = None) -> bytes:
+        """Take the next message, waiting for one; `TimeoutError` after `timeout` seconds.
+
+        Raises like `receive_nowait` otherwise. (The hot path lives here, in one frame.)
+        """
         if self._closed:
             self._check_open()
         head = self._head
         if head == self._tail_seen and not self._refresh_tail():
-            raise anyio.WouldBlock
+            if timeout == _NOWAIT:
+                raise anyio.WouldBlock
+            self._wait_for_data(timeout)
         offset = head % self._cap
-        header = self._q[_Q_DATA + (offset >> 3)]
-        n = header & _LENGTH_MASK
-        if header >> 32 != _RECORD_MESSAGE or n + 8 > self._tail_seen - head:
+        header = self._q_data[offset >> 3]
+        n = header - _RECORD_TYPE_BITS  # in range only if the type is right
+        if not 0 <= n <= self._tail_seen - head - 8:
             raise self._corrupt(head, header)
-        body = _OFF_DATA + offset + 8
+        body = _OFF_BODY + offset
         end = body + n
         data = self._mem[body:end] if end <= self._data_end else self._join_wrapped(body, end)
         head += (n + 15) & -8
         self._q[_Q_HEAD] = head
         self._head = head
         self.messages += 1
-        if self._fast_fence is not None:
-            self._fast_fence()
+        if (lock := self._fence_lock) is not None:
+            lock.acquire()  # a full fence: see the module docstring
+            lock.release()
         wake_at = self._q[_Q_PRODUCER_WAKE_AT]
         if wake_at and head >= wake_at and wake_at != self._rung_for:
             self._rung_for = wake_at
@@ -720,20 +746,20 @@ class RingReceiver(_Endpoint):
         head = self._head
         if head == self._tail_seen and not self._refresh_tail():
             return []
-        mem, q, cap, data_end = self._mem, self._q, self._cap, self._data_end
+        mem, headers, cap, data_end = self._mem, self._q_data, self._cap, self._data_end
         tail = self._tail_seen
         budget = -1 if max_messages is None else max_messages
         out: list[bytes] = []
         append = out.append
         while head != tail and budget != 0:
             offset = head % cap
-            header = q[_Q_DATA + (offset >> 3)]
-            n = header & _LENGTH_MASK
-            if header >> 32 != _RECORD_MESSAGE or n + 8 > tail - head:
+            header = headers[offset >> 3]
+            n = header - _RECORD_TYPE_BITS
+            if not 0 <= n <= tail - head - 8:
                 if out:
                     break  # hand over the good ones; the next call raises
                 raise self._corrupt(head, header)
-            body = _OFF_DATA + offset + 8
+            body = _OFF_BODY + offset
             end = body + n
             if end <= data_end:
                 append(mem[body:end])
@@ -741,36 +767,90 @@ class RingReceiver(_Endpoint):
                 append(self._join_wrapped(body, end))
             head += (n + 15) & -8
             budget -= 1
-        q[_Q_HEAD] = head
+        self._consume_to(head, len(out))
+        return out
+
+    def receive_decoded_nowait(self, decode: Callable[[memoryview], _T]) -> _T:
+        """Like `receive_nowait`, but return `decode(view)` of the message where it lies.
+
+        Saves copying the payload out of the ring, which pays from tens of KiB on. The view is
+        valid during the call only: `decode` must not keep it or anything sharing its memory (a
+        msgspec decoder into Structs copies what it keeps; `msgspec.Raw` fields would not), or
+        `RingError` is raised. The message is consumed even if `decode` raises.
+        """
+        if self._closed:
+            self._check_open()
+        head = self._head
+        if head == self._tail_seen and not self._refresh_tail():
+            raise anyio.WouldBlock
+        offset = head % self._cap
+        header = self._q_data[offset >> 3]
+        n = header - _RECORD_TYPE_BITS
+        if not 0 <= n <= self._tail_seen - head - 8:
+            raise self._corrupt(head, header)
+        body = _OFF_BODY + offset
+        end = body + n
+        if end <= self._data_end:
+            view = self._readonly_view[body:end]
+        else:
+            view = memoryview(self._join_wrapped(body, end))
+        leaked = False
+        try:
+            result = decode(view)
+        finally:
+            try:
+                view.release()
+            except BufferError:
+                leaked = True
+            self._consume_to(head + ((n + 15) & -8), 1)
+        if leaked:
+            raise RingError(
+                "the decode function kept a reference to the message's memory in the ring; "
+                "it must copy what it keeps"
+            )
+        return result
+
+    def receive_decoded(
+        self, decode: Callable[[memoryview], _T], timeout: float | None = None
+    ) -> _T:
+        """`receive_decoded_nowait`, waiting for a message like `receive`."""
+        self._wait_for_data(timeout)
+        return self.receive_decoded_nowait(decode)
+
+    def _consume_to(self, head: int, count: int) -> None:
+        """Return the space up to `head` to the producer; wake it if it waits for that much."""
+        self._q[_Q_HEAD] = head
         self._head = head
-        self.messages += len(out)
-        if self._fast_fence is not None:
-            self._fast_fence()
-        wake_at = q[_Q_PRODUCER_WAKE_AT]
+        self.messages += count
+        if (lock := self._fence_lock) is not None:
+            lock.acquire()  # a full fence: see the module docstring
+            lock.release()
+        wake_at = self._q[_Q_PRODUCER_WAKE_AT]
         if wake_at and head >= wake_at and wake_at != self._rung_for:
             self._rung_for = wake_at
             self._ring_peer()
-        return out
 
-    def receive(self, timeout: float | None = None) -> bytes:
-        """Take the next message, waiting for one; `TimeoutError` after `timeout` seconds."""
-        try:
-            return self.receive_nowait()
-        except anyio.WouldBlock:
-            pass
+    def _wait_for_data(self, timeout: float | None) -> None:
+        """Return once a message is there; raise if none will come or `timeout` passes."""
+        self._check_open()
+        if self._head != self._tail_seen or self._refresh_tail():
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._arm():
-                remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                self.waits += 1
-                events = self._epoll.poll(remaining)
-                self._disarm()
-                self._collect(events)
-            try:
-                return self.receive_nowait()
-            except anyio.WouldBlock:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"no message within {timeout} s") from None
+        while not self._refresh_tail():
+            if deadline is None:
+                self._sleep(-1.0)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no message within {timeout} s")
+            self._sleep(remaining)
+
+    def _sleep(self, timeout: float) -> None:
+        if self._arm():
+            self.waits += 1
+            events = self._epoll.poll(timeout)
+            self._disarm()
+            self._collect(events)
 
     def close(self) -> None:
         """Stop receiving: the sender's next send raises RingClosedError."""
@@ -818,6 +898,10 @@ class RingReceiver(_Endpoint):
         if not self._closed:  # a closed receiver keeps the flag up (see close)
             self._w[_W_CONSUMER_SLEEPING] = 0
 
+    def _release(self) -> None:
+        super()._release()
+        self._readonly_view.release()
+
     def _join_wrapped(self, body: int, end: int) -> bytes:
         """A payload that wraps, copied out once into one allocation."""
         view = self._bytes_view
@@ -831,45 +915,67 @@ class RingReceiver(_Endpoint):
         )
 
 
+class _Queue:
+    """Lets many tasks of one event loop share an endpoint: one waits on the doorbell at a time
+    (Trio allows one waiter per fd, asyncio would silently drop the first), the others queue
+    behind it in FIFO order, and nobody overtakes the queue on the fast path."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._lock: anyio.Lock | None = None
+
+    def lock(self) -> anyio.Lock:
+        if self._lock is None:  # made in the event loop that first needs it
+            self._lock = anyio.Lock()
+        return self._lock
+
+
 class AsyncRingSender:
     """The producer end for async code, on AnyIO (Trio or asyncio): `ring.async_sender()`.
 
     `send` is always a checkpoint. A cancelled `send` has sent nothing: the message is written
-    in one synchronous step after the last await.
+    in one synchronous step after the last await. Any number of tasks may send; a task finding
+    the ring full waits, in FIFO order with the others that do.
     """
 
     def __init__(self, sender: RingSender) -> None:
         self.sync = sender
         """The blocking face of the same endpoint."""
+        self._queue = _Queue()
 
     def send_nowait(self, payload: bytes | bytearray | memoryview) -> None:
+        if self._queue.waiting:
+            raise anyio.WouldBlock  # others wait for room already
         self.sync.send_nowait(payload)
 
     async def send(self, payload: bytes | bytearray | memoryview) -> None:
-        sender = self.sync
         await anyio.lowlevel.checkpoint_if_cancelled()
-        try:
-            sender.send_nowait(payload)
-        except anyio.WouldBlock:
-            pass
-        else:
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-            return
-        payload = _byte_view(payload)
-        size = _record_bytes(len(payload))
-        while True:
-            if sender._arm(size):
-                sender.waits += 1
-                try:
-                    await anyio.wait_readable(sender._wait_fd())
-                finally:
-                    sender._disarm()
-                sender._collect(sender._epoll.poll(0))
+        sender = self.sync
+        if sender._stop:
+            sender._raise_if_unusable()
+        if type(payload) is not bytes:
+            payload = _byte_view(payload)
+        size = (len(payload) + 15) & -8
+        if self._queue.waiting or (
+            sender._tail + size - sender._head_seen > sender._cap and not sender._room_for(size)
+        ):
+            self._queue.waiting += 1
             try:
-                sender.send_nowait(payload)
-            except anyio.WouldBlock:
-                continue
-            return
+                async with self._queue.lock():
+                    while not sender._room_for(size):
+                        if sender._arm(size):
+                            sender.waits += 1
+                            try:
+                                await anyio.wait_readable(sender._wait_fd())
+                            finally:
+                                sender._disarm()
+                            sender._collect(sender._epoll.poll(0))
+                    sender.send_nowait(payload)  # the only mutation: after the last await
+            finally:
+                self._queue.waiting -= 1
+        else:
+            sender.send_nowait(payload)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def close(self) -> None:
         self.sync.close()
@@ -897,45 +1003,58 @@ class AsyncRingReceiver:
     def __init__(self, receiver: RingReceiver) -> None:
         self.sync = receiver
         """The blocking face of the same endpoint."""
+        self._queue = _Queue()
 
     def receive_nowait(self) -> bytes:
+        if self._queue.waiting:
+            raise anyio.WouldBlock  # what arrives belongs to the tasks waiting already
         return self.sync.receive_nowait()
 
     def receive_all_nowait(self, max_messages: int | None = None) -> list[bytes]:
+        if self._queue.waiting:
+            return []
         return self.sync.receive_all_nowait(max_messages)
 
     async def receive(self) -> bytes:
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        receiver = self.sync
-        while True:
-            try:
-                data = receiver.receive_nowait()
-            except anyio.WouldBlock:
-                await self._wait(receiver)
-                continue
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-            return data
+        return await self._take(RingReceiver.receive_nowait)
+
+    async def receive_decoded(self, decode: Callable[[memoryview], _T]) -> _T:
+        """`receive`, but return `decode(view)` of the message where it lies in the ring.
+
+        See `RingReceiver.receive_decoded_nowait` for what `decode` may not do.
+        """
+        return await self._take(lambda receiver: receiver.receive_decoded_nowait(decode))
 
     async def receive_batch(self, max_messages: int | None = None) -> list[bytes]:
         """Wait for at least one message, then take all available (at most `max_messages`)."""
+        return await self._take(lambda receiver: receiver.receive_all_nowait(max_messages))
+
+    async def _take(self, take: Callable[[RingReceiver], _T]) -> _T:
+        """Wait (in FIFO order with other tasks) until a message is there, then `take` it."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         receiver = self.sync
-        while True:
-            batch = receiver.receive_all_nowait(max_messages)
-            if batch:
-                await anyio.lowlevel.cancel_shielded_checkpoint()
-                return batch
-            await self._wait(receiver)
-
-    @staticmethod
-    async def _wait(receiver: RingReceiver) -> None:
-        if receiver._arm():
-            receiver.waits += 1
+        receiver._check_open()
+        if self._queue.waiting or (
+            receiver._head == receiver._tail_seen and not receiver._refresh_tail()
+        ):
+            self._queue.waiting += 1
             try:
-                await anyio.wait_readable(receiver._wait_fd())
+                async with self._queue.lock():
+                    while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
+                        if receiver._arm():
+                            receiver.waits += 1
+                            try:
+                                await anyio.wait_readable(receiver._wait_fd())
+                            finally:
+                                receiver._disarm()
+                            receiver._collect(receiver._epoll.poll(0))
+                    result = take(receiver)  # the only mutation: after the last await
             finally:
-                receiver._disarm()
-            receiver._collect(receiver._epoll.poll(0))
+                self._queue.waiting -= 1
+        else:
+            result = take(receiver)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     def close(self) -> None:
         self.sync.close()

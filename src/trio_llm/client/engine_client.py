@@ -1,0 +1,554 @@
+"""The engine client: the frontend half of the engine, for Trio and asyncio programs alike.
+
+What it owns: the engine process (start, ready handshake, stop, reap), the two shared-memory
+rings, and three background tasks in the `open_engine` task group:
+- the output handler reads the output ring and feeds the output processor, in bounded chunks with
+  a checkpoint between them, so one huge step never stalls the event loop;
+- the request sender owns the request ring's sending end (a ring endpoint belongs to one task)
+  and writes what could not be written at once;
+- the process watcher notices the engine's exit and fails every request in flight.
+
+Invariants:
+- The abort path never waits. `_post()` writes to the ring at once when it is free, else queues
+  the message for the sender task, in order; so a cancelled or closed `generate()` aborts its
+  engine requests from a `finally:` without an `await`, which a cancelled scope would interrupt
+  and an async generator being finalized could not do. The queue holds at most one add and one
+  abort per request in flight.
+- Messages reach the engine in the order they were posted: an abort never overtakes its add.
+- Once the engine process has exited, every `generate()` in flight raises `EngineDeadError` (the
+  watcher sees the exit through the process handle at once) and so does every new call.
+- Leaving `open_engine` stops the engine (Shutdown, then SIGTERM, then SIGKILL, each after a
+  timeout), reaps it and closes the rings, whatever way the block is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import anyio.to_thread
+
+from trio_llm.client.collector import RequestCollector
+from trio_llm.client.errors import (
+    EngineDeadError,
+    EngineStartError,
+    InvalidPromptError,
+)
+from trio_llm.client.input_processor import InputProcessor
+from trio_llm.client.output_processor import OutputProcessor
+from trio_llm.config import EngineArgs
+from trio_llm.engine.launch import EngineLaunch
+from trio_llm.engine.loader import load_tokenizer, resolve_model
+from trio_llm.ipc.codec import decode_engine_message, encode
+from trio_llm.ipc.messages import (
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineFailure,
+    EngineReady,
+    SchedulerStats,
+    Shutdown,
+)
+from trio_llm.ipc.shm_ring import (
+    AsyncRingReceiver,
+    AsyncRingSender,
+    RingClosedError,
+    RingError,
+    ShmRing,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trio_llm.outputs import RequestOutput
+    from trio_llm.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+OUTPUT_CHUNK = 64
+"""Engine outputs the handler processes between two checkpoints."""
+SHUTDOWN_TIMEOUT = 5.0
+"""Seconds the engine gets to exit after the Shutdown message, then again after SIGTERM."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What the engine reported about the model it serves (from its ready message)."""
+
+    model: str
+    """The served model name: `served_model_name`, else the resolved model's name."""
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    dtype: str
+    device: str
+    block_size: int
+    num_blocks: int
+    kv_capacity_tokens: int
+    kv_cache_bytes: int
+    attention_backend: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine's figures as of its latest step, plus the client's own count."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int
+    """Prompt tokens looked up in the prefix cache (cumulative)."""
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_steps: int
+    num_requests_in_flight: int
+    """`generate()` calls in this client with an unfinished choice."""
+
+
+class EngineClient:
+    """A running engine: generate text, tokenize, read its statistics.
+
+    Made by `open_engine`, valid inside its `async with` block. Every method may be called from
+    any task of the event loop that opened it.
+    """
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        process: anyio.abc.Process,
+        sender: AsyncRingSender,
+        receiver: AsyncRingReceiver,
+        tokenizer: PreTrainedTokenizerBase,
+        ready: EngineReady,
+        *,
+        max_message_bytes: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.model_config = ModelConfig(
+            model=args.served_model_name or ready.model,
+            max_model_len=ready.max_model_len,
+            vocab_size=ready.vocab_size,
+            eos_token_ids=list(ready.eos_token_ids),
+            dtype=ready.dtype,
+            device=ready.device,
+            block_size=ready.block_size,
+            num_blocks=ready.num_blocks,
+            kv_capacity_tokens=ready.kv_capacity_tokens,
+            kv_cache_bytes=ready.kv_cache_bytes,
+            attention_backend=ready.attention_backend,
+        )
+        self._process = process
+        self._sender = sender
+        self._receiver = receiver
+        self._max_message_bytes = max_message_bytes
+        self._inputs = InputProcessor(
+            tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
+        )
+        self._outputs = OutputProcessor(tokenizer)
+        self._scheduler_stats = SchedulerStats(
+            num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
+        )
+        self._outbox: deque[bytes] = deque()
+        self._outbox_filled: anyio.Event | None = None
+        self._dead = anyio.Event()
+        self._dead_reason: str | None = None
+        self._closed = False
+
+    # -- public API ---------------------------------------------------------------------
+
+    @property
+    def is_alive(self) -> bool:
+        """The engine process runs and this client is still open."""
+        return not self._dead.is_set() and not self._closed
+
+    @property
+    def pid(self) -> int:
+        """The engine process's id."""
+        return self._process.pid
+
+    def stats(self) -> EngineStats:
+        s = self._scheduler_stats
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_usage=s.kv_usage,
+            num_free_blocks=s.num_free_blocks,
+            num_total_blocks=s.num_total_blocks,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions,
+            num_steps=s.num_steps,
+            num_requests_in_flight=self._outputs.num_requests,
+        )
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Generate from `prompt`; iterate the result for `RequestOutput`s (see
+        `params.output_kind`).
+
+        Raises here, before anything is sent: `EngineDeadError`, `SamplingParamsError`, and for
+        a prompt given as token ids `InvalidPromptError`/`PromptTooLongError`. A text prompt is
+        tokenized when iteration starts (large ones on a worker thread) and its errors raise
+        from the first `__anext__()`, still before anything is sent.
+
+        Leaving the iteration early (break, `aclose()`, an exception or cancellation, including
+        KeyboardInterrupt) aborts the request in the engine. `abort(request_id)` from elsewhere
+        ends the stream with finish_reason 'abort'. A failure the engine reports for this
+        request raises `EngineRequestError`.
+        """
+        self._check_alive()
+        if isinstance(prompt, str):
+            params.validate()
+            params.validate_vocab(self.model_config.vocab_size)
+            prompt_text, prompt_ids = prompt, None
+        else:
+            prompt_text, prompt_ids = None, list(prompt)
+            self._inputs.check_request(prompt_ids, params)
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif self._outputs.has_request(request_id):
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        return self._generate(request_id, prompt_text, prompt_ids, params, priority)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request: its stream ends with finish_reason 'abort'. Unknown or finished ids
+        are ignored."""
+        await anyio.lowlevel.checkpoint()
+        engine_ids = self._outputs.abort_request(request_id, time.time())
+        if engine_ids:
+            self._post(encode(AbortRequests(request_ids=engine_ids)))
+
+    async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    async def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Render `messages` with the model's chat template and tokenize the result."""
+        return await self._inputs.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    async def wait_dead(self) -> None:
+        """Return once the engine process has exited, for whatever reason (a crash, a kill,
+        or the shutdown when `open_engine` is left)."""
+        await self._dead.wait()
+
+    # -- generate -----------------------------------------------------------------------
+
+    async def _generate(
+        self,
+        request_id: str,
+        prompt_text: str | None,
+        prompt_ids: list[int] | None,
+        params: SamplingParams,
+        priority: int,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        if prompt_ids is None:
+            assert prompt_text is not None
+            prompt_ids = await self._inputs.encode(prompt_text)
+            self._inputs.check_request(prompt_ids, params)
+        self._check_alive()
+        arrival_time = time.time()
+        engine_requests = InputProcessor.engine_requests(
+            request_id, prompt_ids, params, arrival_time=arrival_time, priority=priority
+        )
+        messages = [encode(r) for r in engine_requests]
+        if max(map(len, messages)) > self._max_message_bytes:
+            raise InvalidPromptError(
+                f"the prompt ({len(prompt_ids)} tokens) does not fit in the engine's request "
+                f"ring; start the engine with a larger ring_capacity"
+            )
+        collector = RequestCollector(
+            request_id,
+            prompt_text,
+            prompt_ids,
+            n=params.n,
+            kind=params.output_kind,
+            arrival_time=arrival_time,
+        )
+        self._outputs.add_request(collector, engine_requests)
+        finished = False
+        try:
+            for message in messages:
+                self._post(message)
+            while not finished:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+        finally:
+            # No await here: this runs when the scope is cancelled and when the generator is
+            # closed or finalized, and must abort the request in every case.
+            unfinished = self._outputs.remove_request(request_id)
+            if unfinished:
+                self._post(encode(AbortRequests(request_ids=unfinished)))
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise EngineDeadError("the engine was shut down: open_engine() has exited")
+        if self._dead.is_set():
+            raise EngineDeadError(self._dead_reason or "the engine process has exited")
+
+    # -- the request ring -----------------------------------------------------------------
+
+    def _post(self, message: bytes) -> None:
+        """Send `message` to the engine without waiting: now if the ring has room and nothing
+        is queued before it, else through the sender task."""
+        if not self.is_alive:
+            return
+        if not self._outbox:
+            try:
+                self._sender.send_nowait(message)
+            except anyio.WouldBlock:
+                pass
+            except RingClosedError:
+                return  # the engine is going; the process watcher reports it
+            else:
+                return
+        self._outbox.append(message)
+        if self._outbox_filled is not None:
+            self._outbox_filled.set()
+
+    async def _send_requests(self) -> None:
+        """The background task that owns the request ring's sending end while it waits."""
+        try:
+            while True:
+                while self._outbox:
+                    await self._sender.send(self._outbox[0])
+                    self._outbox.popleft()
+                self._outbox_filled = anyio.Event()
+                await self._outbox_filled.wait()
+                self._outbox_filled = None
+        except RingClosedError:
+            return  # the engine exited; the process watcher reports it
+
+    # -- the output ring ------------------------------------------------------------------
+
+    async def _handle_outputs(self) -> None:
+        """The one background task that reads the output ring and routes every output."""
+        since_checkpoint = 0
+        try:
+            while True:
+                for buf in await self._receiver.receive_batch():
+                    message = decode_engine_message(buf)
+                    if isinstance(message, EngineCoreOutputs):
+                        now = time.time()
+                        outputs = message.outputs
+                        for start in range(0, len(outputs), OUTPUT_CHUNK):
+                            if since_checkpoint >= OUTPUT_CHUNK:
+                                await anyio.lowlevel.checkpoint()
+                                since_checkpoint = 0
+                            chunk = outputs[start : start + OUTPUT_CHUNK]
+                            since_checkpoint += len(chunk)
+                            to_abort = self._outputs.process_outputs(chunk, now)
+                            if to_abort:
+                                self._post(encode(AbortRequests(request_ids=to_abort)))
+                        self._scheduler_stats = message.stats
+                    elif isinstance(message, EngineFailure):
+                        log.error("the engine failed: %s\n%s", message.message, message.traceback)
+                        self._dead_reason = f"the engine failed: {message.message}"
+                    else:
+                        log.warning("ignoring an unexpected %s from the engine", type(message))
+        except RingClosedError:
+            return  # the engine exited; the process watcher reports it
+
+    # -- the process ----------------------------------------------------------------------
+
+    async def _watch_process(self) -> None:
+        code = await self._process.wait()
+        if self._dead_reason is None:
+            self._dead_reason = f"the engine process exited unexpectedly ({_describe_exit(code)})"
+        if not self._closed:
+            log.error("%s", self._dead_reason)
+        self._on_dead()
+
+    def _on_dead(self) -> None:
+        if self._dead.is_set():
+            return
+        self._dead.set()
+        self._outbox.clear()
+        reason = self._dead_reason or "the engine process has exited"
+        self._outputs.fail_all(lambda: EngineDeadError(reason))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _engine_args(model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
+    if model is not None:
+        engine_args = {**engine_args, "model": model}
+    return EngineArgs(**engine_args)
+
+
+def _load_tokenizer(model: str) -> PreTrainedTokenizerBase:
+    return load_tokenizer(resolve_model(model))
+
+
+async def _handshake(
+    process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs
+) -> tuple[EngineReady, PreTrainedTokenizerBase]:
+    """Load the tokenizer while the engine loads the model; then wait for its ready message."""
+    try:
+        with anyio.fail_after(args.startup_timeout):
+            try:
+                tokenizer = await anyio.to_thread.run_sync(
+                    _load_tokenizer, args.model, abandon_on_cancel=True
+                )
+            except Exception as exc:
+                raise EngineStartError(
+                    f"cannot load the tokenizer of {args.model!r}: {exc}"
+                ) from exc
+            try:
+                message = decode_engine_message(await receiver.receive())
+            except RingClosedError:
+                code = await process.wait()
+                raise EngineStartError(
+                    f"the engine process ended before it was ready ({_describe_exit(code)}); "
+                    "its log above says why"
+                ) from None
+    except TimeoutError:
+        raise EngineStartError(
+            f"the engine was not ready within startup_timeout={args.startup_timeout} s"
+        ) from None
+    if isinstance(message, EngineFailure):
+        raise EngineStartError(message.message, engine_traceback=message.traceback)
+    if not isinstance(message, EngineReady):
+        raise EngineStartError(f"the engine sent {type(message).__name__} before it was ready")
+    return message, tokenizer
+
+
+async def _stop_process(
+    process: anyio.abc.Process, sender: AsyncRingSender, *, ready: bool
+) -> None:
+    """Shutdown message, then SIGTERM, then SIGKILL, each after a timeout; always reaps.
+    An engine that never became ready reads no messages yet: it gets SIGTERM at once.
+    Call it shielded."""
+    if process.returncode is None:
+        graceful = ready
+        if ready:
+            try:
+                sender.send_nowait(encode(Shutdown()))
+            except (anyio.WouldBlock, RingError):
+                graceful = False  # a full or closed ring: SIGTERM does the job
+        if not graceful or not await _exits_within(process, SHUTDOWN_TIMEOUT):
+            if graceful:
+                log.warning("the engine did not exit after Shutdown; sending SIGTERM")
+            process.terminate()
+            if not await _exits_within(process, SHUTDOWN_TIMEOUT):
+                log.warning("the engine did not exit after SIGTERM; sending SIGKILL")
+                process.kill()
+                await process.wait()
+    await process.aclose()
+
+
+async def _exits_within(process: anyio.abc.Process, seconds: float) -> bool:
+    with anyio.move_on_after(seconds):
+        await process.wait()
+        return True
+    return False
+
+
+@asynccontextmanager
+async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIterator[EngineClient]:
+    """Start an engine process and yield a client for it; stop the engine on the way out.
+
+    `engine_args` are `EngineArgs` fields. Raises `EngineStartError` with the engine's own
+    message when the model cannot be loaded, or when it is not ready within
+    `startup_timeout` seconds.
+    """
+    args = _engine_args(model, engine_args)
+    with (
+        ShmRing.create(args.ring_capacity) as request_ring,
+        ShmRing.create(args.ring_capacity) as output_ring,
+    ):
+        launch = EngineLaunch(
+            args=args, request_ring=request_ring.spec, output_ring=output_ring.spec
+        )
+        process = await anyio.open_process(
+            [sys.executable, "-m", "trio_llm.engine"],
+            stdin=subprocess.PIPE,
+            stdout=None,
+            stderr=None,
+            pass_fds=(*request_ring.fds, *output_ring.fds),
+            # Its own session: a terminal's Ctrl-C reaches only this process, whose
+            # KeyboardInterrupt then shuts the engine down in order.
+            start_new_session=True,
+        )
+        sender, receiver = request_ring.async_sender(), output_ring.async_receiver()
+        client: EngineClient | None = None
+        try:
+            request_ring.watch_peer(process.pid)
+            output_ring.watch_peer(process.pid)
+            assert process.stdin is not None
+            try:
+                await process.stdin.send(encode(launch))
+                await process.stdin.aclose()
+            except (anyio.BrokenResourceError, OSError):
+                pass  # it died already; the handshake says how
+            ready, tokenizer = await _handshake(process, receiver, args)
+            client = EngineClient(
+                args,
+                process,
+                sender,
+                receiver,
+                tokenizer,
+                ready,
+                max_message_bytes=sender.sync.max_message_size,
+            )
+            body_error: BaseException | None = None
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(client._watch_process)
+                tasks.start_soon(client._handle_outputs)
+                tasks.start_soon(client._send_requests)
+                try:
+                    yield client
+                except BaseException as exc:
+                    # Re-raised below, outside the task group, so that the caller gets its own
+                    # exception rather than an ExceptionGroup around it.
+                    body_error = exc
+                finally:
+                    client._closed = True
+                    tasks.cancel_scope.cancel()
+            if body_error is not None:
+                raise body_error
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop_process(process, sender, ready=client is not None)
+            if client is not None:
+                client._on_dead()

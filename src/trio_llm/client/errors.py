@@ -1,0 +1,55 @@
+"""The client's errors: each names the fault where it is known.
+
+The HTTP edge translates them once: `InvalidPromptError` (and its `PromptTooLongError`) and
+`ChatTemplateError` are the caller's fault (400), `EngineDeadError` and `EngineRequestError` the
+server's (500/503). `EngineStartError` only comes out of `open_engine`.
+"""
+
+from __future__ import annotations
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process is gone (it crashed, was killed, or was shut down)."""
+
+
+class EngineStartError(RuntimeError):
+    """The engine process did not come up; the message is the engine's own account of why."""
+
+    def __init__(self, message: str, *, engine_traceback: str = "") -> None:
+        super().__init__(message)
+        self.engine_traceback = engine_traceback
+        """The engine's traceback, when it reported one."""
+
+
+class EngineRequestError(RuntimeError):
+    """The engine failed this one request (finish_reason 'error'); other requests go on."""
+
+
+class InvalidPromptError(ValueError):
+    """The prompt cannot be served as given; `param` names the field to fix ('prompt')."""
+
+    def __init__(self, message: str, *, param: str = "prompt") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLongError(InvalidPromptError):
+    """The prompt plus `max_tokens` does not fit in the model's context; the message names both."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        max_model_len: int,
+    ) -> None:
+        super().__init__(message, param=param)
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+
+
+class ChatTemplateError(ValueError):
+    """The messages cannot be rendered: no chat template, or the template rejected them."""

@@ -1,0 +1,115 @@
+"""Input processing: tokenization on and off the event loop, chat templates, validation."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import sniffio
+
+from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
+from trio_llm.client.input_processor import INLINE_MAX_CHARS, InputProcessor
+from trio_llm.sampling_params import SamplingParams, SamplingParamsError
+
+pytestmark = pytest.mark.anyio
+
+
+class _ThreadRecorder:
+    """The real tokenizer, noting which thread each encode ran on."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.threads: list[int] = []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.threads.append(threading.get_ident())
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer.apply_chat_template(*args, **kwargs)
+
+
+@pytest.fixture
+def inputs(tokenizer: Any) -> InputProcessor:
+    return InputProcessor(tokenizer, max_model_len=2048, vocab_size=len(tokenizer))
+
+
+async def test_runs_on_the_backend_it_is_parametrized_with(anyio_backend: str) -> None:
+    assert sniffio.current_async_library() == anyio_backend
+
+
+async def test_big_inputs_are_tokenized_off_the_event_loop(tokenizer: Any) -> None:
+    recorder = _ThreadRecorder(tokenizer)
+    inputs = InputProcessor(recorder, max_model_len=2048, vocab_size=len(tokenizer))  # type: ignore[arg-type]
+    small, big = "Hello there", "word " * (INLINE_MAX_CHARS // 4)
+    assert await inputs.encode(small) == tokenizer.encode(small)
+    assert await inputs.encode(big) == tokenizer.encode(big)
+    messages = [{"role": "user", "content": big}]
+    expected = tokenizer.encode(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )
+    assert await inputs.apply_chat_template(messages) == expected
+    loop_thread = threading.get_ident()
+    assert recorder.threads[0] == loop_thread
+    assert all(t != loop_thread for t in recorder.threads[1:])
+
+
+async def test_chat_template_renders_roles_and_generation_prompt(
+    inputs: InputProcessor, tokenizer: Any
+) -> None:
+    ids = await inputs.apply_chat_template([{"role": "user", "content": "What is 2+2?"}])
+    text = tokenizer.decode(ids)
+    assert text.count("<|im_start|>") == 3  # default system prompt, user, assistant
+    assert text.endswith("<|im_start|>assistant\n")
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # no BOS added twice
+    continued = await inputs.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}],
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
+    assert tokenizer.decode(continued).endswith("<|im_start|>assistant\nHel")
+
+
+async def test_chat_template_errors_are_value_errors(inputs: InputProcessor) -> None:
+    with pytest.raises(ChatTemplateError):
+        await inputs.apply_chat_template(
+            [{"role": "user", "content": "Hi"}],
+            add_generation_prompt=True,
+            continue_final_message=True,
+        )
+
+
+def test_too_long_names_both_numbers(inputs: InputProcessor) -> None:
+    with pytest.raises(PromptTooLongError) as info:
+        inputs.check_request([5] * 2000, SamplingParams(max_tokens=100))
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert (err.prompt_tokens, err.max_tokens, err.max_model_len) == (2000, 100, 2048)
+    assert "2000" in str(err) and "100" in str(err) and "2048" in str(err)
+    assert err.param == "max_tokens"
+    with pytest.raises(PromptTooLongError) as info:
+        inputs.check_request([5] * 2048, SamplingParams(max_tokens=None))
+    assert info.value.param == "prompt"
+    inputs.check_request([5] * 1948, SamplingParams(max_tokens=100))  # exactly fits
+
+
+def test_bad_prompts_and_params_are_refused_before_sending(inputs: InputProcessor) -> None:
+    with pytest.raises(InvalidPromptError, match="empty"):
+        inputs.check_request([], SamplingParams())
+    with pytest.raises(InvalidPromptError, match="vocabulary"):
+        inputs.check_request([1, 10**6], SamplingParams())
+    with pytest.raises(SamplingParamsError) as info:
+        inputs.check_request([1], SamplingParams(temperature=-1))
+    assert info.value.param == "temperature"
+    with pytest.raises(SamplingParamsError) as info:
+        inputs.check_request([1], SamplingParams(stop_token_ids=[10**6]))
+    assert info.value.param == "stop_token_ids"
+
+
+def test_single_choice_keeps_its_request_id_and_params() -> None:
+    params = SamplingParams(seed=3)
+    (request,) = InputProcessor.engine_requests("abc", [1, 2], params, arrival_time=5.0, priority=2)
+    assert (request.request_id, request.sampling_params, request.priority) == ("abc", params, 2)
+    assert request.arrival_time == 5.0
