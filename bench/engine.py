@@ -7,7 +7,8 @@ the process boundary); `generate` runs them as one static batch of N. Also measu
 forward pass of the model (one token, KV cache of --prompt tokens, HF's own attention), which the
 engine's N=1 step time is compared with.
 
-Usage: python bench/engine.py [--ns 1,8,32,128] [--threads 2] [--out bench/results/engine.md]
+Usage: python bench/engine.py [--ns 1,8,32,128] [--threads 2] [--model M] [--in-process]
+       [--out bench/results/engine.md]
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ class Run:
         return statistics.median(self.step_times) * 1e3 if self.step_times else float("nan")
 
 
-def prompts_for(n: int, length: int, seed: int = 0) -> list[list[int]]:
+def prompts_for(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Random token ids, above the low ids where tokenizers keep their special tokens."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(100, 49000, (length,), generator=g).tolist() for _ in range(n)]
+    return [torch.randint(100, vocab, (length,), generator=g).tolist() for _ in range(n)]
 
 
 def params(output: int) -> SamplingParams:
@@ -143,7 +145,7 @@ class EngineProcess:
 
 
 def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) -> Run:
-    ids = torch.tensor(prompts)
+    ids = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
         start = time.perf_counter()
         out = model.generate(
@@ -155,6 +157,7 @@ def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) 
             return_dict_in_generate=True,
             pad_token_id=0,
         )
+        sync(model.device)
         seconds = time.perf_counter() - start
     produced = (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
     cache = out.past_key_values
@@ -162,20 +165,29 @@ def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) 
     return Run(seconds, produced, kv_bytes=kv, kv_reserved=kv)
 
 
-def bare_forward_ms(model: torch.nn.Module, context: int, repeats: int = 15) -> float:
+def bare_forward_ms(model: torch.nn.Module, context: int, vocab: int, repeats: int = 15) -> float:
     """One decode forward (one token, a KV cache of `context` tokens), HF's own attention."""
     from transformers import DynamicCache
 
-    prompt = torch.tensor(prompts_for(1, context, seed=1))
+    device = model.device
+    prompt = torch.tensor(prompts_for(1, context, vocab, seed=1), device=device)
+    token = torch.tensor([[1000]], device=device)
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
             cache = DynamicCache(config=model.config)
             model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync(device)
             t0 = time.perf_counter()
-            model(torch.tensor([[1000]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            sync(device)
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def machine() -> str:
@@ -202,6 +214,7 @@ def main() -> None:
         default=32,
         help="output tokens for the N=128 cells (generate's slowest; both sides use it)",
     )
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-cache-memory", default="2GiB")
     parser.add_argument(
@@ -214,8 +227,10 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    source = resolve_model(None)
+    source = resolve_model(args.model)
     engine_args = EngineArgs(
+        model=str(source.path) if args.model else source.name,
+        served_model_name=source.name,
         num_threads=args.threads,
         kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=max(ns),
@@ -234,17 +249,18 @@ def main() -> None:
         ready = engine.ready
         run_engine = engine.run
         close = engine.close
+    vocab = ready.vocab_size
     hf = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, ready.dtype))
-    hf.eval()
+    hf.to(ready.device).eval()
     # Warm both paths once (first-call allocations and kernel selection).
-    run_engine(prompts_for(2, 16), 4, "warm")
-    run_generate(hf, prompts_for(2, 16), 4)
+    run_engine(prompts_for(2, 16, vocab), 4, "warm")
+    run_generate(hf, prompts_for(2, 16, vocab), 4)
 
-    bare = bare_forward_ms(hf, args.prompt + args.output // 2)
+    bare = bare_forward_ms(hf, args.prompt + args.output // 2, vocab)
     rows = []
     for n in ns:
         output = args.output_at_128 if n >= 128 else args.output
-        prompts = prompts_for(n, args.prompt, seed=n)
+        prompts = prompts_for(n, args.prompt, vocab, seed=n)
         eng = run_engine(prompts, output, f"n{n}")
         gen = run_generate(hf, prompts, output)
         rows.append((n, output, eng, gen))
