@@ -199,7 +199,8 @@ def machine() -> str:
         pass
     return (
         f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"torch {torch.__version__}; {datetime.date.today().isoformat()}"
+        f"torch {torch.__version__}; {datetime.date.today().isoformat()}; load average "
+        f"{os.getloadavg()[0]:.1f} at the end (other processes share the cores)"
     )
 
 

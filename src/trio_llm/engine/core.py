@@ -60,26 +60,14 @@ class EngineCore:
         model = loader.load_model(source, dtype, device)
 
         spec = kv_cache_spec(model, args.block_size, dtype)
-        kv_bytes = args.kv_cache_bytes()
-        num_blocks = kv_bytes // spec.bytes_per_block
+        num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
         if num_blocks < 1:
             raise EngineConfigError(
                 f"kv_cache_memory {args.kv_cache_memory} holds no block of "
                 f"{spec.bytes_per_block} bytes; give at least that"
             )
         capacity = num_blocks * args.block_size
-        max_model_len = args.max_model_len or config.max_position_embeddings
-        window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True) and max_model_len > window:
-            # The paged attention attends over the whole context: beyond the window it would
-            # differ from the model's own sliding-window attention.
-            log.warning("max_model_len %d capped to the sliding window %d", max_model_len, window)
-            max_model_len = window
-        if max_model_len > capacity:
-            log.warning(
-                "max_model_len %d capped to %d: the KV cache holds no more", max_model_len, capacity
-            )
-            max_model_len = capacity
+        max_model_len = _max_model_len(args, config, capacity)
 
         self.args = args
         self.device = torch.device(device)
@@ -243,3 +231,18 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+
+def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
+    """The context limit: asked for, or the model's own, capped by what the engine can hold."""
+    limit = args.max_model_len or int(config.max_position_embeddings)  # type: ignore[attr-defined]
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and limit > window:
+        # The paged attention attends over the whole context: beyond the window it would
+        # differ from the model's own sliding-window attention.
+        log.warning("max_model_len %d capped to the sliding window %d", limit, window)
+        limit = window
+    if limit > capacity:
+        log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
+        limit = capacity
+    return limit
