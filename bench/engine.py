@@ -1,13 +1,18 @@
 """Offline engine throughput against Hugging Face `generate` on static batches, side by side.
 
-For each N (concurrent requests), N random prompts of --prompt tokens each ask for --output tokens
-with ignore_eos, greedy. The engine runs them through the real engine process and shared-memory
-rings (column "engine"), and in-process through EngineCore (column "core", the same work without
-the process boundary); `generate` runs them as one static batch of N. Also measured: one bare
-forward pass of the model (one token, KV cache of --prompt tokens, HF's own attention), which the
-engine's N=1 step time is compared with.
+Throughput: for each N, N random prompts of --prompt tokens each ask for --output tokens
+(greedy, ignore_eos). The engine serves them as the frontend would have it: its own process,
+requests and outputs through the shared-memory rings. `generate` runs the same prompts as one
+static batch of N in this process. Both report wall-clock throughput and CPU-time throughput
+(output tokens per CPU second of the process doing the work): on a machine whose cores other
+processes share, CPU time is the steadier measure of the work each side does.
 
-Usage: python bench/engine.py [--ns 1,8,32,128] [--threads 2] [--model M] [--in-process]
+Step time: EngineCore in this process serves one request and times its decode steps; the same
+model, loaded by HF with its own attention, times one bare forward pass (one token, a KV cache of
+the same length, logits of one row). The engine's step includes scheduling, building the inputs,
+the forward pass with paged attention, sampling and the output message.
+
+Usage: python bench/engine.py [--ns 1,8,32,128] [--threads 2] [--model M]
        [--out bench/results/engine.md]
 """
 
@@ -22,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -39,16 +45,20 @@ from trio_llm.sampling_params import SamplingParams
 @dataclass
 class Run:
     seconds: float
+    cpu_seconds: float
     output_tokens: int
     step_times: list[float] = field(default_factory=list)
-    """Seconds per step in which every request was decoding."""
+    """Wall seconds per step in which every request was decoding."""
     kv_bytes: int = 0
-    """KV memory held at the peak."""
-    kv_reserved: int = 0
+    """KV memory in use at the peak."""
 
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / self.seconds
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.output_tokens / self.cpu_seconds
 
     @property
     def step_ms(self) -> float:
@@ -65,27 +75,16 @@ def params(output: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=output, ignore_eos=True)
 
 
-def run_core(core: EngineCore, prompts: list[list[int]], output: int, tag: str) -> Run:
-    block_bytes = core.ready.kv_cache_bytes // core.ready.num_blocks
-    peak_blocks = 0
-    steps: list[float] = []
-    start = time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        core.add_request(EngineCoreRequest(f"{tag}-{i}", prompt, params(output)))
-    produced = 0
-    while core.has_work():
-        t0 = time.perf_counter()
-        out = core.step()
-        dt = time.perf_counter() - t0
-        produced += sum(len(o.new_token_ids) for o in out.outputs)
-        stats = out.stats
-        peak_blocks = max(peak_blocks, stats.num_total_blocks - stats.num_free_blocks)
-        if len(out.outputs) == len(prompts) and stats.num_waiting == 0:
-            steps.append(dt)
-    del steps[:1]  # the step that finished the last prefill
-    seconds = time.perf_counter() - start
-    assert produced == len(prompts) * output
-    return Run(seconds, produced, steps, peak_blocks * block_bytes, core.ready.kv_cache_bytes)
+def cpu_seconds_of(pid: int) -> float:
+    """User plus system CPU time of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sync(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class EngineProcess:
@@ -118,12 +117,13 @@ class EngineProcess:
         block_bytes = self.ready.kv_cache_bytes // self.ready.num_blocks
         peak_blocks = 0
         stamps: list[float] = []
+        cpu0 = cpu_seconds_of(self.process.pid)
         start = time.perf_counter()
         for i, prompt in enumerate(prompts):
             self.tx.send(encode(EngineCoreRequest(f"{tag}-{i}", prompt, params(output))))
         produced = finished = 0
         while finished < len(prompts):
-            msg = decode_engine_message(self.rx.receive(timeout=600))
+            msg = decode_engine_message(self.rx.receive(timeout=3600))
             assert isinstance(msg, EngineCoreOutputs), msg
             produced += sum(len(o.new_token_ids) for o in msg.outputs)
             finished += sum(o.finish_reason is not None for o in msg.outputs)
@@ -132,10 +132,11 @@ class EngineProcess:
             if len(msg.outputs) == len(prompts) and stats.num_waiting == 0:
                 stamps.append(msg.timestamp)
         seconds = time.perf_counter() - start
+        cpu = cpu_seconds_of(self.process.pid) - cpu0
         assert produced == len(prompts) * output
-        # Step time: the gap between consecutive all-decode outputs (the engine's clock).
+        # Step time: the gap between consecutive all-decode outputs, on the engine's clock.
         steps = [b - a for a, b in itertools.pairwise(stamps)]
-        return Run(seconds, produced, steps, peak_blocks * block_bytes, self.ready.kv_cache_bytes)
+        return Run(seconds, cpu, produced, steps, peak_blocks * block_bytes)
 
     def close(self) -> None:
         self.tx.send(encode(Shutdown()))
@@ -147,6 +148,7 @@ class EngineProcess:
 def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) -> Run:
     ids = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
+        cpu0 = time.process_time()
         start = time.perf_counter()
         out = model.generate(
             ids,
@@ -159,35 +161,60 @@ def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) 
         )
         sync(model.device)
         seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
     produced = (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
     cache = out.past_key_values
     kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values))
-    return Run(seconds, produced, kv_bytes=kv, kv_reserved=kv)
+    return Run(seconds, cpu, produced, kv_bytes=kv)
 
 
-def bare_forward_ms(model: torch.nn.Module, context: int, vocab: int, repeats: int = 15) -> float:
-    """One decode forward (one token, a KV cache of `context` tokens), HF's own attention."""
+@dataclass
+class StepTimes:
+    wall_ms: float
+    cpu_ms: float
+
+
+def timed(fn: Callable[[], object], device: torch.device | str) -> tuple[float, float]:
+    sync(device)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+def medians(samples: list[tuple[float, float]]) -> StepTimes:
+    return StepTimes(
+        wall_ms=statistics.median(w for w, _ in samples) * 1e3,
+        cpu_ms=statistics.median(c for _, c in samples) * 1e3,
+    )
+
+
+def engine_step(core: EngineCore, prompt: list[int], steps: int) -> StepTimes:
+    """Median decode step of one request, in process (after its prefill step)."""
+    core.add_request(EngineCoreRequest("step", prompt, params(steps + 1)))
+    core.step()  # the prefill and the first token
+    samples = [timed(core.step, core.device) for _ in range(steps)]
+    assert not core.has_work()
+    return medians(samples)
+
+
+def bare_forward(model: torch.nn.Module, prompt: list[int], repeats: int) -> StepTimes:
+    """One decode forward pass: one token, a KV cache of the prompt, HF's own attention."""
     from transformers import DynamicCache
 
     device = model.device
-    prompt = torch.tensor(prompts_for(1, context, vocab, seed=1), device=device)
+    ids = torch.tensor([prompt], device=device)
     token = torch.tensor([[1000]], device=device)
-    times = []
+    samples = []
     with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         for _ in range(repeats):
-            cache = DynamicCache(config=model.config)
-            model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            sync(device)
-            t0 = time.perf_counter()
-            model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            sync(device)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+            # The cache grows by one position per call, like the engine's decode steps.
+            samples.append(
+                timed(lambda: model(token, past_key_values=cache, logits_to_keep=1), device)
+            )
+    return medians(samples)
 
 
 def machine() -> str:
@@ -199,8 +226,7 @@ def machine() -> str:
         pass
     return (
         f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"torch {torch.__version__}; {datetime.date.today().isoformat()}; load average "
-        f"{os.getloadavg()[0]:.1f} at the end (other processes share the cores)"
+        f"torch {torch.__version__}; {datetime.date.today().isoformat()}"
     )
 
 
@@ -213,18 +239,17 @@ def main() -> None:
         "--output-at-128",
         type=int,
         default=32,
-        help="output tokens for the N=128 cells (generate's slowest; both sides use it)",
+        help="output tokens when N >= 128 (generate's slowest cells; both sides use it)",
     )
+    parser.add_argument("--step-samples", type=int, default=30)
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-cache-memory", default="2GiB")
-    parser.add_argument(
-        "--in-process", action="store_true", help="drive EngineCore in this process instead"
-    )
     parser.add_argument("--out", default="bench/results/engine.md")
     args = parser.parse_args()
     ns = [int(n) for n in args.ns.split(",")]
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
 
     from transformers import AutoModelForCausalLM
 
@@ -237,78 +262,82 @@ def main() -> None:
         max_num_seqs=max(ns),
         enable_prefix_caching=False,  # random prompts share nothing; keep the work identical
     )
-    if args.in_process:
-        core = EngineCore(engine_args)
-        ready = core.ready
-
-        def run_engine(prompts: list[list[int]], output: int, tag: str) -> Run:
-            return run_core(core, prompts, output, tag)
-
-        close = None
-    else:
-        engine = EngineProcess(engine_args)
-        ready = engine.ready
-        run_engine = engine.run
-        close = engine.close
+    engine = EngineProcess(engine_args)
+    ready = engine.ready
     vocab = ready.vocab_size
     hf = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, ready.dtype))
     hf.to(ready.device).eval()
     # Warm both paths once (first-call allocations and kernel selection).
-    run_engine(prompts_for(2, 16, vocab), 4, "warm")
+    engine.run(prompts_for(2, 16, vocab), 4, "warm")
     run_generate(hf, prompts_for(2, 16, vocab), 4)
 
-    bare = bare_forward_ms(hf, args.prompt + args.output // 2, vocab)
     rows = []
     for n in ns:
         output = args.output_at_128 if n >= 128 else args.output
         prompts = prompts_for(n, args.prompt, vocab, seed=n)
-        eng = run_engine(prompts, output, f"n{n}")
+        eng = engine.run(prompts, output, f"n{n}")
         gen = run_generate(hf, prompts, output)
         rows.append((n, output, eng, gen))
         print(
             f"N={n:4d} out={output}: engine {eng.tokens_per_s:7.1f} tok/s "
-            f"(step {eng.step_ms:6.1f} ms), generate {gen.tokens_per_s:7.1f} tok/s, "
-            f"ratio {eng.tokens_per_s / gen.tokens_per_s:.2f}",
+            f"({eng.tokens_per_cpu_s:7.1f}/cpu-s, step {eng.step_ms:6.1f} ms), "
+            f"generate {gen.tokens_per_s:7.1f} tok/s ({gen.tokens_per_cpu_s:7.1f}/cpu-s)",
             flush=True,
         )
-    if close is not None:
-        close()
+    engine.close()
 
-    where = "in-process EngineCore" if args.in_process else "the engine process, through the rings"
+    core = EngineCore(engine_args)
+    step_prompt = prompts_for(1, args.prompt, vocab, seed=1)[0]
+    engine_step(core, step_prompt, 3)  # warm
+    step = engine_step(core, step_prompt, args.step_samples)
+    bare = bare_forward(hf, step_prompt, args.step_samples)
+    print(f"N=1 step: engine {step}, bare forward {bare}", flush=True)
+
     lines = [
         "# Engine benchmark: continuous batching vs Hugging Face `generate`",
         "",
-        f"Machine: {machine()}. torch threads: {args.threads} (engine and generate). "
-        f"Model: {source.name} ({ready.dtype}, attention backend {ready.attention_backend}). "
-        f"Engine: {where}.",
+        f"Machine: {machine()}. Load average {load_before:.1f} before the run and "
+        f"{os.getloadavg()[0]:.1f} after (other processes share these cores). torch threads: "
+        f"{args.threads} on each side. Model: {source.name} ({ready.dtype}, attention backend "
+        f"{ready.attention_backend}).",
         "",
-        f"Each request: {args.prompt} random prompt tokens, greedy, ignore_eos; output tokens as "
-        f"listed ({args.output_at_128} at N=128, to keep generate's run short). `generate` runs "
-        "all N as one static batch. Throughput is output tokens over the wall time of the whole "
-        "batch; engine step time is the median gap between consecutive steps in which all N "
-        "requests decode.",
+        "## Throughput: the engine process (through the rings) vs `generate` (static batch)",
         "",
-        f"Bare forward pass (one token, KV cache of {args.prompt + args.output // 2} tokens, "
-        f"HF attention, logits of one row): {bare:.1f} ms (median).",
+        f"Each request: {args.prompt} random prompt tokens, greedy, ignore_eos, {args.output} "
+        f"output tokens ({args.output_at_128} when N >= 128, to keep generate's run short). "
+        "tok/s: output tokens over the wall time of the whole batch. tok/cpu-s: output tokens "
+        "per CPU second of the process doing the work. Engine step: median gap between "
+        "consecutive steps in which all N requests decode.",
         "",
-        "| N | output tokens | engine tok/s | generate tok/s | ratio | engine step ms | "
-        "engine KV in use (peak) | engine KV reserved | generate KV |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| N | out | engine tok/s | generate tok/s | ratio | engine tok/cpu-s | "
+        "generate tok/cpu-s | ratio (CPU) | engine step ms | engine KV peak | generate KV |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, output, eng, gen in rows:
         lines.append(
             f"| {n} | {output} | {eng.tokens_per_s:.1f} | {gen.tokens_per_s:.1f} | "
-            f"{eng.tokens_per_s / gen.tokens_per_s:.2f}x | {eng.step_ms:.1f} | "
-            f"{eng.kv_bytes / 2**20:.1f} MiB | {eng.kv_reserved / 2**20:.0f} MiB | "
+            f"{eng.tokens_per_s / gen.tokens_per_s:.2f}x | {eng.tokens_per_cpu_s:.1f} | "
+            f"{gen.tokens_per_cpu_s:.1f} | {eng.tokens_per_cpu_s / gen.tokens_per_cpu_s:.2f}x | "
+            f"{eng.step_ms:.1f} | {eng.kv_bytes / 2**20:.1f} MiB | "
             f"{gen.kv_bytes / 2**20:.1f} MiB |"
         )
-    one = next((e for n, _, e, _ in rows if n == 1), None)
-    if one is not None:
-        lines += [
-            "",
-            f"N=1 engine step against the bare forward pass: {one.step_ms:.1f} ms vs "
-            f"{bare:.1f} ms ({one.step_ms / bare - 1:+.0%}).",
-        ]
+    lines += [
+        "",
+        f"Engine KV cache reserved: {ready.kv_cache_bytes / 2**20:.0f} MiB "
+        f"({ready.num_blocks} blocks of {ready.block_size} tokens); it is allocated lazily "
+        "(zero pages), so only the blocks in use cost memory.",
+        "",
+        "## N=1 step time vs one bare forward pass",
+        "",
+        f"Median over {args.step_samples} decode steps after a {args.prompt}-token prompt.",
+        "",
+        "| | wall ms | CPU ms |",
+        "|---|---|---|",
+        f"| engine step (EngineCore, in process) | {step.wall_ms:.1f} | {step.cpu_ms:.1f} |",
+        f"| bare forward (HF attention, KV cache) | {bare.wall_ms:.1f} | {bare.cpu_ms:.1f} |",
+        f"| engine / bare | {step.wall_ms / bare.wall_ms:.2f}x | "
+        f"{step.cpu_ms / bare.cpu_ms:.2f}x |",
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
