@@ -4,6 +4,7 @@ overload, HTTP/2 (TLS+ALPN and h2c), and disconnects aborting generation."""
 from __future__ import annotations
 
 import json
+import random
 import ssl
 from functools import partial
 
@@ -11,9 +12,9 @@ import httpx
 import pytest
 import trio
 import trustme
-from http_clients import H2Client, sse_payloads
 from http_fake_engine import FakeEngine
 
+from http_clients import H2Client, http2_requests, random_hang_up, sse_payloads
 from trio_llm.config import EngineArgs
 from trio_llm.http import ServerConfig, build_app
 
@@ -385,3 +386,35 @@ async def test_rst_stream_aborts_only_that_stream(engine: FakeEngine, url: str) 
     assert first not in client.ended
     assert len(engine.finished) == 1
     await client.stream.aclose()
+
+
+async def test_http2_connections_closed_mid_flight_abort_all_and_keep_serving(
+    engine: FakeEngine, url: str
+) -> None:
+    """Clients that open several streams and close the connection at once, or after some data:
+    every request is aborted and the server keeps serving. (Hypercorn alone lost the close on
+    some streams, which then ran forever, and sometimes stopped the whole server; see
+    trio_llm.http.hypercorn_fixes.) The moments are random, so many connections are tried."""
+    engine.token_interval = 0.01  # 100 tokens outlast every hang-up delay
+    host, port = url.removeprefix("http://").split(":")
+    rng = random.Random(0)
+    headers = {"Authorization": "Bearer sekrit"}
+    for _ in range(12):
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                requests = []
+                for _ in range(4):
+                    hang_up = random_hang_up(rng)
+                    stream = hang_up.mode in ("first_chunk", "mid_stream") or rng.random() < 0.5
+                    body = {**CHAT, "max_tokens": 100, "stream": stream}
+                    requests.append(("/v1/chat/completions", body, hang_up))
+                nursery.start_soon(
+                    partial(
+                        http2_requests, (host, int(port)), requests, headers, close_connection=True
+                    )
+                )
+    with trio.fail_after(5):
+        await engine.wait_for(lambda: not engine.running)
+    assert engine.aborted and not engine.finished
+    async with httpx.AsyncClient(base_url=url, headers=headers) as c:
+        assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-from http_server_process import run_server
 
+from http_server_process import run_server
 from trio_llm.config import DEFAULT_MODEL
 
 

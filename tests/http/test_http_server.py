@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 import trio
+
 from http_clients import H2Client, sse_payloads
 from http_server_process import ServerProcess, run_server
 

@@ -82,7 +82,9 @@ def main() -> int:
         tx.send(encode(core.ready))
         return EngineLoop(core, rx, tx, parent).run()
     except (PeerDiedError, ParentGoneError):
-        return 1
+        # Orphaned: nobody is left to report to, and an orderly interpreter exit with torch
+        # loaded took over a second under load; the kernel frees the rings' memfds with us.
+        os._exit(1)
     except RingClosedError:
         return 0  # the frontend closed its ends: nobody is left to serve
     except Exception as exc:

@@ -42,6 +42,7 @@ from trio_llm.client.errors import (
     InvalidPromptError,
     PromptTooLongError,
 )
+from trio_llm.http import hypercorn_fixes
 from trio_llm.http.admission import Admission
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, bad_request
@@ -421,6 +422,7 @@ def _engine_request_ids(response_id: str, count: int, user_given: bool) -> list[
 
 
 def _make_app(state: AppState) -> QuartTrio:
+    hypercorn_fixes.apply()
     config = state.config
     app = QuartTrio(__name__)
     app.extensions[_EXTENSION] = state

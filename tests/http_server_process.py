@@ -1,4 +1,5 @@
-"""`python -m trio_llm serve` in a subprocess on a loopback port, for integration tests."""
+"""`python -m trio_llm serve` in a subprocess on a loopback port, for integration tests (and
+bench/soak.py), plus what they read about its processes from /proc."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class ServerProcess:
     process: subprocess.Popen[str]
     url: str = ""
     log: list[str] = field(default_factory=list)
+    expected_exit: int = 0
+    """What `run_server` checks the process exited with; a test that kills it says so here."""
 
     def metrics(self) -> dict[str, float]:
         """The unlabelled samples of /metrics, by name."""
@@ -107,4 +110,27 @@ def run_server(*args: str, startup_timeout: float = 180.0) -> Iterator[ServerPro
             process.kill()
             raise
         reader.join(timeout=5)
-    assert code == 0, "".join(server.log[-40:])
+    assert code == server.expected_exit, "".join(server.log[-40:])
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process (VmRSS), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise ValueError(f"no VmRSS for pid {pid}")
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What each open fd of a process points at (`/memfd:...`, `socket:[...]`, paths)."""
+    targets = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            targets.append(os.readlink(fd))
+        except FileNotFoundError:  # closed while we looked
+            pass
+    return targets
+
+
+def dev_shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))

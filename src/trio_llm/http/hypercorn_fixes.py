@@ -1,0 +1,76 @@
+"""Fixes to Hypercorn (0.18) that a server facing arbitrary HTTP/2 clients needs, installed by
+`apply()` when an app is built. Each was found by the disconnect-storm test
+(tests/reliability), which fails without it.
+
+1. A client that closes an HTTP/2 connection at the wrong moment stopped the whole server.
+   When a write fails, Hypercorn closes every stream of the connection, even in the middle of
+   handling a batch of frames; the next frame of the batch for one of those streams then
+   raises KeyError (pgjones/hypercorn#329, also reachable with DATA for a stream the app has
+   already answered). Here, once the connection is closed, the rest of the batch is dropped,
+   and DATA for a stream that is gone is only acknowledged (so the connection's flow-control
+   window stays open).
+2. Under Trio, Hypercorn runs every connection's handler in the server's own nursery, so any
+   exception escaping one connection stops the server. Here it is logged and ends that
+   connection only (Hypercorn's handler closes its socket on the way out), as Hypercorn's
+   asyncio worker does. Cancellation still propagates.
+3. A closed HTTP/2 connection left requests running forever. The task that notices the
+   broken socket is often the app task of one of its streams; telling that stream's app
+   (`http.disconnect`) cancels that very task, which then stops telling the other streams,
+   and their apps never learn that the client is gone (their engine requests run on, the
+   connection's socket stays open). Here the telling is shielded from cancellation; it cannot
+   block, since each stream's app reads its messages until it gets `http.disconnect`.
+
+Invariant: installed at most once per process; nothing changes for a well-behaved connection.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import h2.events
+import trio
+from hypercorn.events import Closed, Event
+from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.trio.tcp_server import TCPServer
+
+log = logging.getLogger("trio_llm.http")
+
+_applied = False
+
+
+def apply() -> None:
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    handle = H2Protocol.handle
+    handle_events = H2Protocol._handle_events
+    run = TCPServer.run
+
+    async def handle_shielding_close(self: H2Protocol, event: Event) -> None:
+        if isinstance(event, Closed):
+            with trio.CancelScope(shield=True):
+                await handle(self, event)
+        else:
+            await handle(self, event)
+
+    async def handle_events_while_open(self: H2Protocol, events: list[h2.events.Event]) -> None:
+        for event in events:
+            if self.closed:
+                return  # the connection broke while handling an earlier frame
+            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                self.connection.acknowledge_received_data(
+                    event.flow_controlled_length, event.stream_id
+                )
+                continue
+            await handle_events(self, [event])
+
+    async def run_one_connection(self: TCPServer) -> None:
+        try:
+            await run(self)
+        except* Exception as group:
+            log.error("an HTTP connection failed; closed it", exc_info=group)
+
+    H2Protocol.handle = handle_shielding_close  # type: ignore[method-assign]
+    H2Protocol._handle_events = handle_events_while_open  # type: ignore[method-assign]
+    TCPServer.run = run_one_connection  # type: ignore[method-assign]
