@@ -115,55 +115,76 @@ def _torch_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    # Rows of [Hkv * D]: index_select over 2-D rows is many times faster than over 3-D.
-    k_rows = k_cache.view(-1, num_kv_heads * head_dim)
-    v_rows = v_cache.view(-1, num_kv_heads * head_dim)
+    num_tokens = q.shape[0]
+    # Rows of [Hkv * D]: index_copy_/index_select over 2-D rows are many times faster than
+    # over 3-D.
+    k_rows = k_cache.view(k_cache.shape[0] * k_cache.shape[1], -1)
+    v_rows = v_cache.view(v_cache.shape[0] * v_cache.shape[1], -1)
     k_rows.index_copy_(0, meta.slot_mapping, k.reshape(num_tokens, -1))
     v_rows.index_copy_(0, meta.slot_mapping, v.reshape(num_tokens, -1))
-
     nd = meta.num_decodes
-    out = q.new_empty(num_tokens, num_heads, head_dim) if nd < num_tokens else None
+    if nd == num_tokens:
+        return _decode(q, k_cache, v_cache, meta, scale)
+    out = q.new_empty(q.shape)
     if nd:
-        blocks = meta.decode_blocks
-        assert blocks is not None and meta.decode_buffers is not None
-        k_buf, v_buf = meta.decode_buffers
-        # Whole blocks (rows of block_size * Hkv * D) copy faster than token rows.
-        torch.index_select(k_cache.view(k_cache.shape[0], -1), 0, blocks, out=k_buf)
-        torch.index_select(v_cache.view(v_cache.shape[0], -1), 0, blocks, out=v_buf)
-        length = meta.decode_len
-        kd = k_buf.view(nd, -1, num_kv_heads, head_dim)[:, :length]
-        vd = v_buf.view(nd, -1, num_kv_heads, head_dim)[:, :length]
-        # One query token per sequence: the query heads sharing a KV head become that head's
-        # query rows ([B, Hkv, group, D]), so no KV head is repeated and no mask is causal.
-        qd = q[:nd].reshape(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        od = F.scaled_dot_product_attention(
-            qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=meta.decode_mask, scale=scale
-        )
-        if out is None:  # a decode-only step: no prefill rows to interleave
-            return od.reshape(nd, num_heads, head_dim)
-        out[:nd] = od.reshape(nd, num_heads, head_dim)
-    assert out is not None
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale)
     for chunk in meta.prefills:
-        qc = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        if chunk.context_slots is None:
-            kc = k[chunk.start : chunk.end]
-            vc = v[chunk.start : chunk.end]
-        else:
-            kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
-            vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
-        oc = F.scaled_dot_product_attention(
-            qc,
-            kc.transpose(0, 1).unsqueeze(0),
-            vc.transpose(0, 1).unsqueeze(0),
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
-            scale=scale,
-            enable_gqa=num_heads != num_kv_heads,
-        )
-        out[chunk.start : chunk.end] = oc[0].transpose(0, 1)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, k_rows, v_rows, chunk, scale)
     return out
+
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence, [B, Hq, D], over each sequence's blocks."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert meta.decode_blocks is not None and meta.decode_buffers is not None
+    k_buf, v_buf = meta.decode_buffers
+    # Whole blocks (rows of block_size * Hkv * D) copy faster than token rows.
+    torch.index_select(k_cache.view(k_cache.shape[0], -1), 0, meta.decode_blocks, out=k_buf)
+    torch.index_select(v_cache.view(v_cache.shape[0], -1), 0, meta.decode_blocks, out=v_buf)
+    kd = k_buf.view(batch, -1, num_kv_heads, head_dim)[:, : meta.decode_len].transpose(1, 2)
+    vd = v_buf.view(batch, -1, num_kv_heads, head_dim)[:, : meta.decode_len].transpose(1, 2)
+    # The query heads sharing a KV head become that head's query rows ([B, Hkv, group, D]):
+    # no KV head is repeated, and with one query per sequence no mask is causal.
+    qd = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's chunk of queries, causal over its earlier positions and the chunk."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    if chunk.context_slots is None:  # the chunk is the whole context: no gather
+        kc = k[chunk.start : chunk.end]
+        vc = v[chunk.start : chunk.end]
+    else:
+        kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+        vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
+        kc.transpose(0, 1).unsqueeze(0),
+        vc.transpose(0, 1).unsqueeze(0),
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out[0].transpose(0, 1)
 
 
 def _triton_attention(
