@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import math
 import os
 import platform
 import statistics
@@ -113,13 +114,13 @@ class EngineProcess:
             raise RuntimeError(f"the engine did not start: {ready}")
         self.ready = ready
 
-    def run(self, prompts: list[list[int]], output: int, tag: str) -> Run:
+    def run(self, prompts: list[list[int]], outputs: list[int], tag: str) -> Run:
         block_bytes = self.ready.kv_cache_bytes // self.ready.num_blocks
         peak_blocks = 0
         stamps: list[float] = []
         cpu0 = cpu_seconds_of(self.process.pid)
         start = time.perf_counter()
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, output) in enumerate(zip(prompts, outputs)):
             self.tx.send(encode(EngineCoreRequest(f"{tag}-{i}", prompt, params(output))))
         produced = finished = 0
         while finished < len(prompts):
@@ -133,7 +134,7 @@ class EngineProcess:
                 stamps.append(msg.timestamp)
         seconds = time.perf_counter() - start
         cpu = cpu_seconds_of(self.process.pid) - cpu0
-        assert produced == len(prompts) * output
+        assert produced == sum(outputs)
         # Step time: the gap between consecutive all-decode outputs, on the engine's clock.
         steps = [b - a for a, b in itertools.pairwise(stamps)]
         return Run(seconds, cpu, produced, steps, peak_blocks * block_bytes)
@@ -145,14 +146,21 @@ class EngineProcess:
         self.outputs.close()
 
 
-def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) -> Run:
-    ids = torch.tensor(prompts, device=model.device)
+def run_generate(model: torch.nn.Module, prompts: list[list[int]], outputs: list[int]) -> Run:
+    """One static batch: prompts left-padded to the longest, every row generating as many
+    tokens as the longest request asks; only each request's own tokens count as output."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device
+    )
+    output = max(outputs)
     with torch.inference_mode():
         cpu0 = time.process_time()
         start = time.perf_counter()
         out = model.generate(
             ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=mask,
             max_new_tokens=output,
             min_new_tokens=output,
             do_sample=False,
@@ -162,7 +170,8 @@ def run_generate(model: torch.nn.Module, prompts: list[list[int]], output: int) 
         sync(model.device)
         seconds = time.perf_counter() - start
         cpu = time.process_time() - cpu0
-    produced = (out.sequences.shape[1] - ids.shape[1]) * ids.shape[0]
+    assert out.sequences.shape[1] - width == output
+    produced = sum(outputs)
     cache = out.past_key_values
     kv = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values))
     return Run(seconds, cpu, produced, kv_bytes=kv)
@@ -217,6 +226,24 @@ def bare_forward(model: torch.nn.Module, prompt: list[int], repeats: int) -> Ste
     return medians(samples)
 
 
+def compare(
+    engine: EngineProcess,
+    hf: torch.nn.Module,
+    prompts: list[list[int]],
+    outputs: list[int],
+    tag: str,
+) -> tuple[Run, Run]:
+    eng = engine.run(prompts, outputs, tag)
+    gen = run_generate(hf, prompts, outputs)
+    print(
+        f"{tag}: engine {eng.tokens_per_s:7.1f} tok/s ({eng.tokens_per_cpu_s:7.1f}/cpu-s, "
+        f"step {eng.step_ms:6.1f} ms), generate {gen.tokens_per_s:7.1f} tok/s "
+        f"({gen.tokens_per_cpu_s:7.1f}/cpu-s)",
+        flush=True,
+    )
+    return eng, gen
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown CPU"
     try:
@@ -240,6 +267,12 @@ def main() -> None:
         type=int,
         default=32,
         help="output tokens when N >= 128 (generate's slowest cells; both sides use it)",
+    )
+    parser.add_argument(
+        "--mixed",
+        type=int,
+        default=32,
+        help="also N requests of mixed prompt and output lengths (0: skip)",
     )
     parser.add_argument("--step-samples", type=int, default=30)
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
@@ -268,22 +301,27 @@ def main() -> None:
     hf = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, ready.dtype))
     hf.to(ready.device).eval()
     # Warm both paths once (first-call allocations and kernel selection).
-    engine.run(prompts_for(2, 16, vocab), 4, "warm")
-    run_generate(hf, prompts_for(2, 16, vocab), 4)
+    engine.run(prompts_for(2, 16, vocab), [4, 4], "warm")
+    run_generate(hf, prompts_for(2, 16, vocab), [4, 4])
 
     rows = []
     for n in ns:
         output = args.output_at_128 if n >= 128 else args.output
         prompts = prompts_for(n, args.prompt, vocab, seed=n)
-        eng = engine.run(prompts, output, f"n{n}")
-        gen = run_generate(hf, prompts, output)
-        rows.append((n, output, eng, gen))
-        print(
-            f"N={n:4d} out={output}: engine {eng.tokens_per_s:7.1f} tok/s "
-            f"({eng.tokens_per_cpu_s:7.1f}/cpu-s, step {eng.step_ms:6.1f} ms), "
-            f"generate {gen.tokens_per_s:7.1f} tok/s ({gen.tokens_per_cpu_s:7.1f}/cpu-s)",
-            flush=True,
+        rows.append((str(n), output, *compare(engine, hf, prompts, [output] * n, f"n{n}")))
+    if args.mixed:
+        # Realistic lengths: prompts and outputs spread around the same means.
+        g = torch.Generator().manual_seed(7)
+        lengths = torch.randint(
+            args.prompt // 4, args.prompt * 7 // 4 + 1, (args.mixed,), generator=g
         )
+        outputs = torch.randint(
+            args.output // 8, args.output * 15 // 8 + 1, (args.mixed,), generator=g
+        )
+        prompts = [prompts_for(1, int(n), vocab, seed=i)[0] for i, n in enumerate(lengths)]
+        label = f"{args.mixed} mixed"
+        mean = f"{sum(outputs.tolist()) / args.mixed:.0f} avg"
+        rows.append((label, mean, *compare(engine, hf, prompts, outputs.tolist(), "mixed")))
     engine.close()
 
     core = EngineCore(engine_args)
@@ -307,18 +345,22 @@ def main() -> None:
         f"output tokens ({args.output_at_128} when N >= 128, to keep generate's run short). "
         "tok/s: output tokens over the wall time of the whole batch. tok/cpu-s: output tokens "
         "per CPU second of the process doing the work. Engine step: median gap between "
-        "consecutive steps in which all N requests decode.",
+        "consecutive steps in which all N requests decode (- where none did). The mixed row: "
+        f"prompts of {args.prompt // 4}-{args.prompt * 7 // 4} tokens and {args.output // 8}-"
+        f"{args.output * 15 // 8} output tokens each; `generate` left-pads the prompts and runs "
+        "every row as long as the longest request, and only each request's own tokens count.",
         "",
         "| N | out | engine tok/s | generate tok/s | ratio | engine tok/cpu-s | "
         "generate tok/cpu-s | ratio (CPU) | engine step ms | engine KV peak | generate KV |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, output, eng, gen in rows:
+        step_ms = "-" if math.isnan(eng.step_ms) else f"{eng.step_ms:.1f}"
         lines.append(
             f"| {n} | {output} | {eng.tokens_per_s:.1f} | {gen.tokens_per_s:.1f} | "
             f"{eng.tokens_per_s / gen.tokens_per_s:.2f}x | {eng.tokens_per_cpu_s:.1f} | "
             f"{gen.tokens_per_cpu_s:.1f} | {eng.tokens_per_cpu_s / gen.tokens_per_cpu_s:.2f}x | "
-            f"{eng.step_ms:.1f} | {eng.kv_bytes / 2**20:.1f} MiB | "
+            f"{step_ms} | {eng.kv_bytes / 2**20:.1f} MiB | "
             f"{gen.kv_bytes / 2**20:.1f} MiB |"
         )
     lines += [

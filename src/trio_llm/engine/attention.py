@@ -53,13 +53,17 @@ class AttentionMetadata:
     """The first `num_decodes` rows are single-token (decode) queries, one per sequence."""
     scale: float = 1.0
     # torch path
-    decode_slots: torch.Tensor | None = None
-    """[num_decodes, L] int64: the cache slots of each decode sequence's positions (padded)."""
+    decode_blocks: torch.Tensor | None = None
+    """[num_decodes * B] int64: each decode sequence's first B blocks (padded with block 0),
+    where B blocks cover the longest decode context."""
+    decode_len: int = 0
+    """The longest decode context: positions past it in the gathered blocks are dropped."""
     decode_mask: torch.Tensor | None = None
-    """[num_decodes, 1, 1, L] bool: True where a padded position is real; None if all are."""
+    """[num_decodes, 1, 1, decode_len] bool: True where a position is within its sequence's
+    context; None when every decode context has the same length."""
     decode_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-    """[num_decodes * L, Hkv * D] scratch for the gathered keys and values, shared by every
-    layer of the step (no allocation, no page faults per layer)."""
+    """[num_decodes * B, block_size * Hkv * D] scratch for the gathered keys and values,
+    shared by every layer of the step (no allocation, no page faults per layer)."""
     prefills: list[PrefillChunk] = field(default_factory=list)
     # triton path
     block_tables: torch.Tensor | None = None
@@ -122,14 +126,15 @@ def _torch_attention(
     nd = meta.num_decodes
     out = q.new_empty(num_tokens, num_heads, head_dim) if nd < num_tokens else None
     if nd:
-        slots = meta.decode_slots
-        assert slots is not None and meta.decode_buffers is not None
-        length = slots.shape[1]
+        blocks = meta.decode_blocks
+        assert blocks is not None and meta.decode_buffers is not None
         k_buf, v_buf = meta.decode_buffers
-        torch.index_select(k_rows, 0, slots.view(-1), out=k_buf)
-        torch.index_select(v_rows, 0, slots.view(-1), out=v_buf)
-        kd = k_buf.view(nd, length, num_kv_heads, head_dim)
-        vd = v_buf.view(nd, length, num_kv_heads, head_dim)
+        # Whole blocks (rows of block_size * Hkv * D) copy faster than token rows.
+        torch.index_select(k_cache.view(k_cache.shape[0], -1), 0, blocks, out=k_buf)
+        torch.index_select(v_cache.view(v_cache.shape[0], -1), 0, blocks, out=v_buf)
+        length = meta.decode_len
+        kd = k_buf.view(nd, -1, num_kv_heads, head_dim)[:, :length]
+        vd = v_buf.view(nd, -1, num_kv_heads, head_dim)[:, :length]
         # One query token per sequence: the query heads sharing a KV head become that head's
         # query rows ([B, Hkv, group, D]), so no KV head is repeated and no mask is causal.
         qd = q[:nd].reshape(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)

@@ -237,15 +237,16 @@ class ModelRunner:
         if nd:
             lens = ends[:nd]
             length = int(lens.max())
-            j = np.arange(length)
-            meta.decode_slots = _tensor(tables[:nd, j // bs] * bs + j % bs, device)
-            width = self.spec.num_kv_heads * self.spec.head_dim
+            num_blocks = -(-length // bs)
+            meta.decode_blocks = _tensor(tables[:nd, :num_blocks].reshape(-1), device)
+            meta.decode_len = length
+            width = bs * self.spec.num_kv_heads * self.spec.head_dim
             meta.decode_buffers = (
-                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
-                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
+                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
+                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
             )
             if (lens != length).any():
-                mask = j[None, :] < lens[:, None]
+                mask = np.arange(length)[None, :] < lens[:, None]
                 meta.decode_mask = _tensor(mask[:, None, None, :], device)
         for i in range(nd, len(batch.seqs)):
             start, ctx = int(starts[i]), int(ends[i])
