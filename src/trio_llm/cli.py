@@ -1,0 +1,46 @@
+"""The `trio-llm` command: `trio-llm serve [MODEL] [flags]`.
+
+Owns argv only: it parses, sets up logging, and hands a checked `ServerConfig` to the server;
+the flags themselves are defined once, in `trio_llm.http.config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from trio_llm import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trio_llm.http.config import add_serve_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="trio-llm", description="An OpenAI-compatible LLM server on structured concurrency."
+    )
+    parser.add_argument("--version", action="version", version=f"trio-llm {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over the OpenAI API (HTTP/1.1 and HTTP/2)",
+        description="Serve a model over the OpenAI API. Every flag also reads its default "
+        "from the environment as TRIO_LLM_<FLAG>, e.g. TRIO_LLM_API_KEY.",
+    )
+    add_serve_arguments(serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from trio_llm.http.config import config_from_args
+        from trio_llm.http.server import run
+
+        try:
+            config = config_from_args(args)
+        except ValueError as error:
+            parser.error(str(error))
+        return run(config)
+    parser.error(f"unknown command {args.command}")
+    return 2

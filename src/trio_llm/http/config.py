@@ -1,0 +1,249 @@
+"""ServerConfig: everything `trio-llm serve` and `create_app()` are told, and where it comes from.
+
+One argparse definition is the single source of truth: the CLI parses argv with it, and
+`create_app()` (for people who run Hypercorn themselves) parses an empty argv, so every flag
+also reads its default from the environment as `TRIO_LLM_<FLAG>` (e.g. TRIO_LLM_API_KEY,
+TRIO_LLM_MAX_QUEUED_REQUESTS). Invariant: a ServerConfig is complete and checked; nothing
+downstream reads the environment again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
+from trio_llm.http.protocol import RequestLimits
+
+ENV_PREFIX = "TRIO_LLM_"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    engine: EngineArgs = field(default_factory=EngineArgs)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    protect_all_routes: bool = False
+    """Require the key on /health, /metrics, /version and /openapi.json too."""
+    certfile: str | None = None
+    keyfile: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    """CORS origins ('*' for any); empty: no CORS headers at all."""
+    max_queued_requests: int | None = None
+    """Sequences that may wait beyond --max-num-seqs before new requests get 503; None: no cap."""
+    max_body_size: int = 16 << 20
+    shutdown_timeout: float = 30.0
+    """Seconds in-flight requests get to finish on SIGINT/SIGTERM before they are aborted."""
+    log_level: str = "info"
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    restart_engine: bool = True
+    """Restart a dead engine (with backoff); False: exit non-zero instead."""
+    max_restarts_per_minute: int = 3
+
+    @property
+    def capacity(self) -> int | None:
+        """Sequences admitted at once (running plus queued) before requests get 503."""
+        if self.max_queued_requests is None:
+            return None
+        return self.engine.max_num_seqs + self.max_queued_requests
+
+    @property
+    def tls(self) -> bool:
+        return self.certfile is not None
+
+
+def _env(name: str, environ: Mapping[str, str]) -> str | None:
+    return environ.get(ENV_PREFIX + name.upper().replace("-", "_"))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number of seconds, got {text}")
+    return value
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_serve_arguments(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None
+) -> None:
+    """The `serve` flags; each default comes from TRIO_LLM_<FLAG> when that is set."""
+    env = os.environ if environ is None else environ
+    defaults = ServerConfig()
+    engine = EngineArgs()
+
+    def add(flag: str, *, default: object = None, **kw: object) -> None:
+        name = flag.removeprefix("--")
+        raw = _env(name, env)
+        if raw is not None:
+            choices = kw.get("choices")
+            if choices is not None and raw not in choices:  # type: ignore[operator]
+                parser.error(
+                    f"{ENV_PREFIX}{name.upper().replace('-', '_')}={raw!r}: not one of "
+                    f"{', '.join(choices)}"
+                )  # type: ignore[arg-type]
+            default = raw  # argparse runs a string default through `type`, as if typed
+        parser.add_argument(flag, default=default, **kw)  # type: ignore[arg-type]
+
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=_env("model", env) or DEFAULT_MODEL,
+        help=f"model to serve: {DEFAULT_MODEL} (default), a Hugging Face directory, a .gguf "
+        "file, or a hub id already in the local cache",
+    )
+    add("--host", default=defaults.host, help="address to listen on (default %(default)s)")
+    add("--port", default=defaults.port, type=int, help="port (default %(default)s)")
+    add("--served-model-name", help="the name clients use as `model` (default: the model's name)")
+    add("--api-key", help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes")
+    add(
+        "--protect-all-routes",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="require the key on /health, /metrics, /version and /openapi.json too",
+    )
+    add("--certfile", help="TLS certificate (PEM); serves HTTPS with ALPN h2 and http/1.1")
+    add("--keyfile", help="TLS private key (PEM)")
+    add("--max-model-len", type=_positive_int, help="context length (default: the model's)")
+    add(
+        "--max-num-seqs",
+        default=engine.max_num_seqs,
+        type=_positive_int,
+        help="sequences the engine runs at once (default %(default)s)",
+    )
+    add(
+        "--kv-cache-memory",
+        default=engine.kv_cache_memory,
+        help="KV cache size, e.g. 512MiB or 2GiB (default %(default)s)",
+    )
+    add(
+        "--dtype",
+        default=engine.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and activations (default %(default)s)",
+    )
+    add("--device", default=engine.device, help="auto, cpu, cuda or cuda:N (default %(default)s)")
+    add(
+        "--num-threads",
+        type=_positive_int,
+        help="torch threads in the engine (default: one per core)",
+    )
+    add(
+        "--allowed-origins",
+        default="",
+        help="comma-separated CORS origins, or '*'; CORS is off unless given",
+    )
+    add(
+        "--max-queued-requests",
+        type=_non_negative_int,
+        help="sequences that may wait beyond --max-num-seqs; past that, 503 with Retry-After "
+        "(default: no limit)",
+    )
+    add(
+        "--max-body-size",
+        default=defaults.max_body_size,
+        type=_size,
+        help="largest request body, e.g. 16MiB; bigger ones get 413 (default 16MiB)",
+    )
+    add(
+        "--shutdown-timeout",
+        default=defaults.shutdown_timeout,
+        type=_seconds,
+        help="on SIGINT/SIGTERM, seconds in-flight requests get before they are aborted "
+        "(default %(default)s)",
+    )
+    add(
+        "--log-level",
+        default=defaults.log_level,
+        choices=["debug", "info", "warning", "error"],
+        help="(default %(default)s)",
+    )
+    add(
+        "--no-engine-restart",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="exit non-zero when the engine dies instead of restarting it",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if (args.certfile is None) != (args.keyfile is None):
+        raise ValueError("--certfile and --keyfile go together")
+    engine = EngineArgs(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_memory=args.kv_cache_memory,
+        num_threads=args.num_threads,
+    )
+    engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    return ServerConfig(
+        engine=engine,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        protect_all_routes=args.protect_all_routes,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+        allowed_origins=origins,
+        max_queued_requests=args.max_queued_requests,
+        max_body_size=args.max_body_size,
+        shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level,
+        restart_engine=not args.no_engine_restart,
+    )
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """The config `create_app()` uses: every flag at its TRIO_LLM_* value or default."""
+    return parse_serve_args([], environ)
+
+
+def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServerConfig:
+    parser = argparse.ArgumentParser(prog="trio-llm serve")
+    add_serve_arguments(parser, environ)
+    args = parser.parse_args(list(argv))
+    try:
+        return config_from_args(args)
+    except ValueError as error:
+        parser.error(str(error))

@@ -1,0 +1,125 @@
+"""/openapi.json, generated from the protocol's msgspec types.
+
+Invariant: the schema a fuzzer (schemathesis) or a client generator reads is derived from the
+same Structs the server decodes bodies into, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from trio_llm.http import protocol, responses
+
+_ERROR_STATUSES = (
+    (400, "Invalid request: the message names the parameter"),
+    (401, "Missing or wrong API key"),
+    (404, "Unknown model"),
+    (413, "Body larger than --max-body-size"),
+    (415, "Body is not JSON"),
+    (503, "Queue full or engine restarting; see Retry-After"),
+)
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(kind: type) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(kind.__name__)}}
+
+
+def _errors() -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": text,
+            "content": {"application/json": {"schema": _ref("ErrorResponse")}},
+        }
+        for status, text in _ERROR_STATUSES
+    }
+
+
+def _post(summary: str, request: type, response: type, *, streams: bool) -> dict[str, Any]:
+    content = _json(response)
+    if streams:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {"200": {"description": "OK", "content": content}, **_errors()},
+        }
+    }
+
+
+def _get(summary: str, response: type | None = None, **extra: Any) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK"}
+    if response is not None:
+        ok["content"] = _json(response)
+    return {"get": {"summary": summary, "responses": {"200": ok}, **extra}}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """OpenAPI 3.1 for every route the server has."""
+    _, schemas = msgspec.json.schema_components(
+        (*protocol.REQUEST_TYPES, *responses.RESPONSE_TYPES),
+        ref_template="#/components/schemas/{name}",
+    )
+    schemas["ErrorResponse"] = _ERROR_SCHEMA
+    model_param = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "trio-llm", "version": version},
+        "paths": {
+            "/v1/chat/completions": _post(
+                "Chat completion",
+                protocol.ChatCompletionRequest,
+                responses.ChatCompletionResponse,
+                streams=True,
+            ),
+            "/v1/completions": _post(
+                "Text completion",
+                protocol.CompletionRequest,
+                responses.CompletionResponse,
+                streams=True,
+            ),
+            "/tokenize": _post(
+                "Tokenize a prompt or chat messages",
+                protocol.TokenizeRequest,
+                responses.TokenizeResponse,
+                streams=False,
+            ),
+            "/detokenize": _post(
+                "Token ids to text",
+                protocol.DetokenizeRequest,
+                responses.DetokenizeResponse,
+                streams=False,
+            ),
+            "/v1/models": _get("Served models", responses.ModelList),
+            "/v1/models/{model}": _get(
+                "One served model", responses.ModelCard, parameters=[model_param]
+            ),
+            "/health": _get("200 while the engine is alive, 503 otherwise"),
+            "/version": _get("Server version"),
+            "/metrics": _get("Prometheus metrics"),
+        },
+        "components": {"schemas": schemas},
+    }

@@ -1,0 +1,134 @@
+"""A stand-in EngineClient for the HTTP layer's own behaviour (routing, errors, framing,
+cancellation), so those tests need no model. It keeps the contract that matters here: a
+request cancelled while `generate()` is suspended is recorded as aborted, exactly as the real
+client aborts it in the engine. Tokens are characters: id = ord(char)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+
+from trio_llm.client.errors import EngineDeadError
+from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from trio_llm.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclass
+class FakeEngine:
+    max_model_len: int = 128
+    vocab_size: int = 256
+    token_interval: float = 0.0
+    """Seconds between tokens (a model step)."""
+    hold_after_first: bool = False
+    """Block after the first token until cancelled: a generation that never ends by itself."""
+    die_after_first: bool = False
+    is_alive: bool = True
+    running: set[str] = field(default_factory=set)
+    aborted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+    _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+
+    def __post_init__(self) -> None:
+        self.model_config = SimpleNamespace(
+            model="fake-model",
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+            dtype="float32",
+            device="cpu",
+        )
+        self.tokenizer = SimpleNamespace(convert_ids_to_tokens=lambda ids: [chr(i) for i in ids])
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self._changed.park()
+
+    def stats(self) -> Any:
+        return SimpleNamespace(
+            num_running=len(self.running),
+            num_waiting=0,
+            kv_usage=0.0,
+            num_free_blocks=10,
+            num_total_blocks=10,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=0,
+            num_requests_in_flight=len(self.running),
+        )
+
+    async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        await trio.lowlevel.checkpoint()
+        return [ord(c) % self.vocab_size for c in text]
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(t) for t in token_ids)
+
+    async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        return await self.encode(text)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Each choice i writes 'a', 'b', 'c', ... (shifted by i) until max_tokens (default 8)."""
+        request_id = request_id or "req"
+        ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
+        self.prompts[request_id] = ids
+        total = params.max_tokens or 8
+        metrics = RequestMetrics(arrival_time=trio.current_time())
+        texts = [""] * params.n
+        self.running.add(request_id)
+        self._changed.unpark_all()
+        done = False
+        try:
+            for step in range(total):
+                if self.token_interval:
+                    await trio.sleep(self.token_interval)
+                else:
+                    await trio.lowlevel.checkpoint()
+                if step == 1 and self.die_after_first:
+                    raise EngineDeadError("the engine process exited (killed by the test)")
+                if step == 1 and self.hold_after_first:
+                    await trio.sleep_forever()
+                now = trio.current_time()
+                metrics.first_token_time = metrics.first_token_time or now
+                metrics.last_token_time = now
+                last = step == total - 1
+                deltas = []
+                for i in range(params.n):
+                    char = chr(ord("a") + (step + i) % 26)
+                    texts[i] += char
+                    deltas.append(
+                        CompletionOutput(
+                            index=i,
+                            text=char,
+                            token_ids=[ord(char)],
+                            finish_reason="length" if last else None,
+                        )
+                    )
+                if last:
+                    metrics.finished_time = now
+                if params.output_kind is RequestOutputKind.DELTA:
+                    yield RequestOutput(request_id, None, ids, deltas, last, metrics)
+            if params.output_kind is not RequestOutputKind.DELTA:
+                final = [
+                    CompletionOutput(
+                        i, texts[i], [ord(c) for c in texts[i]], finish_reason="length"
+                    )
+                    for i in range(params.n)
+                ]
+                yield RequestOutput(request_id, None, ids, final, True, metrics)
+            done = True
+        finally:
+            self.running.discard(request_id)
+            (self.finished if done else self.aborted).append(request_id)
+            self._changed.unpark_all()

@@ -1,0 +1,123 @@
+"""`trio-llm serve` flags and their TRIO_LLM_* environment defaults."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from trio_llm.cli import build_parser
+from trio_llm.config import DEFAULT_MODEL
+from trio_llm.http.config import config_from_env, parse_serve_args
+from trio_llm.http.server import hypercorn_config
+
+
+def test_defaults() -> None:
+    config = parse_serve_args([], {})
+    assert config.engine.model == DEFAULT_MODEL
+    assert (config.host, config.port, config.api_key) == ("127.0.0.1", 8000, None)
+    assert config.allowed_origins == ()
+    assert config.max_queued_requests is None and config.capacity is None
+    assert config.restart_engine
+
+
+def test_every_flag() -> None:
+    config = parse_serve_args(
+        [
+            "/models/tiny",
+            "--host", "0.0.0.0",
+            "--port", "9000",
+            "--served-model-name", "tiny",
+            "--api-key", "k",
+            "--certfile", "c.pem",
+            "--keyfile", "k.pem",
+            "--max-model-len", "256",
+            "--max-num-seqs", "4",
+            "--kv-cache-memory", "64MiB",
+            "--dtype", "float32",
+            "--device", "cpu",
+            "--allowed-origins", "https://a.example, https://b.example",
+            "--max-queued-requests", "8",
+            "--max-body-size", "1MiB",
+            "--shutdown-timeout", "2.5",
+            "--log-level", "debug",
+            "--protect-all-routes",
+            "--no-engine-restart",
+        ],
+        {},
+    )  # fmt: skip
+    e = config.engine
+    assert (e.model, e.served_model_name, e.max_model_len, e.max_num_seqs) == (
+        "/models/tiny",
+        "tiny",
+        256,
+        4,
+    )
+    assert (e.kv_cache_memory, e.dtype, e.device) == ("64MiB", "float32", "cpu")
+    assert (config.host, config.port, config.api_key) == ("0.0.0.0", 9000, "k")
+    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    assert (config.max_queued_requests, config.capacity) == (8, 12)
+    assert (config.max_body_size, config.shutdown_timeout, config.log_level) == (
+        1 << 20,
+        2.5,
+        "debug",
+    )
+    assert config.protect_all_routes and not config.restart_engine
+    hc = hypercorn_config(config)
+    assert hc.bind == ["0.0.0.0:9000"]
+    assert hc.alpn_protocols == ["h2", "http/1.1"]
+    assert hc.graceful_timeout == 2.5
+
+
+def test_environment_supplies_defaults_and_flags_win() -> None:
+    env = {
+        "TRIO_LLM_API_KEY": "from-env",
+        "TRIO_LLM_PORT": "7000",
+        "TRIO_LLM_MODEL": "/m",
+        "TRIO_LLM_MAX_QUEUED_REQUESTS": "3",
+        "TRIO_LLM_PROTECT_ALL_ROUTES": "true",
+    }
+    config = config_from_env(env)
+    assert (config.api_key, config.port, config.engine.model) == ("from-env", 7000, "/m")
+    assert config.max_queued_requests == 3 and config.protect_all_routes
+    assert parse_serve_args(["--port", "7001"], env).port == 7001
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--port", "x"], {}),
+        (["--max-num-seqs", "0"], {}),
+        (["--kv-cache-memory", "lots"], {}),
+        (["--dtype", "int3"], {}),
+        (["--certfile", "c.pem"], {}),
+        (["--shutdown-timeout", "-1"], {}),
+        ([], {"TRIO_LLM_DTYPE": "int3"}),
+        ([], {"TRIO_LLM_PORT": "x"}),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(
+    argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_serve_args(argv, env)
+    assert info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_cli_has_serve() -> None:
+    args = build_parser().parse_args(["serve", "--port", "1234"])
+    assert (args.command, args.port) == ("serve", 1234)
+
+
+def test_python_dash_m_serve_help() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trio_llm", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    for flag in ("--max-queued-requests", "--certfile", "--api-key", "--shutdown-timeout"):
+        assert flag in result.stdout
