@@ -119,8 +119,8 @@ def _torch_attention(
     k_rows.index_copy_(0, meta.slot_mapping, k.reshape(num_tokens, -1))
     v_rows.index_copy_(0, meta.slot_mapping, v.reshape(num_tokens, -1))
 
-    out = q.new_empty(num_tokens, num_heads, head_dim)
     nd = meta.num_decodes
+    out = q.new_empty(num_tokens, num_heads, head_dim) if nd < num_tokens else None
     if nd:
         slots = meta.decode_slots
         assert slots is not None and meta.decode_buffers is not None
@@ -136,7 +136,10 @@ def _torch_attention(
         od = F.scaled_dot_product_attention(
             qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=meta.decode_mask, scale=scale
         )
+        if out is None:  # a decode-only step: no prefill rows to interleave
+            return od.reshape(nd, num_heads, head_dim)
         out[:nd] = od.reshape(nd, num_heads, head_dim)
+    assert out is not None
     for chunk in meta.prefills:
         qc = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         if chunk.context_slots is None:
@@ -201,21 +204,20 @@ def _triton_attention(
 
 def triton_available() -> bool:
     try:
-        from trio_llm.kernels import decode_attention, prefill_attention, write_kv  # noqa: F401
+        from trio_llm.kernels import triton_available
     except ImportError:
         return False
-    return True
+    return triton_available()
 
 
 def resolve_backend(backend: str, device: str) -> str:
-    """`auto`: the Triton kernels on CUDA when they import, the torch path otherwise."""
+    """`auto`: the Triton kernels on CUDA when Triton is installed, the torch path otherwise.
+    `triton` on a CPU runs the kernels in Triton's interpreter: slow, but it tests the dispatch."""
     if backend == "auto":
         return "triton" if device.startswith("cuda") and triton_available() else "torch"
     if backend == "triton":
-        if not device.startswith("cuda"):
-            raise ValueError("attention_backend 'triton' needs a CUDA device")
         if not triton_available():
-            raise ValueError("attention_backend 'triton' asked for, but trio_llm.kernels lacks it")
+            raise ValueError("attention_backend 'triton' asked for, but Triton is not installed")
     elif backend != "torch":
         raise ValueError(f"unknown attention_backend {backend!r}; use auto, torch or triton")
     return backend
