@@ -110,6 +110,16 @@ def prompts_for_level(args: argparse.Namespace, concurrency: int | None) -> int:
     return max(args.min_prompts, args.prompts_per_client * concurrency)
 
 
+def level_prompts(
+    args: argparse.Namespace, concurrency: int | None, rate: float | None = None
+) -> tuple[str, list[str]]:
+    """The warm-up prompt and the timed prompts of one level: the same for every server."""
+    rng = random.Random(f"{args.seed}-{concurrency}-{rate}")
+    warmup = make_prompt(rng, args.input_len)
+    count = prompts_for_level(args, concurrency)
+    return warmup, [make_prompt(rng, args.input_len) for _ in range(count)]
+
+
 def request_body(args: argparse.Namespace, prompt: str) -> dict[str, object]:
     body: dict[str, object] = {
         "model": args.model,
@@ -120,6 +130,7 @@ def request_body(args: argparse.Namespace, prompt: str) -> dict[str, object]:
     }
     if args.ignore_eos:
         body["ignore_eos"] = True
+    body.update(args.extra_body)
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -179,10 +190,7 @@ async def one_request(
 async def run_load(
     args: argparse.Namespace, concurrency: int | None, rate: float | None
 ) -> tuple[list[RequestResult], float, float]:
-    rng = random.Random(f"{args.seed}-{concurrency}-{rate}")
-    warmup = make_prompt(rng, args.input_len)
-    count = prompts_for_level(args, concurrency)
-    prompts = [make_prompt(rng, args.input_len) for _ in range(count)]
+    warmup, prompts = level_prompts(args, concurrency, rate)
     results: list[RequestResult] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
@@ -209,6 +217,7 @@ async def run_load(
                     nursery.start_soon(worker)
         else:
             assert rate is not None
+            arrivals = random.Random(args.seed)
 
             async def fire(prompt: str) -> None:
                 results.append(await one_request(client, args, prompt))
@@ -216,7 +225,7 @@ async def run_load(
             async with trio.open_nursery() as nursery:
                 for prompt in prompts:
                     nursery.start_soon(fire, prompt)
-                    await trio.sleep(rng.expovariate(rate))
+                    await trio.sleep(arrivals.expovariate(rate))
         duration = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
     return results, duration, cpu / duration
@@ -334,6 +343,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=128, help="random words after the instruction")
     p.add_argument("--output-len", type=int, default=64, help="max_tokens")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--extra-body",
+        type=json.loads,
+        default={},
+        help="JSON object merged into every request body (server-specific options)",
+    )
     p.add_argument("--http2", action="store_true")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=600.0)
