@@ -339,6 +339,8 @@ def load_args(server: Server, url: str, args: argparse.Namespace) -> argparse.Na
             str(args.prompts_per_client),
             "--min-prompts",
             str(args.min_prompts),
+            "--timeout",
+            "1800",
             *server.load_args,
         ]
     )
@@ -720,6 +722,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Started in the background by a shell, this process would ignore SIGINT, and so would the
+    # servers it starts (an ignored signal stays ignored across exec). Both signals interrupt
+    # the run instead, so the servers are always stopped on the way out.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="trio-llm-compare-"))
     print(f"server logs: {logs}", flush=True)
