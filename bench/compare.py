@@ -47,16 +47,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import trio
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import serve  # noqa: E402  (bench/serve.py, the load generator)
+from trio_llm.config import EngineArgs  # noqa: E402
 
 REPO = BENCH.parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SERVER_THREADS = 2
+DEFAULT_TRIO_LLM_ARGS = "--max-num-seqs 64"
 
 
 class ServerStartError(RuntimeError):
@@ -124,29 +127,42 @@ def eos_ids() -> list[int]:
     return sorted(t["id"] for t in added if t["content"] in ("<|im_end|>", "<|endoftext|>"))
 
 
-def trio_llm_server(args: argparse.Namespace) -> Server | Skipped:
+def trio_llm_servers(args: argparse.Namespace) -> list[Server | Skipped]:
+    """One server per --trio-llm-args; the first is "trio-llm", whose numbers meet the targets."""
     script = Path(sys.executable).with_name("trio-llm")
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "trio_llm"]
-    extra = shlex.split(args.trio_llm_args)
-    return Server(
-        label="trio-llm",
-        argv=[*launcher, "serve", "--port", "{port}", "--log-level", "warning", *extra],
-        model=MODEL_NAME,
-        ready_path="/health",
-        load_args=["--ignore-eos"],
-        description=f"`trio-llm serve {' '.join(extra)}` (default model, dtype auto)",
-    )
+    servers: list[Server | Skipped] = []
+    for i, flags in enumerate(args.trio_llm_args):
+        extra = shlex.split(flags)
+        servers.append(
+            Server(
+                label="trio-llm" if i == 0 else f"trio-llm {flags}",
+                argv=[*launcher, "serve", "--port", "{port}", "--log-level", "warning", *extra],
+                model=MODEL_NAME,
+                ready_path="/health",
+                load_args=["--ignore-eos"],
+                description=f"`trio-llm serve {flags}` (default model, dtype auto)",
+            )
+        )
+    return servers
 
 
-def transformers_server(args: argparse.Namespace) -> Server | Skipped:
+def primary_engine_args(args: argparse.Namespace) -> EngineArgs:
+    """The EngineArgs the first trio-llm variant serves with, as its own CLI parses them."""
+    from trio_llm.http.config import parse_serve_args
+
+    return parse_serve_args(shlex.split(args.trio_llm_args[0])).engine
+
+
+def transformers_server(args: argparse.Namespace) -> list[Server | Skipped]:
     venv = args.peers_dir / "tf"
     exe = venv / "bin" / "transformers"
     if not exe.exists():
-        return Skipped("transformers serve", f"not installed ({exe} missing)")
+        return [Skipped("transformers serve", f"not installed ({exe} missing)")]
     path = str(transformers_dir())
     # A generation_config without eos_token_id: the request runs to max_tokens, like ignore_eos.
     no_eos = json.dumps({"generation_config": json.dumps({"do_sample": False})})
-    return Server(
+    server = Server(
         label="transformers serve",
         argv=[
             str(exe),
@@ -174,15 +190,16 @@ def transformers_server(args: argparse.Namespace) -> Server | Skipped:
             "OMP_NUM_THREADS": str(SERVER_THREADS),
         },
     )
+    return [server]
 
 
-def llama_cpp_server(args: argparse.Namespace) -> Server | Skipped:
+def llama_cpp_server(args: argparse.Namespace) -> list[Server | Skipped]:
     venv = args.peers_dir / "llama"
     python = venv / "bin" / "python"
     if peer_version(venv, "llama_cpp_python") == "?":
-        return Skipped("llama-cpp-python server", f"not installed in {venv}")
+        return [Skipped("llama-cpp-python server", f"not installed in {venv}")]
     bias = json.dumps({"logit_bias": {str(i): -100.0 for i in eos_ids()}})
-    return Server(
+    server = Server(
         label="llama-cpp-python server",
         argv=[
             str(python),
@@ -207,10 +224,11 @@ def llama_cpp_server(args: argparse.Namespace) -> Server | Skipped:
         description=f"llama-cpp-python {peer_version(venv, 'llama_cpp_python')} server on the "
         "Q4_1 GGUF, `--n_threads 2 --interrupt_requests False`",
     )
+    return [server]
 
 
 SERVERS = {
-    "trio-llm": trio_llm_server,
+    "trio-llm": trio_llm_servers,
     "transformers": transformers_server,
     "llama-cpp": llama_cpp_server,
 }
@@ -367,14 +385,11 @@ def run_levels(
 
 def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float, float]:
     """(output tok/s, mean prompt tokens) of EngineCore on the level's prompts, no HTTP."""
-    import torch
     from transformers import AutoTokenizer
 
     import engine as engine_bench  # bench/engine.py
-    from trio_llm.config import EngineArgs
     from trio_llm.engine.core import EngineCore
 
-    torch.set_num_threads(SERVER_THREADS)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir())
     load = serve.parse_args(
         [
@@ -393,7 +408,8 @@ def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
         )["input_ids"]
 
-    core = EngineCore(EngineArgs(max_num_seqs=concurrency, num_threads=SERVER_THREADS))
+    engine_args = msgspec.structs.replace(primary_engine_args(args), max_num_seqs=concurrency)
+    core = EngineCore(engine_args)
     engine_bench.run_core(core, [ids(warmup)], args.output_len, "warm")
     prompts = [ids(t) for t in texts]
     run = engine_bench.run_core(core, prompts, args.output_len, "offline")
@@ -406,7 +422,7 @@ def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float
 
 def profile_trio_llm(args: argparse.Namespace, logs: Path) -> str:
     """py-spy on the frontend and the engine while trio-llm serves one level; markdown back."""
-    server = trio_llm_server(args)
+    server = trio_llm_servers(args)[0]
     assert isinstance(server, Server)
     py_spy = Path(sys.executable).with_name("py-spy")
     out_dir = args.out.parent / "profiles"
@@ -671,7 +687,8 @@ def write_report(
         lines += [
             f"Offline reference: EngineCore in-process (bench/engine.py `run_core`), the c={c} "
             f"prompts ({prompt_tokens:.0f} prompt tokens on average after the chat template), "
-            f"max_num_seqs={c}, {SERVER_THREADS} torch threads: {tok_s:.1f} output tok/s.",
+            f"the first trio-llm's engine settings with max_num_seqs={c}: {tok_s:.1f} output "
+            "tok/s.",
             "",
         ]
     lines += ["## All levels", "", serve.markdown_table(rows).rstrip()]
@@ -701,8 +718,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-prompts", type=int, default=8)
     p.add_argument(
         "--trio-llm-args",
-        default="--max-num-seqs 64",
-        help="extra `trio-llm serve` flags (default: %(default)s)",
+        action="append",
+        default=None,
+        help="`trio-llm serve` flags, e.g. --trio-llm-args='--num-threads 1'; repeat to add "
+        "variants, the first is the one the targets are read from (default: "
+        f"{DEFAULT_TRIO_LLM_ARGS!r})",
     )
     p.add_argument(
         "--peers-dir",
@@ -717,7 +737,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=BENCH / "results" / "serving.md")
     p.add_argument("--json", type=Path, default=None, help="also write every level as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.trio_llm_args = args.trio_llm_args or [DEFAULT_TRIO_LLM_ARGS]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -739,18 +761,16 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Server] = []
     skipped: list[Skipped] = []
     for name in args.servers.split(","):
-        made = SERVERS[name](args)
-        (servers if isinstance(made, Server) else skipped).append(made)
+        for made in SERVERS[name](args):
+            (servers if isinstance(made, Server) else skipped).append(made)
     levels: dict[str, list[Level]] = {}
     loads: dict[str, tuple[str, str]] = {}
     for server in servers:
         print(f"== {server.label}: {shlex.join(server.argv)}", flush=True)
         before = load_average()
         try:
-            with running(server, logs / f"{server.label.split()[0]}.log", args.start_timeout) as (
-                proc,
-                url,
-            ):
+            log = logs / f"{len(levels)}-{server.label.split()[0]}.log"
+            with running(server, log, args.start_timeout) as (proc, url):
                 levels[server.label] = run_levels(server, proc, url, args)
         except ServerStartError as error:
             skipped.append(Skipped(server.label, f"failed to start: {str(error)[-300:]}"))
