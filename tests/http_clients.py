@@ -138,13 +138,15 @@ async def http1_request(
             await trio.sleep(hang_up.delay)
             return received
         started = trio.current_time()
-        while not hang_up.reached(received, started):
-            timeout = hang_up.delay if hang_up.mode == "non_streaming_wait" else 60.0
-            with trio.move_on_after(max(0.0, started + timeout - trio.current_time())):
+        limit = hang_up.delay if hang_up.mode == "non_streaming_wait" else 60.0
+        with trio.move_on_after(limit) as waited:
+            while not hang_up.reached(received, started):
                 chunk = await stream.receive_some(65536)
                 if not chunk:
-                    break
+                    break  # the response is complete, so the server closed
                 received += chunk
+        if waited.cancelled_caught and hang_up.mode != "non_streaming_wait":
+            raise TimeoutError(f"{hang_up.mode}: nothing for {limit} s after {received[-200:]!r}")
     finally:
         await stream.aclose()
     return received

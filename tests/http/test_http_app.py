@@ -14,7 +14,14 @@ import trio
 import trustme
 from http_fake_engine import FakeEngine
 
-from http_clients import H2Client, http2_requests, random_hang_up, sse_payloads
+from http_clients import (
+    H2Client,
+    HangUp,
+    http1_request,
+    http2_requests,
+    random_hang_up,
+    sse_payloads,
+)
 from trio_llm.config import EngineArgs
 from trio_llm.http import ServerConfig, build_app
 
@@ -418,3 +425,22 @@ async def test_http2_connections_closed_mid_flight_abort_all_and_keep_serving(
     assert engine.aborted and not engine.finished
     async with httpx.AsyncClient(base_url=url, headers=headers) as c:
         assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_connection_close_requests_get_their_connection_closed(
+    url: str, stream: bool
+) -> None:
+    """HTTP/1.1 `Connection: close`: the server closes the connection after the response.
+    (Hypercorn alone cancelled its own close half-way and left it open; see
+    trio_llm.http.hypercorn_fixes.)"""
+    host, port = url.removeprefix("http://").split(":")
+    with trio.fail_after(5):
+        received = await http1_request(
+            (host, int(port)),
+            "/v1/chat/completions",
+            {**CHAT, "stream": stream},
+            {"Authorization": "Bearer sekrit"},
+            HangUp("complete"),  # reads until the server closes
+        )
+    assert received.startswith(b"HTTP/1.1 200")

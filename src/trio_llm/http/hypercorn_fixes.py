@@ -13,12 +13,15 @@
    exception escaping one connection stops the server. Here it is logged and ends that
    connection only (Hypercorn's handler closes its socket on the way out), as Hypercorn's
    asyncio worker does. Cancellation still propagates.
-3. A closed HTTP/2 connection left requests running forever. The task that notices the
-   broken socket is often the app task of one of its streams; telling that stream's app
-   (`http.disconnect`) cancels that very task, which then stops telling the other streams,
-   and their apps never learn that the client is gone (their engine requests run on, the
-   connection's socket stays open). Here the telling is shielded from cancellation; it cannot
-   block, since each stream's app reads its messages until it gets `http.disconnect`.
+3. Connection teardown runs in whatever task reaches it, often an app task that the teardown
+   itself cancels (telling a stream's app `http.disconnect` makes Quart-Trio cancel that app's
+   task group). A closed HTTP/2 connection then stopped telling its other streams, whose apps
+   never learned that the client was gone (their engine requests ran on, the socket stayed
+   open); and an HTTP/1.1 connection that must close after its response (the client sent
+   `Connection: close`) was never closed, since the close was cancelled between
+   `send_eof()` and `aclose()`. Here both are shielded from cancellation. Neither can block:
+   each stream's app reads its messages until it gets `http.disconnect`, and closing a socket
+   does not wait for the peer.
 
 Invariant: installed at most once per process; nothing changes for a well-behaved connection.
 """
@@ -46,6 +49,7 @@ def apply() -> None:
     handle = H2Protocol.handle
     handle_events = H2Protocol._handle_events
     run = TCPServer.run
+    close = TCPServer._close
 
     async def handle_shielding_close(self: H2Protocol, event: Event) -> None:
         if isinstance(event, Closed):
@@ -65,6 +69,10 @@ def apply() -> None:
                 continue
             await handle_events(self, [event])
 
+    async def close_shielded(self: TCPServer) -> None:
+        with trio.CancelScope(shield=True):
+            await close(self)
+
     async def run_one_connection(self: TCPServer) -> None:
         try:
             await run(self)
@@ -74,3 +82,4 @@ def apply() -> None:
     H2Protocol.handle = handle_shielding_close  # type: ignore[method-assign]
     H2Protocol._handle_events = handle_events_while_open  # type: ignore[method-assign]
     TCPServer.run = run_one_connection  # type: ignore[method-assign]
+    TCPServer._close = close_shielded  # type: ignore[method-assign]
