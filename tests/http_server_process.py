@@ -134,3 +134,16 @@ def fd_targets(pid: int) -> list[str]:
 
 def dev_shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def dev_shm_used(pid: int) -> set[str]:
+    """The /dev/shm entries a process holds open or has mapped, leaving out the unlinked ones
+    (named "... (deleted)"; e.g. multiprocessing's semaphores, which tqdm makes): those are
+    gone from /dev/shm already."""
+    maps = [
+        line.split(maxsplit=5)[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+    ]
+    return {
+        t for t in [*fd_targets(pid), *maps]
+        if t.startswith("/dev/shm/") and not t.endswith(" (deleted)")
+    }  # fmt: skip
