@@ -6,17 +6,27 @@ request throughput, output tokens/s, TTFT, inter-token latency, TPOT and end-to-
 percentiles and errors, as JSON and a markdown table; `--plot` draws output tokens/s and TTFT
 p99 against concurrency, one line per `--label`.
 
+Prompts are `--input-len` random common words after an instruction that draws a long answer, so
+a server that ignores `ignore_eos` still tends to run to `max_tokens`; each concurrency level
+draws its own prompts (no prefix cache carries over from the level before), and an untimed
+warm-up request with a prompt of its own precedes each level. With `--concurrency`, the number
+of requests per level is `--num-prompts` if given, else max(--min-prompts,
+--prompts-per-client x concurrency), so every client sends a few requests.
+
 Output tokens are counted from the server's `usage` (requested with
-`stream_options.include_usage`) when it reports one, else from the number of content chunks.
-Inter-token latency is measured between content-bearing chunks, so a server that batches
-several tokens per chunk shows larger but fewer gaps.
+`stream_options.include_usage`) when it reports one, else from the number of content chunks
+(column "usage" says which). Inter-token latency is measured between content-bearing chunks, so a
+server that batches several tokens per chunk shows larger but fewer gaps. The load generator
+shares the machine with the server: its own CPU time per run is reported ("client CPU", in cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -45,6 +55,7 @@ class RequestResult:
     itls: list[float] = field(default_factory=list)
     output_tokens: int = 0
     prompt_tokens: int = 0
+    usage_reported: bool = False
     error: str = ""
 
 
@@ -68,6 +79,10 @@ class RunSummary:
     tpot_p50: float
     e2e_p50: float
     e2e_p99: float
+    usage_reported: bool = False
+    """Every successful request's output tokens came from the server's `usage`."""
+    client_cpu_cores: float = 0.0
+    """CPU seconds the load generator spent per second of the run."""
     first_error: str = ""
 
 
@@ -80,8 +95,29 @@ def percentile(values: list[float], q: float) -> float:
     return clean[lo] + (clean[hi] - clean[lo]) * (k - lo)
 
 
+PROMPT_INSTRUCTION = "Write a long, detailed story that uses all of these words:"
+
+
 def make_prompt(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
+    return PROMPT_INSTRUCTION + " " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def prompts_for_level(args: argparse.Namespace, concurrency: int | None) -> int:
+    if args.num_prompts is not None:
+        return args.num_prompts
+    if concurrency is None:
+        return args.min_prompts
+    return max(args.min_prompts, args.prompts_per_client * concurrency)
+
+
+def level_prompts(
+    args: argparse.Namespace, concurrency: int | None, rate: float | None = None
+) -> tuple[str, list[str]]:
+    """The warm-up prompt and the timed prompts of one level: the same for every server."""
+    rng = random.Random(f"{args.seed}-{concurrency}-{rate}")
+    warmup = make_prompt(rng, args.input_len)
+    count = prompts_for_level(args, concurrency)
+    return warmup, [make_prompt(rng, args.input_len) for _ in range(count)]
 
 
 def request_body(args: argparse.Namespace, prompt: str) -> dict[str, object]:
@@ -94,6 +130,7 @@ def request_body(args: argparse.Namespace, prompt: str) -> dict[str, object]:
     }
     if args.ignore_eos:
         body["ignore_eos"] = True
+    body.update(args.extra_body)
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -128,6 +165,7 @@ async def one_request(
                 if event.get("usage"):
                     result.output_tokens = event["usage"].get("completion_tokens", 0)
                     result.prompt_tokens = event["usage"].get("prompt_tokens", 0)
+                    result.usage_reported = result.output_tokens > 0
                 for choice in event.get("choices") or ():
                     delta = choice.get("delta", {}).get("content") or choice.get("text")
                     if delta:
@@ -151,9 +189,8 @@ async def one_request(
 
 async def run_load(
     args: argparse.Namespace, concurrency: int | None, rate: float | None
-) -> tuple[list[RequestResult], float]:
-    rng = random.Random(args.seed)
-    prompts = [make_prompt(rng, args.input_len) for _ in range(args.num_prompts)]
+) -> tuple[list[RequestResult], float, float]:
+    warmup, prompts = level_prompts(args, concurrency, rate)
     results: list[RequestResult] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
@@ -165,8 +202,9 @@ async def run_load(
         headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else None,
     ) as client:
         # One untimed request warms the server (and its caches) before the clock starts.
-        await one_request(client, args, prompts[0])
+        await one_request(client, args, warmup)
         start = time.perf_counter()
+        cpu_start = time.process_time()
         if concurrency is not None:
             queue = iter(prompts)
 
@@ -179,6 +217,7 @@ async def run_load(
                     nursery.start_soon(worker)
         else:
             assert rate is not None
+            arrivals = random.Random(args.seed)
 
             async def fire(prompt: str) -> None:
                 results.append(await one_request(client, args, prompt))
@@ -186,9 +225,10 @@ async def run_load(
             async with trio.open_nursery() as nursery:
                 for prompt in prompts:
                     nursery.start_soon(fire, prompt)
-                    await trio.sleep(rng.expovariate(rate))
+                    await trio.sleep(arrivals.expovariate(rate))
         duration = time.perf_counter() - start
-    return results, duration
+        cpu = time.process_time() - cpu_start
+    return results, duration, cpu / duration
 
 
 def summarize(
@@ -197,6 +237,7 @@ def summarize(
     duration: float,
     concurrency: int | None,
     rate: float | None,
+    client_cpu_cores: float = 0.0,
 ) -> RunSummary:
     ok = [r for r in results if r.ok]
     itls = [x for r in ok for x in r.itls]
@@ -223,6 +264,8 @@ def summarize(
         tpot_p50=percentile(tpots, 50) * ms,
         e2e_p50=percentile([r.e2e for r in ok], 50) * ms,
         e2e_p99=percentile([r.e2e for r in ok], 99) * ms,
+        usage_reported=bool(ok) and all(r.usage_reported for r in ok),
+        client_cpu_cores=client_cpu_cores,
         first_error=errors[0].error if errors else "",
     )
 
@@ -230,14 +273,17 @@ def summarize(
 def markdown_table(rows: list[RunSummary]) -> str:
     head = (
         "| server | conc. | rate | reqs | err | req/s | out tok/s | TTFT p50 | TTFT p90 | "
-        "TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | E2E p50 | E2E p99 |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | E2E p50 | E2E p99 | out tok/req | usage | "
+        "client CPU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
         f"| {r.label} | {r.concurrency or '-'} | {r.request_rate or '-'} | {r.num_requests} | "
         f"{r.errors} | {r.request_throughput:.2f} | {r.output_tokens_per_s:.1f} | "
         f"{r.ttft_p50:.0f} ms | {r.ttft_p90:.0f} ms | {r.ttft_p99:.0f} ms | {r.itl_p50:.1f} ms | "
-        f"{r.itl_p99:.1f} ms | {r.tpot_p50:.1f} ms | {r.e2e_p50:.0f} ms | {r.e2e_p99:.0f} ms |\n"
+        f"{r.itl_p99:.1f} ms | {r.tpot_p50:.1f} ms | {r.e2e_p50:.0f} ms | {r.e2e_p99:.0f} ms | "
+        f"{r.mean_output_tokens:.1f} | {'yes' if r.usage_reported else 'no'} | "
+        f"{r.client_cpu_cores:.2f} |\n"
         for r in rows
     )
     return head + body
@@ -250,9 +296,10 @@ def machine_description() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    import os
-
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{platform.system()}, {datetime.date.today().isoformat()}"
+    )
 
 
 def plot(rows: list[RunSummary], path: Path) -> None:
@@ -288,10 +335,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--concurrency", type=int, nargs="+", default=None)
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second")
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--input-len", type=int, default=128, help="prompt length in words")
+    p.add_argument(
+        "--num-prompts", type=int, default=None, help="requests per level (default: see below)"
+    )
+    p.add_argument("--prompts-per-client", type=int, default=2)
+    p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument("--input-len", type=int, default=128, help="random words after the instruction")
     p.add_argument("--output-len", type=int, default=64, help="max_tokens")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--extra-body",
+        type=json.loads,
+        default={},
+        help="JSON object merged into every request body (server-specific options)",
+    )
     p.add_argument("--http2", action="store_true")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=600.0)
@@ -307,8 +364,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def amain(args: argparse.Namespace) -> list[RunSummary]:
     rows: list[RunSummary] = []
     for concurrency in args.concurrency or [None]:
-        results, duration = await run_load(args, concurrency, args.request_rate)
-        rows.append(summarize(args.label, results, duration, concurrency, args.request_rate))
+        results, duration, cpu = await run_load(args, concurrency, args.request_rate)
+        rows.append(summarize(args.label, results, duration, concurrency, args.request_rate, cpu))
         print(markdown_table(rows[-1:]), flush=True)
     return rows
 

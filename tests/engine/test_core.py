@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import make_core, random_prompts, request, run
 
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.core import EngineConfigError, EngineCore
 from trio_llm.engine.loader import ModelSource, load_tokenizer
 
 
@@ -271,4 +271,26 @@ def test_prompt_logprobs_survive_preemption(tiny_model_dir: Path, core: EngineCo
     for i, p in enumerate(prompts):
         lps = got[str(i)].prompt_logprobs
         assert lps is not None and len(lps) == len(p)
+        assert got[str(i)].token_ids == expected[str(i)].token_ids
+
+
+def test_a_kv_budget_below_one_block_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(EngineConfigError, match="kv_cache_memory"):
+        make_core(tiny_model_dir, kv_cache_memory=1000)
+
+
+def test_the_triton_backend_gives_the_same_tokens(tiny_model_dir: Path, core: EngineCore) -> None:
+    """The engine's dispatch to trio_llm.kernels (interpreted on a CPU): decodes, first chunks
+    and later chunks of a chunked prefill."""
+    from trio_llm.engine.attention import triton_available
+
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    prompts = random_prompts([5, 20, 37], seed=14)
+    reqs = [request(str(i), p, max_tokens=4, ignore_eos=True) for i, p in enumerate(prompts)]
+    expected = run(core, reqs)
+    triton = make_core(tiny_model_dir, attention_backend="triton", max_num_batched_tokens=16)
+    assert triton.ready.attention_backend == "triton"
+    got = run(triton, reqs)
+    for i in range(len(prompts)):
         assert got[str(i)].token_ids == expected[str(i)].token_ids

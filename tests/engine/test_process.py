@@ -172,3 +172,30 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_outputs_too_large_for_the_ring_are_split_or_fail_their_request(
+    tiny_model_dir: Path,
+) -> None:
+    from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.process import EngineLoop
+
+    core = EngineCore(tiny_args(tiny_model_dir))
+    with ShmRing.create(1 << 16) as requests, ShmRing.create(1 << 16) as outputs:
+        loop = EngineLoop(core, requests.receiver(), outputs.sender(), os.getppid())
+        # Prompt logprobs with 20 alternatives for 400 positions: far more than 64 KiB.
+        huge = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=20)
+        small = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        core.add_request(EngineCoreRequest("huge", list(range(100, 500)), huge))
+        for i in range(3):
+            core.add_request(EngineCoreRequest(f"s{i}", [7, 8, 9], small))
+        finished: dict[str, str | None] = {}
+        rx = outputs.receiver()
+        while core.has_work():
+            loop.send(core.step())
+            for raw in rx.receive_all_nowait():
+                msg = decode_engine_message(raw)
+                assert isinstance(msg, EngineCoreOutputs)
+                finished |= {o.request_id: o.finish_reason for o in msg.outputs if o.finish_reason}
+        assert finished == {"huge": "error", "s0": "length", "s1": "length", "s2": "length"}
+        assert core.stats().num_free_blocks == core.stats().num_total_blocks

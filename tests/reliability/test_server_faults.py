@@ -322,7 +322,11 @@ async def test_disconnect_storm_leaks_nothing(server: ServerProcess) -> None:
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 5
     rss_after = rss_kib(server.process.pid)
     assert rss_after < 1.10 * rss_before, (rss_before, rss_after)
-    assert len(fd_targets(server.process.pid)) <= fds_before  # every connection closed
+    # Every connection closes: the server closes its side once it reads each client's EOF,
+    # which for the last request's connection can come a moment after the client left.
+    with trio.fail_after(5):
+        while len(fd_targets(server.process.pid)) > fds_before:  # noqa: ASYNC110 (another process)
+            await trio.sleep(0.05)
 
 
 # -- cross-talk -------------------------------------------------------------------------------

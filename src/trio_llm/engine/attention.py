@@ -53,13 +53,17 @@ class AttentionMetadata:
     """The first `num_decodes` rows are single-token (decode) queries, one per sequence."""
     scale: float = 1.0
     # torch path
-    decode_slots: torch.Tensor | None = None
-    """[num_decodes, L] int64: the cache slots of each decode sequence's positions (padded)."""
+    decode_blocks: torch.Tensor | None = None
+    """[num_decodes * B] int64: each decode sequence's first B blocks (padded with block 0),
+    where B blocks cover the longest decode context."""
+    decode_len: int = 0
+    """The longest decode context: positions past it in the gathered blocks are dropped."""
     decode_mask: torch.Tensor | None = None
-    """[num_decodes, 1, 1, L] bool: True where a padded position is real; None if all are."""
+    """[num_decodes, 1, 1, decode_len] bool: True where a position is within its sequence's
+    context; None when every decode context has the same length."""
     decode_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-    """[num_decodes * L, Hkv * D] scratch for the gathered keys and values, shared by every
-    layer of the step (no allocation, no page faults per layer)."""
+    """[num_decodes * B, block_size * Hkv * D] scratch for the gathered keys and values,
+    shared by every layer of the step (no allocation, no page faults per layer)."""
     prefills: list[PrefillChunk] = field(default_factory=list)
     # triton path
     block_tables: torch.Tensor | None = None
@@ -111,51 +115,76 @@ def _torch_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
-    # Rows of [Hkv * D]: index_select over 2-D rows is many times faster than over 3-D.
-    k_rows = k_cache.view(-1, num_kv_heads * head_dim)
-    v_rows = v_cache.view(-1, num_kv_heads * head_dim)
+    num_tokens = q.shape[0]
+    # Rows of [Hkv * D]: index_copy_/index_select over 2-D rows are many times faster than
+    # over 3-D.
+    k_rows = k_cache.view(k_cache.shape[0] * k_cache.shape[1], -1)
+    v_rows = v_cache.view(v_cache.shape[0] * v_cache.shape[1], -1)
     k_rows.index_copy_(0, meta.slot_mapping, k.reshape(num_tokens, -1))
     v_rows.index_copy_(0, meta.slot_mapping, v.reshape(num_tokens, -1))
-
-    out = q.new_empty(num_tokens, num_heads, head_dim)
     nd = meta.num_decodes
+    if nd == num_tokens:
+        return _decode(q, k_cache, v_cache, meta, scale)
+    out = q.new_empty(q.shape)
     if nd:
-        slots = meta.decode_slots
-        assert slots is not None and meta.decode_buffers is not None
-        length = slots.shape[1]
-        k_buf, v_buf = meta.decode_buffers
-        torch.index_select(k_rows, 0, slots.view(-1), out=k_buf)
-        torch.index_select(v_rows, 0, slots.view(-1), out=v_buf)
-        kd = k_buf.view(nd, length, num_kv_heads, head_dim)
-        vd = v_buf.view(nd, length, num_kv_heads, head_dim)
-        # One query token per sequence: the query heads sharing a KV head become that head's
-        # query rows ([B, Hkv, group, D]), so no KV head is repeated and no mask is causal.
-        qd = q[:nd].reshape(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        od = F.scaled_dot_product_attention(
-            qd, kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=meta.decode_mask, scale=scale
-        )
-        out[:nd] = od.reshape(nd, num_heads, head_dim)
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta, scale)
     for chunk in meta.prefills:
-        qc = q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-        if chunk.context_slots is None:
-            kc = k[chunk.start : chunk.end]
-            vc = v[chunk.start : chunk.end]
-        else:
-            kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
-            vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
-        oc = F.scaled_dot_product_attention(
-            qc,
-            kc.transpose(0, 1).unsqueeze(0),
-            vc.transpose(0, 1).unsqueeze(0),
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
-            scale=scale,
-            enable_gqa=num_heads != num_kv_heads,
-        )
-        out[chunk.start : chunk.end] = oc[0].transpose(0, 1)
+        out[chunk.start : chunk.end] = _prefill(q, k, v, k_rows, v_rows, chunk, scale)
     return out
+
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence, [B, Hq, D], over each sequence's blocks."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert meta.decode_blocks is not None and meta.decode_buffers is not None
+    k_buf, v_buf = meta.decode_buffers
+    # Whole blocks (rows of block_size * Hkv * D) copy faster than token rows.
+    torch.index_select(k_cache.view(k_cache.shape[0], -1), 0, meta.decode_blocks, out=k_buf)
+    torch.index_select(v_cache.view(v_cache.shape[0], -1), 0, meta.decode_blocks, out=v_buf)
+    kd = k_buf.view(batch, -1, num_kv_heads, head_dim)[:, : meta.decode_len].transpose(1, 2)
+    vd = v_buf.view(batch, -1, num_kv_heads, head_dim)[:, : meta.decode_len].transpose(1, 2)
+    # The query heads sharing a KV head become that head's query rows ([B, Hkv, group, D]):
+    # no KV head is repeated, and with one query per sequence no mask is causal.
+    qd = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    """One sequence's chunk of queries, causal over its earlier positions and the chunk."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    if chunk.context_slots is None:  # the chunk is the whole context: no gather
+        kc = k[chunk.start : chunk.end]
+        vc = v[chunk.start : chunk.end]
+    else:
+        kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+        vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
+        kc.transpose(0, 1).unsqueeze(0),
+        vc.transpose(0, 1).unsqueeze(0),
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return out[0].transpose(0, 1)
 
 
 def _triton_attention(
@@ -201,21 +230,20 @@ def _triton_attention(
 
 def triton_available() -> bool:
     try:
-        from trio_llm.kernels import decode_attention, prefill_attention, write_kv  # noqa: F401
+        from trio_llm.kernels import triton_available
     except ImportError:
         return False
-    return True
+    return triton_available()
 
 
 def resolve_backend(backend: str, device: str) -> str:
-    """`auto`: the Triton kernels on CUDA when they import, the torch path otherwise."""
+    """`auto`: the Triton kernels on CUDA when Triton is installed, the torch path otherwise.
+    `triton` on a CPU runs the kernels in Triton's interpreter: slow, but it tests the dispatch."""
     if backend == "auto":
         return "triton" if device.startswith("cuda") and triton_available() else "torch"
     if backend == "triton":
-        if not device.startswith("cuda"):
-            raise ValueError("attention_backend 'triton' needs a CUDA device")
         if not triton_available():
-            raise ValueError("attention_backend 'triton' asked for, but trio_llm.kernels lacks it")
+            raise ValueError("attention_backend 'triton' asked for, but Triton is not installed")
     elif backend != "torch":
         raise ValueError(f"unknown attention_backend {backend!r}; use auto, torch or triton")
     return backend

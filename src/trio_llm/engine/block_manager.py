@@ -39,8 +39,6 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
-        self.prefix_queries = 0
-        self.prefix_hits = 0
 
     @property
     def num_blocks(self) -> int:
@@ -84,8 +82,6 @@ class BlockManager:
             if block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
                 break
             hits.append(block_id)
-        self.prefix_queries += seq.num_tokens
-        self.prefix_hits += len(hits) * bs
         return hits
 
     def cache_full_blocks(self, seq: Sequence) -> None:

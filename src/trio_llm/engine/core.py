@@ -35,7 +35,6 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
 )
-from trio_llm.sampling_params import SamplingParamsError
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +60,14 @@ class EngineCore:
         model = loader.load_model(source, dtype, device)
 
         spec = kv_cache_spec(model, args.block_size, dtype)
-        kv_bytes = args.kv_cache_bytes()
-        num_blocks = kv_bytes // spec.bytes_per_block
+        num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
         if num_blocks < 1:
             raise EngineConfigError(
                 f"kv_cache_memory {args.kv_cache_memory} holds no block of "
                 f"{spec.bytes_per_block} bytes; give at least that"
             )
         capacity = num_blocks * args.block_size
-        max_model_len = args.max_model_len or config.max_position_embeddings
-        if max_model_len > capacity:
-            log.warning(
-                "max_model_len %d capped to %d: the KV cache holds no more", max_model_len, capacity
-            )
-            max_model_len = capacity
+        max_model_len = _max_model_len(args, config, capacity)
 
         self.args = args
         self.device = torch.device(device)
@@ -84,7 +77,8 @@ class EngineCore:
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
-            max_num_seqs=args.max_num_seqs,
+            # More running sequences than tokens per step would leave some never decoding.
+            max_num_seqs=min(args.max_num_seqs, args.max_num_batched_tokens),
             max_num_batched_tokens=args.max_num_batched_tokens,
             eos_token_ids=self.eos_token_ids,
             max_model_len=max_model_len,
@@ -116,9 +110,13 @@ class EngineCore:
     def add_request(self, req: EngineCoreRequest) -> None:
         try:
             seq = self._new_sequence(req)
-        except (RequestError, SamplingParamsError) as exc:
+        except Exception as exc:  # whatever is wrong with it, it fails alone
             self._pending.append(
-                EngineCoreOutput(request_id=req.request_id, finish_reason="error", error=str(exc))
+                EngineCoreOutput(
+                    request_id=req.request_id,
+                    finish_reason="error",
+                    error=str(exc) or type(exc).__name__,
+                )
             )
             return
         self.requests[req.request_id] = seq
@@ -233,3 +231,18 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+
+def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
+    """The context limit: asked for, or the model's own, capped by what the engine can hold."""
+    limit = args.max_model_len or int(config.max_position_embeddings)  # type: ignore[attr-defined]
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and limit > window:
+        # The paged attention attends over the whole context: beyond the window it would
+        # differ from the model's own sliding-window attention.
+        log.warning("max_model_len %d capped to the sliding window %d", limit, window)
+        limit = window
+    if limit > capacity:
+        log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
+        limit = capacity
+    return limit

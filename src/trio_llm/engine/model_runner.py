@@ -48,6 +48,20 @@ class StepResult:
     """Batch index -> logprobs of the prompt positions this chunk predicted."""
 
 
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor
+    """[1, T]: every scheduled token, decodes first."""
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    sample_index: np.ndarray
+    """Batch indices of the sequences that sample a token this step."""
+    sample_rows: torch.Tensor
+    """Their rows in the packed batch (each one's last)."""
+    prompt_rows: dict[int, np.ndarray]
+    """Batch index -> rows whose logits score prompt tokens (prompt logprobs)."""
+
+
 def kv_cache_spec(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
     config = model.config
     heads = config.num_attention_heads
@@ -97,29 +111,37 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, eos_token_ids: frozenset[int]) -> StepResult:
+        inputs = self.prepare(batch)
+        hidden = self.decoder(
+            input_ids=inputs.input_ids,
+            position_ids=inputs.positions,
+            use_cache=False,
+            trio_attn=inputs.attn,
+        ).last_hidden_state[0]
+        return self.sample(batch.seqs, inputs, hidden, eos_token_ids)
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """The packed row's tensors, from numpy over the whole batch."""
         seqs = batch.seqs
         num_tokens = np.asarray(batch.num_tokens, dtype=np.int64)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs))
         ends = starts + num_tokens
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(num_tokens, out=cu[1:])
-        total = int(cu[-1])
 
         ids: list[int] = []
         for s, a, b in zip(seqs, starts.tolist(), ends.tolist()):
             ids.extend(s.token_ids[a:b])
         row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
-        positions = np.arange(total, dtype=np.int64) - cu[row_seq] + starts[row_seq]
+        positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
         tables = self._block_tables(seqs)
         bs = self.block_size
         slots = tables[row_seq, positions // bs] * bs + positions % bs
-        meta = self._attention_metadata(batch, tables, starts, ends, cu, slots)
 
-        # Which rows go through the LM head: each sequence whose chunk reaches its last token
-        # samples from its last row; prompt-logprob requests also need their prompt rows.
+        # Rows that go through the LM head: a sequence whose chunk reaches its last token
+        # samples from its last row; prompt-logprob requests also score their prompt rows.
         num_all = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
         samples = ends == num_all
-        sample_rows = cu[1:][samples] - 1
         prompt_rows: dict[int, np.ndarray] = {}
         for i, s in enumerate(seqs):
             if s.prompt_logprobs is None:
@@ -133,29 +155,39 @@ class ModelRunner:
                 prompt_rows[i] = np.arange(offset + first, offset + last)
 
         device = self.device
-        input_ids = torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0)
-        pos = torch.from_numpy(positions).to(device).unsqueeze(0)
-        hidden = self.decoder(
-            input_ids=input_ids, position_ids=pos, use_cache=False, trio_attn=meta
-        ).last_hidden_state[0]
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0),
+            positions=_tensor(positions, device).unsqueeze(0),
+            attn=self._attention_metadata(batch, tables, starts, ends, cu, slots),
+            sample_index=np.flatnonzero(samples),
+            sample_rows=_tensor(cu[1:][samples] - 1, device),
+            prompt_rows=prompt_rows,
+        )
 
+    def sample(
+        self,
+        seqs: list[Sequence],
+        inputs: StepInputs,
+        hidden: torch.Tensor,
+        eos_token_ids: frozenset[int],
+    ) -> StepResult:
         sampled: list[int | None] = [None] * len(seqs)
         logprobs: list[TokenLogprobs | None] | None = None
-        sample_idx = np.flatnonzero(samples)
-        if len(sample_idx):
-            rows = torch.from_numpy(sample_rows).to(device)
-            logits = self.lm_head(hidden.index_select(0, rows))
-            sample_seqs = [seqs[i] for i in sample_idx]
-            st = SamplingTensors.build(sample_seqs, eos_token_ids, self.vocab_size, device)
+        index = inputs.sample_index.tolist()
+        if index:
+            logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
+            sample_seqs = [seqs[i] for i in index]
+            st = SamplingTensors.build(sample_seqs, eos_token_ids, self.vocab_size, self.device)
             out = self.sampler(logits, st)
-            for i, token in zip(sample_idx.tolist(), out.token_ids):
+            for i, token in zip(index, out.token_ids):
                 sampled[i] = token
             if out.logprobs is not None:
                 logprobs = [None] * len(seqs)
-                for i, lp in zip(sample_idx.tolist(), out.logprobs):
+                for i, lp in zip(index, out.logprobs):
                     logprobs[i] = lp
         prompt_lps = {
-            i: self._prompt_logprobs(hidden, rows, seqs[i]) for i, rows in prompt_rows.items()
+            i: self._prompt_logprobs(hidden, rows, seqs[i])
+            for i, rows in inputs.prompt_rows.items()
         }
         return StepResult(sampled, logprobs, prompt_lps)
 
@@ -205,15 +237,16 @@ class ModelRunner:
         if nd:
             lens = ends[:nd]
             length = int(lens.max())
-            j = np.arange(length)
-            meta.decode_slots = _tensor(tables[:nd, j // bs] * bs + j % bs, device)
-            width = self.spec.num_kv_heads * self.spec.head_dim
+            num_blocks = -(-length // bs)
+            meta.decode_blocks = _tensor(tables[:nd, :num_blocks].reshape(-1), device)
+            meta.decode_len = length
+            width = bs * self.spec.num_kv_heads * self.spec.head_dim
             meta.decode_buffers = (
-                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
-                torch.empty(nd * length, width, dtype=self.spec.dtype, device=device),
+                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
+                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
             )
             if (lens != length).any():
-                mask = j[None, :] < lens[:, None]
+                mask = np.arange(length)[None, :] < lens[:, None]
                 meta.decode_mask = _tensor(mask[:, None, None, :], device)
         for i in range(nd, len(batch.seqs)):
             start, ctx = int(starts[i]), int(ends[i])

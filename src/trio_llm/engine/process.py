@@ -41,6 +41,7 @@ from trio_llm.ipc.shm_ring import (
     MessageTooLargeError,
     PeerDiedError,
     RingClosedError,
+    RingError,
     RingReceiver,
     RingSender,
     ShmRing,
@@ -98,11 +99,19 @@ def main() -> int:
 
 
 def _send_failure(tx: RingSender, message: str) -> None:
-    failure = EngineFailure(message=message, traceback=traceback.format_exc())
-    try:
-        tx.send(encode(failure), timeout=5.0)
-    except (MessageTooLargeError, RingClosedError, TimeoutError):
-        tx.send(encode(EngineFailure(message=message)), timeout=5.0)
+    """Best effort: with the traceback if it fits the ring, without it otherwise; nothing if
+    the frontend is no longer listening."""
+    for failure in (
+        EngineFailure(message=message, traceback=traceback.format_exc()),
+        EngineFailure(message=message[:4096]),
+    ):
+        try:
+            tx.send(encode(failure), timeout=5.0)
+            return
+        except MessageTooLargeError:
+            continue
+        except (RingError, TimeoutError):
+            return
 
 
 class EngineLoop:

@@ -20,6 +20,7 @@ import torch
 
 from trio_llm.engine.sequence import Sequence
 from trio_llm.ipc.messages import TokenLogprobs
+from trio_llm.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
 
@@ -65,62 +66,75 @@ class SamplingTensors:
         device: torch.device,
     ) -> SamplingTensors:
         params = [s.params for s in seqs]
-        all_greedy = all(p.greedy for p in params)
-        st = cls(all_greedy=all_greedy)
-        if not all_greedy:
-            st.greedy = torch.tensor([p.greedy for p in params], device=device)
-            st.temperature = torch.tensor(
-                [1.0 if p.greedy else p.temperature for p in params], device=device
-            ).unsqueeze(1)
-            if any(p.top_k > 0 and not p.greedy for p in params):
-                st.top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
-            if any(p.top_p < 1.0 and not p.greedy for p in params):
-                st.top_p = torch.tensor([p.top_p for p in params], device=device)
-            if any(p.min_p > 0.0 and not p.greedy for p in params):
-                st.min_p = torch.tensor([p.min_p for p in params], device=device)
-            gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
-            st.generators = gens or None
+        st = cls(all_greedy=all(p.greedy for p in params))
+        if not st.all_greedy:
+            st._set_sampling(seqs, device)
         if any(p.logit_bias for p in params):
-            rows, cols, vals = [], [], []
-            for i, p in enumerate(params):
-                for token, bias in (p.logit_bias or {}).items():
-                    rows.append(i)
-                    cols.append(token)
-                    vals.append(bias)
-            st.bias_rows = torch.tensor(rows, device=device)
-            st.bias_cols = torch.tensor(cols, device=device)
-            st.bias_values = torch.tensor(vals, device=device)
+            st._set_logit_bias(params, device)
         if any(s.num_output_tokens < s.params.min_tokens for s in seqs):
-            rows, cols = [], []
-            for i, s in enumerate(seqs):
-                if s.num_output_tokens < s.params.min_tokens:
-                    banned = set(s.params.stop_token_ids)
-                    if not s.params.ignore_eos:
-                        banned |= eos_token_ids
-                    rows.extend([i] * len(banned))
-                    cols.extend(banned)
-            st.banned_rows = torch.tensor(rows, dtype=torch.long, device=device)
-            st.banned_cols = torch.tensor(cols, dtype=torch.long, device=device)
-        penalized = [
-            i
-            for i, p in enumerate(params)
-            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
-        ]
-        if penalized:
-            st.penalty_rows = torch.tensor(penalized, device=device)
-            st.presence = torch.tensor([params[i].presence_penalty for i in penalized])
-            st.frequency = torch.tensor([params[i].frequency_penalty for i in penalized])
-            st.repetition = torch.tensor([params[i].repetition_penalty for i in penalized])
-            st.presence = st.presence.to(device).unsqueeze(1)
-            st.frequency = st.frequency.to(device).unsqueeze(1)
-            st.repetition = st.repetition.to(device).unsqueeze(1)
-            st.output_ids = _padded([seqs[i].output_token_ids for i in penalized], vocab_size)
-            st.context_ids = _padded([seqs[i].token_ids for i in penalized], vocab_size)
-            st.output_ids = st.output_ids.to(device)
-            st.context_ids = st.context_ids.to(device)
+            st._set_banned(seqs, eos_token_ids, device)
+        if any(_penalized(p) for p in params):
+            st._set_penalties(seqs, vocab_size, device)
         if any(p.logprobs is not None for p in params):
             st.num_logprobs = [p.logprobs for p in params]
         return st
+
+    def _set_sampling(self, seqs: Seq[Sequence], device: torch.device) -> None:
+        params = [s.params for s in seqs]
+        self.greedy = torch.tensor([p.greedy for p in params], device=device)
+        self.temperature = torch.tensor(
+            [1.0 if p.greedy else p.temperature for p in params], device=device
+        ).unsqueeze(1)
+        sampled = [p for p in params if not p.greedy]
+        if any(p.top_k > 0 for p in sampled):
+            self.top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
+        if any(p.top_p < 1.0 for p in sampled):
+            self.top_p = torch.tensor([p.top_p for p in params], device=device)
+        if any(p.min_p > 0.0 for p in sampled):
+            self.min_p = torch.tensor([p.min_p for p in params], device=device)
+        gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
+        self.generators = gens or None
+
+    def _set_logit_bias(self, params: list[SamplingParams], device: torch.device) -> None:
+        pairs = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
+        rows, cols, values = zip(*pairs)
+        self.bias_rows = torch.tensor(rows, device=device)
+        self.bias_cols = torch.tensor(cols, device=device)
+        self.bias_values = torch.tensor(values, device=device)
+
+    def _set_banned(
+        self, seqs: Seq[Sequence], eos_token_ids: frozenset[int], device: torch.device
+    ) -> None:
+        """EOS and stop tokens are masked until min_tokens are out (EOS not with ignore_eos)."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, s in enumerate(seqs):
+            if s.num_output_tokens < s.params.min_tokens:
+                banned = set(s.params.stop_token_ids)
+                if not s.params.ignore_eos:
+                    banned |= eos_token_ids
+                rows.extend([i] * len(banned))
+                cols.extend(banned)
+        self.banned_rows = torch.tensor(rows, dtype=torch.long, device=device)
+        self.banned_cols = torch.tensor(cols, dtype=torch.long, device=device)
+
+    def _set_penalties(self, seqs: Seq[Sequence], vocab_size: int, device: torch.device) -> None:
+        rows = [i for i, s in enumerate(seqs) if _penalized(s.params)]
+        chosen = [seqs[i] for i in rows]
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(s.params, name) for s in chosen], device=device)[:, None]
+
+        self.penalty_rows = torch.tensor(rows, device=device)
+        self.presence = column("presence_penalty")
+        self.frequency = column("frequency_penalty")
+        self.repetition = column("repetition_penalty")
+        self.output_ids = _padded([s.output_token_ids for s in chosen], vocab_size).to(device)
+        self.context_ids = _padded([s.token_ids for s in chosen], vocab_size).to(device)
+
+
+def _penalized(p: SamplingParams) -> bool:
+    return bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0)
 
 
 def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:

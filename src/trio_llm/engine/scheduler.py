@@ -55,6 +55,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_steps = 0
+        self.prefix_queries = 0
+        """Tokens of admitted sequences looked up in the prefix cache; hits, those found."""
+        self.prefix_hits = 0
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -122,6 +125,9 @@ class Scheduler:
             self.block_manager.allocate(seq, n, cached)
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = num_cached
+            if self.block_manager.enable_prefix_caching:
+                self.prefix_queries += seq.num_tokens
+                self.prefix_hits += num_cached
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= n
@@ -184,8 +190,8 @@ class Scheduler:
             num_free_blocks=bm.num_free_blocks,
             num_total_blocks=bm.num_blocks,
             kv_usage=bm.usage(),
-            prefix_cache_queries=bm.prefix_queries,
-            prefix_cache_hits=bm.prefix_hits,
+            prefix_cache_queries=self.prefix_queries,
+            prefix_cache_hits=self.prefix_hits,
             num_preemptions=self.num_preemptions,
             num_steps=self.num_steps,
         )

@@ -39,12 +39,13 @@ _SM_COUNT: dict[int, int] = {}
 # Without a GPU the heuristics still pick what an H200 (132 SMs) would, so CPU tests exercise the
 # same launch shapes the device takes.
 _DEFAULT_SM_COUNT = 132
-# Programs wanted per SM. Several fit on an SM at once; asking for a few waves of them keeps the
-# last, partly filled wave (a program's work is one context chunk, so all are about equal) a
-# small share of the time.
+# Programs wanted per SM. About 8 bf16 decode programs fit on an sm_90 SM at once (58 registers
+# x 128 threads, 20 KB of shared memory each, per the compile report in bench/kernels.py), so 16
+# is two full waves: a program's work is one context chunk, all about equal, and the last wave
+# is never a small remainder. Still to be checked on the device: bench/kernels.py --sweep.
 _PROGRAMS_PER_SM = 16
 _MIN_SPLIT_TOKENS = 128
-_MAX_SPLITS = 64
+MAX_SPLITS = 64
 
 
 def _sm_count(device: torch.device) -> int:
@@ -67,7 +68,7 @@ def decode_config(
     base = max(1, batch * num_kv_heads)
     wanted = -(-_PROGRAMS_PER_SM * _sm_count(device) // base)
     by_length = max(1, -(-max_context // _MIN_SPLIT_TOKENS))
-    return DecodeConfig(num_splits=max(1, min(wanted, by_length, _MAX_SPLITS)))
+    return DecodeConfig(num_splits=max(1, min(wanted, by_length, MAX_SPLITS)))
 
 
 def prefill_config(dtype: torch.dtype) -> PrefillConfig:

@@ -28,7 +28,13 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
-from trio_llm.kernels._config import DecodeConfig, PrefillConfig, decode_config, prefill_config
+from trio_llm.kernels._config import (
+    MAX_SPLITS,
+    DecodeConfig,
+    PrefillConfig,
+    decode_config,
+    prefill_config,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -140,7 +146,10 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+# Arguments that change with the batch (table width, split count) are not specialised: Triton
+# would otherwise compile a new variant, mid-serving, whenever one of them became 1 or a multiple
+# of 16. What is left to specialise on is fixed per model (head counts, head dim, cache strides).
+@triton.jit(do_not_specialize=["split_len", "num_splits", "stride_tb"])
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -243,7 +252,7 @@ def _decode_kernel(
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     part_acc_ptr,
     part_ml_ptr,
@@ -288,7 +297,7 @@ def _decode_reduce_kernel(
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & (d < HEAD_DIM)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "stride_tb"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -518,7 +527,8 @@ def decode_attention(
             HEAD_DIM=head_dim,
             GROUP=group,
             BLOCK_G=_next_pow2(group, 1),
-            BLOCK_S=_next_pow2(num_splits, 2),
+            # One variant for every split count the heuristic picks (at most MAX_SPLITS).
+            BLOCK_S=max(MAX_SPLITS, _next_pow2(num_splits)),
             BLOCK_D=block_d,
             num_warps=4,
         )

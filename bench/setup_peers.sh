@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Make the virtualenvs of the peers that bench/compare.py measures trio-llm against, each apart
+# from trio-llm's own .venv (they pin other versions):
+#   $PEERS/tf     transformers[serving] (`transformers serve --continuous-batching`), CPU torch
+#   $PEERS/llama  llama-cpp-python[server], built from source for this CPU (several minutes)
+# Idempotent: a venv whose peer already imports is left alone. PEERS defaults to ../peers beside
+# the repository, where bench/compare.py looks (or set TRIO_LLM_PEERS_DIR for both).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")/.." && pwd)"
+PEERS="${TRIO_LLM_PEERS_DIR:-$(dirname "$here")/peers}"
+PYTHON="${PYTHON:-python3.11}"
+mkdir -p "$PEERS"
+
+if ! "$PEERS/tf/bin/python" -c "import transformers.cli.serving" 2>/dev/null; then
+    "$PYTHON" -m venv "$PEERS/tf"
+    # torch first, pinned to the CPU build trio-llm uses (pip finds it where scripts/serve.sh
+    # does), so transformers does not pull a CUDA build of its own.
+    "$PEERS/tf/bin/pip" install --quiet torch==2.13.0
+    "$PEERS/tf/bin/pip" install --quiet 'transformers[serving]'
+fi
+
+if ! "$PEERS/llama/bin/python" -c "import llama_cpp.server" 2>/dev/null; then
+    "$PYTHON" -m venv "$PEERS/llama"
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
+        CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+        "$PEERS/llama/bin/pip" install --quiet 'llama-cpp-python[server]'
+fi
+
+echo "peers ready in $PEERS"

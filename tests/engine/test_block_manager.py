@@ -1,0 +1,143 @@
+"""The block manager and the scheduler on plain sequences (no model): reference counts, the
+prefix cache and its LRU eviction, and who gets preempted."""
+
+from __future__ import annotations
+
+from trio_llm.engine.block_manager import BlockManager
+from trio_llm.engine.scheduler import Scheduler
+from trio_llm.engine.sequence import Sequence, SequenceStatus
+from trio_llm.sampling_params import SamplingParams
+
+BS = 4
+
+
+def seq(tokens: list[int], rid: str = "r", priority: int = 0, arrival: int = 0) -> Sequence:
+    return Sequence(
+        request_id=rid,
+        token_ids=list(tokens),
+        params=SamplingParams(temperature=0.0),
+        max_tokens=100,
+        priority=priority,
+        arrival=arrival,
+    )
+
+
+def compute(bm: BlockManager, s: Sequence) -> None:
+    """What a step does for a whole prompt: allocate, 'compute', publish full blocks."""
+    cached = bm.cached_prefix(s)
+    bm.allocate(s, s.num_tokens - len(cached) * BS, cached)
+    s.num_computed_tokens = s.num_tokens
+    bm.cache_full_blocks(s)
+
+
+def test_a_shared_prefix_is_served_from_the_same_blocks() -> None:
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    a = seq(list(range(10)))
+    compute(bm, a)
+    assert len(a.block_table) == 3 and bm.num_free_blocks == 13
+    b = seq([*range(8), 99, 98, 97])
+    hits = bm.cached_prefix(b)
+    assert hits == a.block_table[:2]
+    bm.allocate(b, b.num_tokens - 8, hits)
+    assert b.num_computed_tokens == 8
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    bm.deallocate(a)
+    bm.deallocate(b)
+    assert bm.num_free_blocks == 16
+
+
+def test_at_least_one_token_is_left_to_compute() -> None:
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    compute(bm, seq(list(range(8))))
+    again = seq(list(range(8)))
+    assert len(bm.cached_prefix(again)) == 1  # the last block holds the token to recompute
+
+
+def test_freed_cached_blocks_survive_until_the_pool_runs_dry_then_go_lru() -> None:
+    bm = BlockManager(6, BS, enable_prefix_caching=True)
+    old, new = seq(list(range(9)), "old"), seq(list(range(100, 109)), "new")
+    compute(bm, old)
+    bm.deallocate(old)
+    compute(bm, new)
+    bm.deallocate(new)
+    assert bm.num_free_blocks == 6
+    # Both prefixes are still cached.
+    assert len(bm.cached_prefix(seq(list(range(9))))) == 2
+    assert len(bm.cached_prefix(seq(list(range(100, 109))))) == 2
+    # Four fresh blocks: the two empty ones first, then the least recently freed ("old").
+    hog = seq(list(range(200, 216)), "hog")
+    bm.allocate(hog, 16)
+    assert bm.cached_prefix(seq(list(range(9)))) == []
+    assert len(bm.cached_prefix(seq(list(range(100, 109))))) == 2
+
+
+def test_a_hash_collision_never_serves_other_tokens() -> None:
+    bm = BlockManager(8, BS, enable_prefix_caching=True)
+    a = seq([1, 2, 3, 4, 5])
+    compute(bm, a)
+    b = seq([9, 9, 9, 9, 5])
+    b.block_hashes.append(a.block_hashes[0])  # force the same hash for different tokens
+    assert bm.cached_prefix(b) == []
+
+
+def test_without_prefix_caching_nothing_is_shared() -> None:
+    bm = BlockManager(8, BS, enable_prefix_caching=False)
+    compute(bm, seq(list(range(9))))
+    assert bm.cached_prefix(seq(list(range(9)))) == []
+    assert bm.hash_to_block == {}
+
+
+def scheduler(num_blocks: int, budget: int = 64, max_seqs: int = 8) -> Scheduler:
+    return Scheduler(
+        BlockManager(num_blocks, BS, enable_prefix_caching=False),
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        eos_token_ids=frozenset({0}),
+        max_model_len=1000,
+    )
+
+
+def step(sched: Scheduler) -> list[str]:
+    batch = sched.schedule()
+    sched.update(
+        batch,
+        [
+            7 if s.num_computed_tokens + n == s.num_tokens else None
+            for s, n in zip(batch.seqs, batch.num_tokens)
+        ],
+    )
+    return [s.request_id for s in batch.seqs]
+
+
+def test_decodes_come_first_and_prefills_fill_the_budget_in_chunks() -> None:
+    sched = scheduler(64, budget=10)
+    sched.add(seq([1] * 3, "short", arrival=0))
+    sched.add(seq([1] * 25, "long", arrival=1))
+    assert step(sched) == ["short", "long"]  # 3 + 7 tokens
+    batch = sched.schedule()
+    assert [s.request_id for s in batch.seqs] == ["short", "long"]
+    assert batch.num_tokens == [1, 9] and batch.num_decodes == 1
+
+
+def test_preemption_takes_the_last_in_priority_order_and_it_comes_back() -> None:
+    sched = scheduler(6, budget=64)
+    for rid, prio, arrival in [("low", 5, 0), ("high", 0, 1), ("mid", 1, 2)]:
+        sched.add(seq([1] * 7, rid, priority=prio, arrival=arrival))
+    # 6 blocks of 4: the three 7-token prompts take two blocks each.
+    assert sorted(step(sched)) == ["high", "low", "mid"]
+    # The eighth position still fits the second block; the ninth needs a third: "low" (the
+    # lowest priority) gives way, to "high" first.
+    step(sched)
+    assert sched.num_preemptions == 0
+    assert step(sched) == ["high", "mid"]
+    assert sched.num_preemptions == 1
+    low = next(s for s in sched.waiting if s.request_id == "low")
+    assert low.status is SequenceStatus.WAITING and low.block_table == []
+    assert low.num_computed_tokens == 0 and low.num_output_tokens == 2  # tokens kept
+    while sched.has_work() and sched.num_steps < 100:
+        for s in list(sched.running):
+            if s.num_output_tokens >= 3 and s.num_computed_tokens == s.num_tokens:
+                sched.finish(s, "length")
+        step(sched)
+    assert sched.block_manager.num_free_blocks == 6
