@@ -88,6 +88,31 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+def run_core(core: EngineCore, prompts: list[list[int]], output: int, tag: str) -> Run:
+    """The same work as `EngineProcess.run`, through EngineCore in this process: what the
+    engine reaches with no process boundary and no frontend (bench/compare.py's reference)."""
+    block_bytes = core.ready.kv_cache_bytes // core.ready.num_blocks
+    peak_blocks = 0
+    steps: list[float] = []
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        core.add_request(EngineCoreRequest(f"{tag}-{i}", prompt, params(output)))
+    produced = 0
+    while core.has_work():
+        t0 = time.perf_counter()
+        out = core.step()
+        dt = time.perf_counter() - t0
+        produced += sum(len(o.new_token_ids) for o in out.outputs)
+        stats = out.stats
+        peak_blocks = max(peak_blocks, stats.num_total_blocks - stats.num_free_blocks)
+        if len(out.outputs) == len(prompts) and stats.num_waiting == 0:
+            steps.append(dt)
+    seconds = time.perf_counter() - start
+    assert produced == len(prompts) * output
+    return Run(seconds, time.process_time() - cpu0, produced, steps[1:], peak_blocks * block_bytes)
+
+
 class EngineProcess:
     """The engine as the frontend runs it: its own process, fed and drained through the rings."""
 
