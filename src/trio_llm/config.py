@@ -45,6 +45,10 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     seed: int = 0
     num_threads: int | None = None
     """torch intra-op threads in the engine; None: one per core."""
+    stream_interval: int = 1
+    """Frontend: a streaming consumer that keeps up gets its first token at once, then output
+    every this many engine steps (and at the end). Larger values cost fewer wake-ups and SSE
+    events per token, at the price of burstier streams."""
     ring_capacity: int = 8 << 20
     """Bytes in each shared-memory ring."""
     startup_timeout: float = 300.0

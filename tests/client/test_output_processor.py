@@ -264,3 +264,31 @@ def test_collector_merges_deltas_into_one_pending_output() -> None:
         collector.put(CompletionOutput(index=0, text="x", token_ids=[k]))
     assert len(collector._pending) == 1  # bounded whatever the consumer's pace
     assert collector._pending[0].text == "x" * 1000
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_stream_interval_sends_the_first_token_at_once_then_every_interval(interval: int) -> None:
+    """A consumer that keeps up sees outputs of 1, then `interval`, ..., then the remainder at
+    the finish: the same tokens, in fewer wake-ups."""
+    collector = RequestCollector(
+        "r", None, [1], n=1, kind=DELTA, arrival_time=0.0, stream_interval=interval
+    )
+    sizes: list[int] = []
+    tokens: list[int] = []
+    for k in range(11):
+        last = k == 10
+        collector.put(
+            CompletionOutput(
+                index=0, text=str(k), token_ids=[k], finish_reason="length" if last else None
+            )
+        )
+        try:
+            out = collector.get_nowait()
+        except anyio.WouldBlock:
+            continue
+        sizes.append(len(out.outputs[0].token_ids))
+        tokens.extend(out.outputs[0].token_ids)
+        assert out.finished == last
+    assert tokens == list(range(11))
+    expected = [1] * 11 if interval == 1 else [1, 3, 3, 3, 1]
+    assert sizes == expected

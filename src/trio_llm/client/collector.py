@@ -46,6 +46,7 @@ class RequestCollector:
         n: int,
         kind: RequestOutputKind,
         arrival_time: float,
+        stream_interval: int = 1,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -62,6 +63,10 @@ class RequestCollector:
         self._prompt_logprobs_sent = False
         self._error: BaseException | None = None
         self._wakeup: anyio.Event | None = None
+        self._stream_interval = stream_interval
+        self._steps_pending = 0
+        """Outputs `put` since the consumer last took (one per choice per engine step)."""
+        self._delivered = False
 
     @property
     def finished(self) -> bool:
@@ -77,7 +82,9 @@ class RequestCollector:
             _merge_delta(pending, completion)
         else:
             self._pending[completion.index] = completion
-        self._wake()
+        self._steps_pending += 1
+        if self._ready():
+            self._wake()
 
     def fail(self, error: BaseException) -> None:
         """Make the consumer's next `get()` raise `error` (the first error wins)."""
@@ -106,7 +113,15 @@ class RequestCollector:
             return True
         if self.kind is RequestOutputKind.FINAL_ONLY:
             return self.finished and bool(self._pending)
-        return bool(self._pending)
+        if not self._pending:
+            return False
+        # The first output goes at once (time to first token is not traded away); then every
+        # `stream_interval` outputs, or as soon as a choice ends.
+        return (
+            not self._delivered
+            or self._steps_pending >= self._stream_interval * self.n
+            or any(c.finish_reason is not None for c in self._pending.values())
+        )
 
     def _wake(self) -> None:
         if self._wakeup is not None:
@@ -123,6 +138,8 @@ class RequestCollector:
             outputs = [self._latest[i] for i in sorted(self._latest)]
             prompt_logprobs = self.prompt_logprobs
         self._pending = {}
+        self._steps_pending = 0
+        self._delivered = True
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,

@@ -39,6 +39,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
+import msgspec
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.errors import (
@@ -82,22 +83,9 @@ SHUTDOWN_TIMEOUT = 5.0
 """Seconds the engine gets to exit after the Shutdown message, then again after SIGTERM."""
 
 
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """What the engine reported about the model it serves (from its ready message)."""
-
-    model: str
-    """The served model name: `served_model_name`, else the resolved model's name."""
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: list[int]
-    dtype: str
-    device: str
-    block_size: int
-    num_blocks: int
-    kv_capacity_tokens: int
-    kv_cache_bytes: int
-    attention_backend: str
+ModelConfig = EngineReady
+"""What the engine reported about the model it serves: its ready message, with `model` set to
+the served model name (`served_model_name`, else the resolved model's name)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,23 +125,14 @@ class EngineClient:
         max_message_bytes: int,
     ) -> None:
         self.tokenizer = tokenizer
-        self.model_config = ModelConfig(
-            model=args.served_model_name or ready.model,
-            max_model_len=ready.max_model_len,
-            vocab_size=ready.vocab_size,
-            eos_token_ids=list(ready.eos_token_ids),
-            dtype=ready.dtype,
-            device=ready.device,
-            block_size=ready.block_size,
-            num_blocks=ready.num_blocks,
-            kv_capacity_tokens=ready.kv_capacity_tokens,
-            kv_cache_bytes=ready.kv_cache_bytes,
-            attention_backend=ready.attention_backend,
+        self.model_config: ModelConfig = msgspec.structs.replace(
+            ready, model=args.served_model_name or ready.model
         )
         self._process = process
         self._sender = sender
         self._receiver = receiver
         self._max_message_bytes = max_message_bytes
+        self._stream_interval = args.stream_interval
         self._inputs = InputProcessor(
             tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
         )
@@ -296,6 +275,7 @@ class EngineClient:
             n=params.n,
             kind=params.output_kind,
             arrival_time=arrival_time,
+            stream_interval=self._stream_interval,
         )
         self._outputs.add_request(collector, engine_requests)
         finished = False

@@ -163,6 +163,13 @@ def add_serve_arguments(
         help="torch threads in the engine (default: one per core)",
     )
     add(
+        "--stream-interval",
+        type=_positive_int,
+        default=engine.stream_interval,
+        help="streamed responses get their first token at once, then an event every N engine "
+        "steps (default %(default)s: every step)",
+    )
+    add(
         "--allowed-origins",
         default="",
         help="comma-separated CORS origins, or '*'; CORS is off unless given",
@@ -214,6 +221,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory=args.kv_cache_memory,
         num_threads=args.num_threads,
+        stream_interval=args.stream_interval,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())

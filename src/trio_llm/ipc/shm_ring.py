@@ -90,7 +90,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Literal, Self, TypeVar
 
@@ -830,10 +830,14 @@ class RingReceiver(_Endpoint):
             self._rung_for = wake_at
             self._ring_peer()
 
+    def _has_message(self) -> bool:
+        """A message is there to take; raises if none ever will be."""
+        return self._head != self._tail_seen or self._refresh_tail()
+
     def _wait_for_data(self, timeout: float | None) -> None:
         """Return once a message is there; raise if none will come or `timeout` passes."""
         self._check_open()
-        if self._head != self._tail_seen or self._refresh_tail():
+        if self._has_message():
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._refresh_tail():
@@ -929,8 +933,50 @@ class _Queue:
             self._lock = anyio.Lock()
         return self._lock
 
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, endpoint: _Endpoint, ready: Callable[[], bool], arm: Callable[[], bool]
+    ) -> AsyncIterator[None]:
+        """Wait for this task's turn, then sleep on the doorbell until `ready()`. The body runs
+        in the turn with no await between the last `ready()` and it, so what it does to the ring
+        happens in one synchronous step: a task cancelled here has changed nothing.
+        `arm()` asks the peer to ring and says whether it will (False: look again now)."""
+        self.waiting += 1
+        try:
+            async with self.lock():
+                while not ready():
+                    if arm():
+                        endpoint.waits += 1
+                        try:
+                            await anyio.wait_readable(endpoint._wait_fd())
+                        finally:
+                            endpoint._disarm()
+                        endpoint._collect(endpoint._epoll.poll(0))
+                yield
+        finally:
+            self.waiting -= 1
 
-class AsyncRingSender:
+
+class _AsyncFace:
+    """What both async ends share: closing through the blocking face they wrap."""
+
+    sync: RingSender | RingReceiver
+
+    def close(self) -> None:
+        self.sync.close()
+
+    async def aclose(self) -> None:
+        self.sync.close()
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.sync.close()
+
+
+class AsyncRingSender(_AsyncFace):
     """The producer end for async code, on AnyIO (Trio or asyncio): `ring.async_sender()`.
 
     `send` is always a checkpoint. A cancelled `send` has sent nothing: the message is written
@@ -959,39 +1005,15 @@ class AsyncRingSender:
         if self._queue.waiting or (
             sender._tail + size - sender._head_seen > sender._cap and not sender._room_for(size)
         ):
-            self._queue.waiting += 1
-            try:
-                async with self._queue.lock():
-                    while not sender._room_for(size):
-                        if sender._arm(size):
-                            sender.waits += 1
-                            try:
-                                await anyio.wait_readable(sender._wait_fd())
-                            finally:
-                                sender._disarm()
-                            sender._collect(sender._epoll.poll(0))
-                    sender.send_nowait(payload)  # the only mutation: after the last await
-            finally:
-                self._queue.waiting -= 1
+            room = functools.partial(sender._room_for, size)
+            async with self._queue.turn(sender, room, functools.partial(sender._arm, size)):
+                sender.send_nowait(payload)
         else:
             sender.send_nowait(payload)
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
-    def close(self) -> None:
-        self.sync.close()
 
-    async def aclose(self) -> None:
-        self.sync.close()
-        await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.sync.close()
-
-
-class AsyncRingReceiver:
+class AsyncRingReceiver(_AsyncFace):
     """The consumer end for async code, on AnyIO (Trio or asyncio): `ring.async_receiver()`.
 
     `receive` and `receive_batch` are always checkpoints. A cancelled receive has taken
@@ -1034,40 +1056,13 @@ class AsyncRingReceiver:
         await anyio.lowlevel.checkpoint_if_cancelled()
         receiver = self.sync
         receiver._check_open()
-        if self._queue.waiting or (
-            receiver._head == receiver._tail_seen and not receiver._refresh_tail()
-        ):
-            self._queue.waiting += 1
-            try:
-                async with self._queue.lock():
-                    while receiver._head == receiver._tail_seen and not receiver._refresh_tail():
-                        if receiver._arm():
-                            receiver.waits += 1
-                            try:
-                                await anyio.wait_readable(receiver._wait_fd())
-                            finally:
-                                receiver._disarm()
-                            receiver._collect(receiver._epoll.poll(0))
-                    result = take(receiver)  # the only mutation: after the last await
-            finally:
-                self._queue.waiting -= 1
+        if self._queue.waiting or not receiver._has_message():
+            async with self._queue.turn(receiver, receiver._has_message, receiver._arm):
+                result = take(receiver)
         else:
             result = take(receiver)
         await anyio.lowlevel.cancel_shielded_checkpoint()
         return result
-
-    def close(self) -> None:
-        self.sync.close()
-
-    async def aclose(self) -> None:
-        self.sync.close()
-        await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.sync.close()
 
     def __aiter__(self) -> Self:
         return self

@@ -489,31 +489,13 @@ def decode_attention(
         part_acc,
         part_ml,
         scale * _LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        *_launch_strides(q, k_cache, v_cache, block_tables, out),
         num_heads,
         split_len,
         num_splits,
-        HEAD_DIM=head_dim,
-        GROUP=group,
         BLOCK_G=_next_pow2(group),
-        BLOCK_D=block_d,
-        BLOCK_N=config.block_n,
-        PAGE=block_size,
         SPLIT=num_splits > 1,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        UPCAST=_INTERPRETED and q.dtype != torch.float32,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        **_launch_meta(q, head_dim, group, block_size, config),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(batch, num_kv_heads)](
@@ -533,6 +515,38 @@ def decode_attention(
             num_warps=4,
         )
     return out
+
+
+def _launch_strides(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, out: Tensor
+) -> tuple[int, ...]:
+    """The strides both attention kernels take, in their parameter order: the kernels index
+    the caches and tables by stride, so a view with other strides reads the right memory."""
+    return (
+        *q.stride()[:2],
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        *out.stride()[:2],
+    )
+
+
+def _launch_meta(
+    q: Tensor, head_dim: int, group: int, block_size: int, config: DecodeConfig | PrefillConfig
+) -> dict[str, object]:
+    """The compile-time parameters both attention kernels share: each distinct set is one
+    compiled variant."""
+    return {
+        "HEAD_DIM": head_dim,
+        "GROUP": group,
+        "BLOCK_D": _next_pow2(head_dim),
+        "BLOCK_N": config.block_n,
+        "PAGE": block_size,
+        "DOT_PRECISION": _dot_precision(q.dtype),
+        "UPCAST": _INTERPRETED and q.dtype != torch.float32,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
 
 
 def prefill_attention(
@@ -564,28 +578,10 @@ def prefill_attention(
         context_lens,
         out,
         scale * _LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
+        *_launch_strides(q, k_cache, v_cache, block_tables, out),
         num_seqs,
-        HEAD_DIM=head_dim,
-        GROUP=group,
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
-        BLOCK_D=_next_pow2(head_dim),
-        BLOCK_N=config.block_n,
-        PAGE=block_size,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        UPCAST=_INTERPRETED and q.dtype != torch.float32,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        **_launch_meta(q, head_dim, group, block_size, config),
     )
     return out
