@@ -294,3 +294,20 @@ def test_the_triton_backend_gives_the_same_tokens(tiny_model_dir: Path, core: En
     got = run(triton, reqs)
     for i in range(len(prompts)):
         assert got[str(i)].token_ids == expected[str(i)].token_ids
+
+
+def test_single_token_dtype_runs_lone_decodes_on_half_weights(tiny_model_dir: Path) -> None:
+    """A stream decoding alone takes the fp16 weight copies; the same stream batched with
+    another takes the fp32 weights; both sample what the fp32 engine samples."""
+    prompts = random_prompts([20, 20], seed=7)
+    exact = run(make_core(tiny_model_dir), [request("a", prompts[0], max_tokens=8, logprobs=0)])
+    fast = make_core(tiny_model_dir, single_token_dtype="float16")
+    alone = run(fast, [request("a", prompts[0], max_tokens=8, logprobs=0)])
+    # One prefill step, then seven single-token decode steps.
+    assert fast.runner.single_token_steps == 7
+    assert alone["a"].token_ids == exact["a"].token_ids
+    for got, want in zip(alone["a"].logprobs, exact["a"].logprobs, strict=True):
+        assert abs(got.logprobs[0] - want.logprobs[0]) < 2e-2  # fp16 weights, not fp32
+    together = run(fast, [request(k, p, max_tokens=8) for k, p in zip("ab", prompts, strict=True)])
+    assert fast.runner.single_token_steps == 7  # two rows a step: the fp32 weights
+    assert together["a"].token_ids == exact["a"].token_ids

@@ -84,7 +84,17 @@ class EngineCore:
             max_model_len=max_model_len,
         )
         self.runner = ModelRunner(
-            model, spec, num_blocks, device=self.device, backend=backend, seed=args.seed
+            model,
+            spec,
+            num_blocks,
+            device=self.device,
+            backend=backend,
+            seed=args.seed,
+            single_token_dtype=(
+                None
+                if args.single_token_dtype == "none"
+                else loader.resolve_dtype(args.single_token_dtype, device)
+            ),
         )
         self.requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
