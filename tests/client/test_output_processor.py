@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
@@ -292,3 +293,29 @@ def test_stream_interval_sends_the_first_token_at_once_then_every_interval(inter
     assert tokens == list(range(11))
     expected = [1] * 11 if interval == 1 else [1, 3, 3, 3, 1]
     assert sizes == expected
+
+
+def test_stream_interval_counts_steps_of_the_choices_still_running() -> None:
+    """n=2, interval 2: once choice 0 has ended, choice 1 alone is delivered every 2 steps,
+    not every 4."""
+    collector = RequestCollector(
+        "r", None, [1], n=2, kind=DELTA, arrival_time=0.0, stream_interval=2
+    )
+    taken: list[list[int]] = []
+
+    def step(index: int, token: int, finish: str | None = None) -> None:
+        collector.put(CompletionOutput(index, str(token), [token], finish_reason=finish))
+
+    def take() -> None:
+        with contextlib.suppress(anyio.WouldBlock):
+            taken.append([len(c.token_ids) for c in collector.get_nowait().outputs])
+
+    step(0, 1)
+    step(1, 1)
+    take()  # the first output goes at once
+    step(0, 2, "stop")
+    take()  # a choice ends: delivered at once
+    for token in range(2, 6):
+        step(1, token)
+        take()
+    assert taken == [[1, 1], [1], [2], [2]]

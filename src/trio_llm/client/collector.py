@@ -65,7 +65,7 @@ class RequestCollector:
         self._wakeup: anyio.Event | None = None
         self._stream_interval = stream_interval
         self._steps_pending = 0
-        """Outputs `put` since the consumer last took (one per choice per engine step)."""
+        """Outputs `put` since the consumer last took (one per running choice per step)."""
         self._delivered = False
 
     @property
@@ -116,10 +116,11 @@ class RequestCollector:
         if not self._pending:
             return False
         # The first output goes at once (time to first token is not traded away); then every
-        # `stream_interval` outputs, or as soon as a choice ends.
+        # `stream_interval` steps of the running choices, or as soon as a choice ends.
+        running = self.n - len(self._finished_choices)
         return (
             not self._delivered
-            or self._steps_pending >= self._stream_interval * self.n
+            or self._steps_pending >= self._stream_interval * running
             or any(c.finish_reason is not None for c in self._pending.values())
         )
 
