@@ -935,7 +935,10 @@ class _Queue:
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, endpoint: _Endpoint, ready: Callable[[], bool], arm: Callable[[], bool]
+        self,
+        endpoint: RingSender | RingReceiver,
+        ready: Callable[[], bool],
+        arm: Callable[[], bool],
     ) -> AsyncIterator[None]:
         """Wait for this task's turn, then sleep on the doorbell until `ready()`. The body runs
         in the turn with no await between the last `ready()` and it, so what it does to the ring
