@@ -50,6 +50,8 @@ import httpx
 import msgspec
 import trio
 
+import hostinfo  # bench/hostinfo.py
+
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
@@ -537,7 +539,7 @@ def machine() -> str:
     import torch
 
     return (
-        f"{serve.machine_description()}; torch {torch.__version__}, "
+        f"{hostinfo.describe()}; torch {torch.__version__}, "
         f"transformers {importlib.metadata.version('transformers')}, trio-llm "
         f"{importlib.metadata.version('trio-llm')}"
     )

@@ -19,11 +19,9 @@ Usage: python bench/engine.py [--ns 1,8,32,128] [--threads 2] [--model M]
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import hostinfo  # bench/hostinfo.py
 from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
 from trio_llm.engine.launch import EngineLaunch
@@ -270,16 +269,7 @@ def compare(
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"torch {torch.__version__}; {datetime.date.today().isoformat()}"
-    )
+    return f"{hostinfo.describe()}; torch {torch.__version__}"
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import msgspec
 
+import hostinfo  # bench/hostinfo.py
 from trio_llm.ipc import RingSpec, ShmRing, encode
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 
@@ -344,12 +345,7 @@ def codec_cost(payload: bytes, repeat: int) -> tuple[float, float]:
 
 
 def machine() -> list[str]:
-    model = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = hostinfo.cpu_name()
 
     def version(dist: str) -> str:
         try:

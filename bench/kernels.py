@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
 
+import hostinfo  # bench/hostinfo.py
 from trio_llm import kernels
 from trio_llm.kernels import DecodeConfig, decode_config
 
@@ -136,13 +137,7 @@ def copy_bandwidth(device: str) -> float:
 
 
 def machine(device: str) -> list[str]:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            found = re.search(r"model name\s*:\s*(.+)", f.read())
-        cpu = found.group(1) if found else cpu
-    except OSError:
-        pass
+    cpu = hostinfo.cpu_name()
     lines = [
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- CPU: {cpu}, {os.cpu_count()} cores",

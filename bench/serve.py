@@ -23,11 +23,8 @@ shares the machine with the server: its own CPU time per run is reported ("clien
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
@@ -37,6 +34,8 @@ from pathlib import Path
 
 import httpx
 import trio
+
+import hostinfo  # bench/hostinfo.py
 
 # Common words that are one token each in most BPE vocabularies.
 _WORD_TEXT = """
@@ -289,19 +288,6 @@ def markdown_table(rows: list[RunSummary]) -> str:
     return head + body
 
 
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"{platform.system()}, {datetime.date.today().isoformat()}"
-    )
-
-
 def plot(rows: list[RunSummary], path: Path) -> None:
     import matplotlib
 
@@ -373,7 +359,7 @@ async def amain(args: argparse.Namespace) -> list[RunSummary]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = trio.run(amain, args)
-    print(f"\nMachine: {machine_description()}\n")
+    print(f"\nMachine: {hostinfo.describe()}\n")
     print(markdown_table(rows))
     if args.json:
         existing = json.loads(args.json.read_text()) if args.json.exists() else []

@@ -43,6 +43,8 @@ from pathlib import Path
 import httpx
 import trio
 
+import hostinfo  # bench/hostinfo.py
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the servers, clients and bodies the tests use
 
@@ -329,14 +331,7 @@ def report(
     hang_ups = sum(tally.hang_ups.values())
     bad = sum(tally.bad_inputs.values())
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.machine(),
-    )
+    cpu = hostinfo.cpu_name()
     lines = [
         "# Reliability soak",
         "",
