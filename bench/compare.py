@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -60,6 +60,8 @@ from trio_llm.config import EngineArgs  # noqa: E402
 
 REPO = BENCH.parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
+TRANSFORMERS = "transformers serve"
+LLAMA_CPP = "llama-cpp-python server"
 SERVER_THREADS = 2
 DEFAULT_TRIO_LLM_ARGS = "--max-num-seqs 64"
 
@@ -160,12 +162,12 @@ def transformers_server(args: argparse.Namespace) -> list[Server | Skipped]:
     venv = args.peers_dir / "tf"
     exe = venv / "bin" / "transformers"
     if not exe.exists():
-        return [Skipped("transformers serve", f"not installed ({exe} missing)")]
+        return [Skipped(TRANSFORMERS, f"not installed ({exe} missing)")]
     path = str(transformers_dir())
     # A generation_config without eos_token_id: the request runs to max_tokens, like ignore_eos.
     no_eos = json.dumps({"generation_config": json.dumps({"do_sample": False})})
     server = Server(
-        label="transformers serve",
+        label=TRANSFORMERS,
         argv=[
             str(exe),
             "serve",
@@ -199,10 +201,10 @@ def llama_cpp_server(args: argparse.Namespace) -> list[Server | Skipped]:
     venv = args.peers_dir / "llama"
     python = venv / "bin" / "python"
     if peer_version(venv, "llama_cpp_python") == "?":
-        return [Skipped("llama-cpp-python server", f"not installed in {venv}")]
+        return [Skipped(LLAMA_CPP, f"not installed in {venv}")]
     bias = json.dumps({"logit_bias": {str(i): -100.0 for i in eos_ids()}})
     server = Server(
-        label="llama-cpp-python server",
+        label=LLAMA_CPP,
         argv=[
             str(python),
             "-m",
@@ -555,24 +557,34 @@ def find(levels: dict[str, list[Level]], label: str, concurrency: int) -> serve.
     )
 
 
+PEER_TARGETS = [
+    # what is compared, at which concurrency, RunSummary field, against whom, goal on the ratio
+    ("c=32 output tok/s", 32, "output_tokens_per_s", TRANSFORMERS, ">=", 3.0),
+    ("c=32 output tok/s", 32, "output_tokens_per_s", LLAMA_CPP, ">=", 5.0),
+    ("c=32 TTFT p99 (ms)", 32, "ttft_p99", TRANSFORMERS, "<=", 1 / 3),
+    ("c=1 ITL p50 (ms)", 1, "itl_p50", LLAMA_CPP, "<=", 2.0),
+]
+"""Issue 6's targets against the peers."""
+
+
 def targets_table(
     levels: dict[str, list[Level]], offline: tuple[int, float, float] | None
 ) -> list[str]:
     """Issue 6's targets for every trio-llm variant; the offline one for the first only."""
-    tf = "transformers serve"
-    llama = "llama-cpp-python server"
     rows = []
 
     def ratio_row(
-        what: str, mine: float | None, theirs: float | None, goal: str, ok: Callable[[float], bool]
+        what: str, mine: float | None, theirs: float | None, op: str, bound: float
     ) -> None:
+        goal = f"{op} {bound:.2g}"
         if mine is None or theirs is None or math.isnan(mine) or math.isnan(theirs) or not theirs:
             rows.append(f"| {what} | {goal} | not measured in this run | - |")
             return
         ratio = mine / theirs
+        met = ratio >= bound if op == ">=" else ratio <= bound
         rows.append(
             f"| {what} | {goal} | {mine:.1f} / {theirs:.1f} = **{ratio:.2f}** | "
-            f"{'met' if ok(ratio) else 'missed'} |"
+            f"{'met' if met else 'missed'} |"
         )
 
     def get(label: str, c: int, attr: str) -> float | None:
@@ -580,43 +592,16 @@ def targets_table(
         return None if summary is None else getattr(summary, attr)
 
     for me in [label for label in levels if label.startswith("trio-llm")] or ["trio-llm"]:
-        tps = "output_tokens_per_s"
-        ratio_row(
-            f"c=32 output tok/s, {me} / {tf}",
-            get(me, 32, tps),
-            get(tf, 32, tps),
-            ">= 3",
-            lambda r: r >= 3,
-        )
-        ratio_row(
-            f"c=32 output tok/s, {me} / {llama}",
-            get(me, 32, tps),
-            get(llama, 32, tps),
-            ">= 5",
-            lambda r: r >= 5,
-        )
-        ratio_row(
-            f"c=32 TTFT p99 (ms), {me} / {tf}",
-            get(me, 32, "ttft_p99"),
-            get(tf, 32, "ttft_p99"),
-            "<= 0.33",
-            lambda r: r <= 1 / 3,
-        )
-        ratio_row(
-            f"c=1 ITL p50 (ms), {me} / {llama}",
-            get(me, 1, "itl_p50"),
-            get(llama, 1, "itl_p50"),
-            "<= 2",
-            lambda r: r <= 2,
-        )
+        for what, c, attr, peer, op, bound in PEER_TARGETS:
+            ratio_row(f"{what}, {me} / {peer}", get(me, c, attr), get(peer, c, attr), op, bound)
     if offline is not None:
         c, tok_s, _ = offline
         ratio_row(
             f"c={c} output tok/s, trio-llm server / EngineCore offline",
             get("trio-llm", c, "output_tokens_per_s"),
             tok_s,
-            ">= 0.9",
-            lambda r: r >= 0.9,
+            ">=",
+            0.9,
         )
     return [
         "| target | goal | measured | verdict |",
