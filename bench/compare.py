@@ -344,6 +344,19 @@ class Level:
     """CPU seconds of the server's processes per second of the level (warm-up included)."""
 
 
+def prompt_shape(args: argparse.Namespace) -> list[str]:
+    """bench/serve.py flags that decide the prompts: the servers and the offline reference
+    must draw the same ones."""
+    return [
+        "--input-len",
+        str(args.input_len),
+        "--prompts-per-client",
+        str(args.prompts_per_client),
+        "--min-prompts",
+        str(args.min_prompts),
+    ]
+
+
 def load_args(server: Server, url: str, args: argparse.Namespace) -> argparse.Namespace:
     return serve.parse_args(
         [
@@ -355,12 +368,7 @@ def load_args(server: Server, url: str, args: argparse.Namespace) -> argparse.Na
             server.label,
             "--output-len",
             str(args.output_len),
-            "--input-len",
-            str(args.input_len),
-            "--prompts-per-client",
-            str(args.prompts_per_client),
-            "--min-prompts",
-            str(args.min_prompts),
+            *prompt_shape(args),
             "--timeout",
             "1800",
             *server.load_args,
@@ -395,16 +403,7 @@ def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float
     from trio_llm.engine.core import EngineCore
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir())
-    load = serve.parse_args(
-        [
-            "--input-len",
-            str(args.input_len),
-            "--prompts-per-client",
-            str(args.prompts_per_client),
-            "--min-prompts",
-            str(args.min_prompts),
-        ]
-    )
+    load = serve.parse_args(prompt_shape(args))
     warmup, texts = serve.level_prompts(load, concurrency)
 
     def ids(text: str) -> list[int]:
