@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from engine_dtype import ENGINE_DTYPE
 from trio_llm import EngineClient, RequestOutputKind, SamplingParams, open_engine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -22,7 +23,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def client(anyio_backend: str) -> AsyncIterator[EngineClient]:
-    async with open_engine(num_threads=2, kv_cache_memory="64MiB") as c:
+    async with open_engine(num_threads=2, kv_cache_memory="64MiB", dtype=ENGINE_DTYPE) as c:
         yield c
 
 

@@ -15,6 +15,7 @@ import anyio
 import msgspec
 import pytest
 
+from engine_dtype import ENGINE_DTYPE
 from trio_llm import (
     EngineClient,
     PromptTooLongError,
@@ -38,7 +39,9 @@ LONG = 1500
 
 @pytest.fixture(scope="module")
 async def client(tiny_model_dir: Path, anyio_backend: str) -> AsyncIterator[EngineClient]:
-    async with open_engine(str(tiny_model_dir), num_threads=1, kv_cache_memory="32MiB") as c:
+    async with open_engine(
+        str(tiny_model_dir), num_threads=1, kv_cache_memory="32MiB", dtype=ENGINE_DTYPE
+    ) as c:
         yield c
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from engine_dtype import ENGINE_DTYPE
 from trio_llm import (
     EngineDeadError,
     EngineStartError,
@@ -20,7 +21,7 @@ from trio_llm import (
 
 pytestmark = pytest.mark.anyio
 
-SMALL = {"num_threads": 1, "kv_cache_memory": "16MiB"}
+SMALL = {"num_threads": 1, "kv_cache_memory": "16MiB", "dtype": ENGINE_DTYPE}
 
 
 async def test_killed_engine_fails_requests_in_flight_and_new_ones(tiny_model_dir: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_dtype import ENGINE_DTYPE
 from trio_llm import LLM, SamplingParams
 
 
@@ -24,7 +25,9 @@ def _interrupt_once_running(llm: LLM, count: int) -> None:
 
 
 def test_batch_generation_in_order_interrupt_and_close(tiny_model_dir: Path) -> None:
-    with LLM(str(tiny_model_dir), num_threads=1, kv_cache_memory="16MiB") as llm:
+    with LLM(
+        str(tiny_model_dir), num_threads=1, kv_cache_memory="16MiB", dtype=ENGINE_DTYPE
+    ) as llm:
         params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
         outputs = llm.generate(["First prompt", "Second, longer prompt here"], params)
         assert [o.prompt for o in outputs] == ["First prompt", "Second, longer prompt here"]

@@ -41,7 +41,11 @@ class Finished:
 
 
 def make_core(model_dir: Path, **kwargs: object) -> EngineCore:
+    """An in-process engine, in float32 unless `dtype` says otherwise: these tests compare the
+    engine's runs with each other and with Hugging Face in float32, which only float32 can
+    match on every machine (`dtype="auto"` is bfloat16 on AVX512-BF16 and AMX CPUs)."""
     kwargs.setdefault("kv_cache_memory", "8MiB")
+    kwargs.setdefault("dtype", "float32")
     return EngineCore(EngineArgs(model=str(model_dir), **kwargs))  # type: ignore[arg-type]
 
 

@@ -68,3 +68,51 @@ def test_sizes_and_dtypes() -> None:
     assert loader.resolve_dtype("auto", "cuda") is torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
         loader.resolve_dtype("int3", "cpu")
+
+
+# Flags as /proc/cpuinfo prints them on the pool's two machine classes (trimmed).
+AVX2_ONLY = frozenset(["fpu", "sse4_2", "avx", "avx2", "fma", "bmi2"])
+AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_bf16"}
+AMX = AVX512_BF16 | {"amx_tile", "amx_bf16", "amx_int8"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (AVX2_ONLY, "float32"),
+        (AVX512_BF16, "bfloat16"),
+        (AMX, "bfloat16"),
+        (frozenset(), "float32"),
+    ],
+    ids=["avx2-only", "avx512-bf16", "amx", "unreadable"],
+)
+def test_auto_dtype_follows_the_cpu_flags(flags: frozenset[str], expected: str) -> None:
+    import torch
+
+    assert loader.resolve_dtype("auto", "cpu", flags=flags) is getattr(torch, expected)
+    # Asking for a dtype by name never depends on the machine.
+    assert loader.resolve_dtype("float32", "cpu", flags=AMX) is torch.float32
+    assert loader.resolve_dtype("bfloat16", "cpu", flags=AVX2_ONLY) is torch.bfloat16
+
+
+def test_cpu_flags_reads_this_machine() -> None:
+    flags = loader.cpu_flags()
+    with open("/proc/cpuinfo") as f:
+        first = next(line for line in f if line.startswith("flags"))
+    assert flags == frozenset(first.partition(":")[2].split())
+    assert "flags" not in flags and ":" not in flags
+
+
+@pytest.mark.parametrize(("flags", "expected"), [(AVX2_ONLY, "float32"), (AMX, "bfloat16")])
+def test_an_auto_engine_reports_the_dtype_its_machine_gets(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], expected: str
+) -> None:
+    import torch
+
+    from trio_llm.config import EngineArgs
+    from trio_llm.engine.core import EngineCore
+
+    monkeypatch.setattr(loader, "cpu_flags", lambda: flags)
+    core = EngineCore(EngineArgs(model=str(tiny_model_dir), kv_cache_memory="1MiB"))
+    assert core.ready.dtype == expected
+    assert next(core.runner.model.parameters()).dtype is getattr(torch, expected)

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from engine_dtype import ENGINE_DTYPE
 from trio_llm.config import EngineArgs
 from trio_llm.engine.launch import EngineLaunch
 from trio_llm.ipc.codec import decode_engine_message, encode
@@ -76,7 +77,7 @@ def running_engine(args: EngineArgs) -> Iterator[Engine]:
 
 
 def tiny_args(model: Path) -> EngineArgs:
-    return EngineArgs(model=str(model), kv_cache_memory="4MiB", num_threads=1)
+    return EngineArgs(model=str(model), kv_cache_memory="4MiB", num_threads=1, dtype=ENGINE_DTYPE)
 
 
 def test_handshake_requests_an_idle_abort_and_a_clean_shutdown(tiny_model_dir: Path) -> None:
