@@ -87,7 +87,8 @@ class RequestCollector:
             self._wake()
 
     def fail(self, error: BaseException) -> None:
-        """Make the consumer's next `get()` raise `error` (the first error wins)."""
+        """Make the consumer's `get()` raise `error` once it has taken what is pending (the
+        first error wins)."""
         if self._error is None:
             self._error = error
             self._wake()
@@ -101,8 +102,13 @@ class RequestCollector:
         return self.get_nowait()
 
     def get_nowait(self) -> RequestOutput:
-        """The next output if there is one, else raise `anyio.WouldBlock`."""
+        """The next output if there is one, else raise `anyio.WouldBlock`.
+
+        After `fail()`, what streamed before the failure is still delivered first (a consumer
+        of a dead engine gets every token it published), then the error is raised."""
         if self._error is not None:
+            if self._pending and self.kind is not RequestOutputKind.FINAL_ONLY:
+                return self._take()
             raise self._error
         if not self._ready():
             raise anyio.WouldBlock

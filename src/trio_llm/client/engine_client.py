@@ -6,7 +6,8 @@ rings, and three background tasks in the `open_engine` task group:
   a checkpoint between them, so one huge step never stalls the event loop;
 - the request sender owns the request ring's sending end (a ring endpoint belongs to one task)
   and writes what could not be written at once;
-- the process watcher notices the engine's exit and fails every request in flight.
+- the process watcher notices the engine's exit at once (new calls fail from then on) and,
+  once the output handler has drained the output ring, fails every request still in flight.
 
 Invariants:
 - The abort path never waits. `_post()` writes to the ring at once when it is free, else queues
@@ -15,8 +16,11 @@ Invariants:
   and an async generator being finalized could not do. The queue holds at most one add and one
   abort per request in flight.
 - Messages reach the engine in the order they were posted: an abort never overtakes its add.
-- Once the engine process has exited, every `generate()` in flight raises `EngineDeadError` (the
-  watcher sees the exit through the process handle at once) and so does every new call.
+- Once the engine process has exited, every new call raises `EngineDeadError` at once (the
+  watcher sees the exit through the process handle), and every `generate()` in flight raises it
+  after the outputs the engine published before it died: the output handler, which sees the
+  ring end only once it has drained the ring, is the one that fails them. (Were the watcher to
+  fail them, it would race the handler and could turn a request's last tokens into an error.)
 - Leaving `open_engine` stops the engine (Shutdown, then SIGTERM, then SIGKILL, each after a
   timeout), reaps it and closes the rings, whatever way the block is left.
 """
@@ -81,6 +85,9 @@ OUTPUT_CHUNK = 64
 """Engine outputs the handler processes between two checkpoints."""
 SHUTDOWN_TIMEOUT = 5.0
 """Seconds the engine gets to exit after the Shutdown message, then again after SIGTERM."""
+DRAIN_TIMEOUT = 5.0
+"""Seconds the watcher waits, after the engine exited, for the output handler to drain the ring
+before it fails the requests in flight itself (a bound, should the handler be stuck)."""
 
 
 ModelConfig = EngineReady
@@ -143,7 +150,13 @@ class EngineClient:
         self._outbox: deque[bytes] = deque()
         self._outbox_filled: anyio.Event | None = None
         self._dead = anyio.Event()
-        self._dead_reason: str | None = None
+        """Set once the engine process has exited (or the client closed)."""
+        self._drained = anyio.Event()
+        """Set once every request in flight at the engine's death has been failed."""
+        self._failure: str | None = None
+        """What the engine said in its EngineFailure message, if it sent one."""
+        self._exit: str | None = None
+        """How the engine process ended, once it has."""
         self._closed = False
 
     # -- public API ---------------------------------------------------------------------
@@ -240,8 +253,29 @@ class EngineClient:
 
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,
-        or the shutdown when `open_engine` is left)."""
-        await self._dead.wait()
+        or the shutdown when `open_engine` is left), and every request in flight then has
+        had its published outputs and its `EngineDeadError`."""
+        await self._drained.wait()
+
+    @asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
+        """Run the background tasks for the block's duration; the client is closed after."""
+        body_error: BaseException | None = None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._watch_process)
+            tasks.start_soon(self._handle_outputs)
+            tasks.start_soon(self._send_requests)
+            try:
+                yield
+            except BaseException as exc:
+                # Re-raised below, outside the task group, so that the caller gets its own
+                # exception rather than an ExceptionGroup around it.
+                body_error = exc
+            finally:
+                self._closed = True
+                tasks.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error
 
     # -- generate -----------------------------------------------------------------------
 
@@ -297,7 +331,14 @@ class EngineClient:
         if self._closed:
             raise EngineDeadError("the engine was shut down: open_engine() has exited")
         if self._dead.is_set():
-            raise EngineDeadError(self._dead_reason or "the engine process has exited")
+            raise EngineDeadError(self._dead_reason())
+
+    def _dead_reason(self) -> str:
+        if self._failure is not None:
+            return f"the engine failed: {self._failure}"
+        if self._exit is not None:
+            return f"the engine process exited unexpectedly ({self._exit})"
+        return "the engine process has exited"
 
     # -- the request ring -----------------------------------------------------------------
 
@@ -335,7 +376,9 @@ class EngineClient:
     # -- the output ring ------------------------------------------------------------------
 
     async def _handle_outputs(self) -> None:
-        """The one background task that reads the output ring and routes every output."""
+        """The one background task that reads the output ring and routes every output; once
+        the ring has ended (the engine exited and everything it published is read), it fails
+        the requests still in flight."""
         since_checkpoint = 0
         try:
             while True:
@@ -356,29 +399,40 @@ class EngineClient:
                         self._scheduler_stats = message.stats
                     elif isinstance(message, EngineFailure):
                         log.error("the engine failed: %s\n%s", message.message, message.traceback)
-                        self._dead_reason = f"the engine failed: {message.message}"
+                        self._failure = message.message
                     else:
                         log.warning("ignoring an unexpected %s from the engine", type(message))
         except RingClosedError:
-            return  # the engine exited; the process watcher reports it
+            pass  # the engine exited, and every output it published has been routed
+        self._on_dead()
 
     # -- the process ----------------------------------------------------------------------
 
     async def _watch_process(self) -> None:
         code = await self._process.wait()
-        if self._dead_reason is None:
-            self._dead_reason = f"the engine process exited unexpectedly ({_describe_exit(code)})"
+        self._exit = _describe_exit(code)
+        self._mark_dead()
+        # The output handler fails the requests in flight once it has drained the ring; this
+        # is only the bound, should it never see the ring end.
+        with anyio.move_on_after(DRAIN_TIMEOUT):
+            await self._drained.wait()
         if not self._closed:
-            log.error("%s", self._dead_reason)
+            log.error("%s", self._dead_reason())
         self._on_dead()
 
-    def _on_dead(self) -> None:
-        if self._dead.is_set():
-            return
+    def _mark_dead(self) -> None:
+        """No new call reaches the engine from now on."""
         self._dead.set()
         self._outbox.clear()
-        reason = self._dead_reason or "the engine process has exited"
+
+    def _on_dead(self) -> None:
+        """Fail every request still in flight (once)."""
+        self._mark_dead()
+        if self._drained.is_set():
+            return
+        reason = self._dead_reason()
         self._outputs.fail_all(lambda: EngineDeadError(reason))
+        self._drained.set()
 
 
 def _describe_exit(code: int) -> str:
@@ -511,22 +565,8 @@ async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIter
                 ready,
                 max_message_bytes=sender.sync.max_message_size,
             )
-            body_error: BaseException | None = None
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(client._watch_process)
-                tasks.start_soon(client._handle_outputs)
-                tasks.start_soon(client._send_requests)
-                try:
-                    yield client
-                except BaseException as exc:
-                    # Re-raised below, outside the task group, so that the caller gets its own
-                    # exception rather than an ExceptionGroup around it.
-                    body_error = exc
-                finally:
-                    client._closed = True
-                    tasks.cancel_scope.cancel()
-            if body_error is not None:
-                raise body_error
+            async with client._serving():
+                yield client
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop_process(process, sender, ready=client is not None)
