@@ -4,11 +4,12 @@ strategies run against the real engine in tests/reliability."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Any
 
 import hypothesis.strategies as st
 import pytest
+import trio
 from http_fake_engine import FakeEngine
 from hypothesis import HealthCheck, given, settings
 
@@ -20,13 +21,20 @@ ROUTES = base_bodies("fake-model")
 _APP = build_app(FakeEngine(max_model_len=64), config=ServerConfig())
 
 
-def _client() -> Any:
-    return _APP.test_client()
-
-
 async def _post(route: str, raw: bytes) -> tuple[int, bytes]:
-    response = await _client().post(route, data=raw, headers={"Content-Type": "application/json"})
-    return response.status_code, await response.get_data()
+    """POST `raw` and read the response as it comes. (The test client's `post()` reads the body
+    only after the app has finished, through a channel of 10 chunks: a streamed reply of more
+    chunks than that would wait forever.)"""
+    body = bytearray()
+    headers = {"Content-Type": "application/json"}
+    async with _APP.test_client().request(route, method="POST", headers=headers) as connection:
+        await connection.send(raw)
+        await connection.send_complete()
+        with contextlib.suppress(trio.EndOfChannel):
+            while True:
+                body += await connection.receive()
+    assert connection.status_code is not None
+    return connection.status_code, bytes(body)
 
 
 def _check_error(status: int, body: bytes) -> None:
