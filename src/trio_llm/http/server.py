@@ -19,8 +19,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.utils import LifespanFailureError
 
-from trio_llm.http.app import AppState, app_state, create_app, setup_logging
+from trio_llm.http.app import create_app
 from trio_llm.http.config import ServerConfig
+from trio_llm.http.lifespan import setup_logging
+from trio_llm.http.state import AppState, app_state
 
 log = logging.getLogger("trio_llm.server")
 
