@@ -42,6 +42,9 @@ def setup_logging(level: str, *, root: bool = True) -> None:
 
 
 def fix_hypercorn_when_serving(app: QuartTrio) -> None:
+    """Apply the fixes in `app`'s lifespan startup, which Hypercorn runs before it accepts the
+    first connection; an untested Hypercorn fails the startup (the server does not start)."""
+
     @app.before_serving
     async def fix_hypercorn() -> None:
         hypercorn_fixes.apply()
