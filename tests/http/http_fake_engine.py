@@ -1,7 +1,9 @@
 """A stand-in EngineClient for the HTTP layer's own behaviour (routing, errors, framing,
 cancellation), so those tests need no model. It keeps the contract that matters here: a
 request cancelled while `generate()` is suspended is recorded as aborted, exactly as the real
-client aborts it in the engine. Tokens are characters: id = ord(char)."""
+client aborts it in the engine, and a prompt of token ids is checked (by the real
+`InputProcessor.check_request`) before `generate()` returns. Tokens are characters:
+id = ord(char)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 import trio
 
 from trio_llm.client.errors import EngineDeadError
+from trio_llm.client.input_processor import InputProcessor
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -42,6 +45,11 @@ class FakeEngine:
             device="cpu",
         )
         self.tokenizer = SimpleNamespace(convert_ids_to_tokens=lambda ids: [chr(i) for i in ids])
+        self._inputs = InputProcessor(
+            self.tokenizer,  # type: ignore[arg-type]
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+        )
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
         while not predicate():
@@ -71,7 +79,7 @@ class FakeEngine:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
         return await self.encode(text)
 
-    async def generate(
+    def generate(
         self,
         prompt: str | list[int],
         params: SamplingParams,
@@ -80,7 +88,13 @@ class FakeEngine:
         priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Each choice i writes 'a', 'b', 'c', ... (shifted by i) until max_tokens (default 8)."""
-        request_id = request_id or "req"
+        if isinstance(prompt, list):
+            self._inputs.check_request(prompt, params)
+        return self._generate(prompt, params, request_id or "req")
+
+    async def _generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncGenerator[RequestOutput, None]:
         ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
         self.prompts[request_id] = ids
         total = params.max_tokens or 8

@@ -142,6 +142,35 @@ async def test_http_errors_are_openai_json(client: httpx.AsyncClient, url: str) 
     assert reserved.json()["error"]["param"] == "chat_template_kwargs"
 
 
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x" * 200}]},
+            "messages",
+        ),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": 120}, "max_tokens"),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 120}, "max_completion_tokens"),
+        ("/v1/completions", {"prompt": ["hi", "x" * 200]}, "prompt[1]"),
+        ("/v1/completions", {"prompt": [[104, 105], [104] * 130]}, "prompt[1]"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 127}, "max_tokens"),
+    ],
+)
+async def test_context_errors_name_the_field_to_fix(
+    engine: FakeEngine, client: httpx.AsyncClient, route: str, body: dict, param: str
+) -> None:
+    response = await client.post(route, json=body)
+    error = response.json()["error"]
+    assert (response.status_code, error["param"], error["code"]) == (
+        400,
+        param,
+        "context_length_exceeded",
+    )
+    assert "maximum context length is 128" in error["message"]
+    assert engine.prompts == {}  # refused before anything reached the engine
+
+
 async def test_body_over_the_limit_is_413(engine: FakeEngine, serve_app) -> None:  # type: ignore[no-untyped-def]
     url = await serve_app(build_app(engine, config=ServerConfig(max_body_size=1000)))
     async with httpx.AsyncClient(base_url=url) as c:

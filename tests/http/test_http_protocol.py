@@ -6,29 +6,24 @@ import json
 
 import pytest
 
-from trio_llm.http.errors import ProtocolError
-from trio_llm.http.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    RequestLimits,
-    check_model,
-    check_token_ids,
-    decode_request,
-    fit_context,
-    plan_chat,
-    plan_completion,
-)
-from trio_llm.http.responses import (
-    SSE_DONE,
+from trio_llm.http.builders import (
     ChatStream,
     CompletionStream,
     chat_response,
     completion_response,
     merge_final,
-    sse_error,
-    sse_event,
     token_bytes,
 )
+from trio_llm.http.errors import ProtocolError
+from trio_llm.http.plans import (
+    RequestLimits,
+    check_model,
+    check_token_ids,
+    plan_chat,
+    plan_completion,
+)
+from trio_llm.http.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from trio_llm.http.responses import SSE_DONE, sse_error, sse_event
 from trio_llm.outputs import (
     CompletionOutput,
     Logprob,
@@ -291,20 +286,6 @@ def test_completion_defaults_and_echo_logprobs() -> None:
     plan = plan_completion(completion(max_tokens=None, echo=True, logprobs=2), LIMITS)
     assert plan.params.max_tokens is None
     assert (plan.params.logprobs, plan.params.prompt_logprobs, plan.echo) == (2, 2, True)
-
-
-def test_context_checks_name_both_numbers() -> None:
-    error = error_of(
-        lambda: fit_context(10, None, 10, prompt_param="messages", max_tokens_param="max_tokens")
-    )
-    assert (error.param, error.code) == ("messages", "context_length_exceeded")
-    assert "10 tokens" in error.message and "maximum context length is 10" in error.message
-    error = error_of(
-        lambda: fit_context(6, 5, 10, prompt_param="prompt", max_tokens_param="max_tokens")
-    )
-    assert error.param == "max_tokens"
-    assert "6 in the prompt" in error.message and "11 were requested" in error.message
-    fit_context(5, 5, 10, prompt_param="prompt", max_tokens_param="max_tokens")
 
 
 def test_model_and_token_checks() -> None:

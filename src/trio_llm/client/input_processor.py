@@ -78,12 +78,14 @@ class InputProcessor:
             raise InvalidPromptError(
                 f"the prompt holds token ids outside the vocabulary (size {self.vocab_size})"
             )
+        # The wording is OpenAI's ("This model's maximum context length is"), which clients
+        # (LiteLLM among them) match to tell a context overflow from other 400s.
         prompt_tokens, max_tokens = len(prompt_token_ids), params.max_tokens
         limit = self.max_model_len
-        if max_tokens is None and prompt_tokens >= limit:
+        if prompt_tokens >= limit:
             raise PromptTooLongError(
-                f"the prompt has {prompt_tokens} tokens, which leaves no room to generate "
-                f"within the model's context length of {limit} tokens",
+                f"This model's maximum context length is {limit} tokens, but the prompt has "
+                f"{prompt_tokens} tokens (it must leave room for at least one generated token)",
                 param="prompt",
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
@@ -91,10 +93,10 @@ class InputProcessor:
             )
         if max_tokens is not None and prompt_tokens + max_tokens > limit:
             raise PromptTooLongError(
-                f"the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: "
-                f"{prompt_tokens + max_tokens} tokens in all, more than the model's context "
-                f"length of {limit} tokens; shorten the prompt or lower max_tokens",
-                param="max_tokens" if prompt_tokens < limit else "prompt",
+                f"This model's maximum context length is {limit} tokens, but "
+                f"{prompt_tokens + max_tokens} were requested ({prompt_tokens} in the prompt, "
+                f"{max_tokens} for the completion); shorten the prompt or ask for fewer tokens",
+                param="max_tokens",
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
                 max_model_len=limit,

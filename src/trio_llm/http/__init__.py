@@ -2,11 +2,12 @@
 (`hypercorn --worker-class trio 'trio_llm.http:create_app()'`), `serve()` for `trio-llm serve`.
 """
 
-from trio_llm.http.app import AppState, app_state, build_app, create_app, translate_error
+from trio_llm.http.app import build_app, create_app
 from trio_llm.http.config import ServerConfig, config_from_env, parse_serve_args
-from trio_llm.http.errors import ProtocolError
-from trio_llm.http.protocol import RequestLimits
+from trio_llm.http.errors import ProtocolError, translate_error
+from trio_llm.http.plans import RequestLimits
 from trio_llm.http.server import serve
+from trio_llm.http.state import AppState, app_state
 
 __all__ = [
     "AppState",

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
-from trio_llm.http.protocol import RequestLimits
+from trio_llm.http.plans import RequestLimits
 
 ENV_PREFIX = "TRIO_LLM_"
 

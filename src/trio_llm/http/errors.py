@@ -1,14 +1,31 @@
-"""The one error type of the HTTP edge, and its OpenAI JSON shape.
+"""The one error type of the HTTP edge, its OpenAI JSON shape, and the one translation into it.
 
 Every failure a client can see is a `ProtocolError`: raised where the fault is known (request
-validation, admission, a missing key) or translated once from an engine error at the edge. It
-carries the HTTP status and OpenAI's `type`, `param` and `code`, so the body is always
-`{"error": {"message", "type", "param", "code"}}` and nothing else decides the status.
+validation, admission, a missing key) or translated once, by `translate_error`, from what the
+client layer raises (or from Werkzeug's routing errors, by `from_http_exception`). It carries
+the HTTP status and OpenAI's `type`, `param` and `code`, so the body is always
+`{"error": {"message", "type", "param", "code"}}` and nothing else decides the status. Nothing
+here touches Quart: handlers raise, and the app's error handlers and the SSE stream (for an
+error after the 200) both call `translate_error`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from werkzeug.exceptions import HTTPException
+
+from trio_llm.client.errors import (
+    ChatTemplateError,
+    EngineDeadError,
+    EngineRequestError,
+    InvalidPromptError,
+    PromptTooLongError,
+)
+from trio_llm.sampling_params import SamplingParamsError
+
+log = logging.getLogger(__name__)
 
 _TYPE_FOR_STATUS = {
     400: "invalid_request_error",
@@ -68,3 +85,52 @@ def not_supported(param: str, what: str) -> ProtocolError:
     return ProtocolError(
         400, f"{what} is not supported yet by this server", param=param, code="unsupported"
     )
+
+
+def engine_unavailable() -> ProtocolError:
+    """The one 503 for "no engine to serve this right now" (starting, restarting, or dead)."""
+    return ProtocolError(
+        503,
+        "The engine is not running (it is starting or restarting); retry later",
+        code="engine_unavailable",
+        headers={"Retry-After": "2"},
+    )
+
+
+def translate_error(error: BaseException) -> ProtocolError:
+    """The one place an exception becomes what the client sees."""
+    if isinstance(error, ProtocolError):
+        return error
+    if isinstance(error, SamplingParamsError):
+        return bad_request(str(error), param=error.param)
+    if isinstance(error, PromptTooLongError):
+        return bad_request(str(error), param=error.param, code="context_length_exceeded")
+    if isinstance(error, InvalidPromptError):
+        return bad_request(str(error), param=error.param)
+    if isinstance(error, ChatTemplateError):
+        return bad_request(str(error), param="messages")
+    if isinstance(error, EngineDeadError):
+        return ProtocolError(500, f"The engine died: {error}", code="engine_dead")
+    if isinstance(error, EngineRequestError):
+        return ProtocolError(500, f"The engine failed this request: {error}", code="engine_error")
+    log.error("unexpected error", exc_info=error)
+    return ProtocolError(500, "Internal server error", code="internal_error")
+
+
+def from_http_exception(
+    error: HTTPException, *, method: str, path: str, max_body_size: int | None
+) -> ProtocolError:
+    """Werkzeug's routing and body-size errors, in OpenAI's shape and with a message that
+    names the request."""
+    status = error.code or 500
+    headers = {}
+    if status == 404:
+        message = f"Not found: {method} {path}"
+    elif status == 405:
+        message = f"Method {method} is not allowed on {path}"
+        headers = {k: v for k, v in error.get_headers() if k.lower() == "allow"}
+    elif status == 413:
+        message = f"The request body is larger than the limit of {max_body_size} bytes"
+    else:
+        message = error.description or error.name
+    return ProtocolError(status, message, headers=headers)

@@ -1,6 +1,8 @@
 """Fixes to Hypercorn (0.18) that a server facing arbitrary HTTP/2 clients needs, installed by
-`apply()` when an app is built. Each was found by the disconnect-storm test
-(tests/reliability), which fails without it.
+`apply()` where a server starts: `trio-llm serve` before anything else, and every app's
+lifespan startup (so `hypercorn 'trio_llm.http:create_app()'` gets them too), never when an app
+is merely built. Each was found by the disconnect-storm test (tests/reliability), which fails
+without it.
 
 1. A client that closes an HTTP/2 connection at the wrong moment stopped the whole server.
    When a write fails, Hypercorn closes every stream of the connection, even in the middle of
@@ -23,11 +25,17 @@
    each stream's app reads its messages until it gets `http.disconnect`, and closing a socket
    does not wait for the peer.
 
+The fixes replace Hypercorn's own methods, private ones among them, and assume their bodies.
+So they are applied only to the versions they were written against and tested on (`SUPPORTED`,
+kept in step with pyproject.toml); any other version is refused with
+`UnsupportedHypercornError` rather than patched blindly.
+
 Invariant: installed at most once per process; nothing changes for a well-behaved connection.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 
 import h2.events
@@ -38,13 +46,46 @@ from hypercorn.trio.tcp_server import TCPServer
 
 log = logging.getLogger("trio_llm.http")
 
+SUPPORTED = ((0, 18), (0, 19))
+"""Hypercorn releases from the first up to (not including) the second: 0.18.x."""
+
 _applied = False
 
 
+class UnsupportedHypercornError(RuntimeError):
+    """The installed Hypercorn is not one the fixes were tested on."""
+
+
+def check_version(version: str) -> None:
+    """Raise `UnsupportedHypercornError` unless `version` is in `SUPPORTED`."""
+    low, high = SUPPORTED
+    try:
+        release = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        release = None
+    if release is None or not low <= release < high:
+        wanted = f"hypercorn>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise UnsupportedHypercornError(
+            f"Hypercorn {version} is installed, but trio-llm's fixes to Hypercorn "
+            f"(trio_llm/http/hypercorn_fixes.py) were written for and tested on {wanted}; "
+            f"install that (pip install '{wanted}')"
+        )
+
+
+def _installed_version() -> str:
+    return importlib.metadata.version("hypercorn")
+
+
+def applied() -> bool:
+    return _applied
+
+
 def apply() -> None:
+    """Install the fixes (once per process), or raise `UnsupportedHypercornError`."""
     global _applied
     if _applied:
         return
+    check_version(_installed_version())
     _applied = True
     handle = H2Protocol.handle
     handle_events = H2Protocol._handle_events

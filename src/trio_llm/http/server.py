@@ -19,8 +19,11 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.utils import LifespanFailureError
 
-from trio_llm.http.app import AppState, app_state, create_app, setup_logging
+from trio_llm.http import hypercorn_fixes
+from trio_llm.http.app import create_app
 from trio_llm.http.config import ServerConfig
+from trio_llm.http.lifespan import setup_logging
+from trio_llm.http.state import AppState, app_state
 
 log = logging.getLogger("trio_llm.server")
 
@@ -47,7 +50,9 @@ async def serve(
 ) -> int:
     """Serve until a signal (or until the engine dies for good); the exit status is returned.
 
-    `task_status.started` receives the bound URLs, e.g. ['http://127.0.0.1:8000']."""
+    `task_status.started` receives the bound URLs, e.g. ['http://127.0.0.1:8000'].
+    An untested Hypercorn raises `UnsupportedHypercornError` here, before the engine starts."""
+    hypercorn_fixes.apply()
     app = create_app(config)
     state = app_state(app)
     shutdown = trio.Event()

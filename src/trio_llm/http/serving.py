@@ -1,0 +1,195 @@
+"""The request skeleton every endpoint shares, written once.
+
+An endpoint that generates is a `GenerationEndpoint`: it plans the request (its constructor),
+builds the prompts' token ids, and shapes the stream or the response. `serve_generation` does
+the rest, in this order: decode the body, find the engine serving the model, plan, admit, build
+the prompts, make the ids, generate, then stream or collect. Endpoints that do not generate
+(models, tokenization) use the same pieces: `decode_body`, `json_response`, `admit`.
+
+Invariants:
+- Nothing reaches the engine before every check has passed. Admission counts the request
+  before anything is tokenized. `generate()` checks a token-id prompt before it returns (the
+  client's `check_request`: does it fit the context, are its ids and the params' in the
+  vocabulary), and its errors, which name the client's fields (`prompt`, `max_tokens`), are
+  renamed to the request's own (`messages`, `prompt[1]`, `max_completion_tokens`); they then
+  reach the client through `translate_error` like any other. No generation is iterated until
+  every prompt of the request has been checked.
+- What a request holds (its admission ticket) is released when its ASGI call ends, however it
+  ends, even if the response body was never started.
+- A client that goes away cancels the request's task, and the cancellation unwinding through
+  `generate()` is what aborts the request in the engine; nothing polls for disconnects, for
+  streaming and non-streaming requests alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
+
+import msgspec
+from msgspec import Struct
+from quart import Response, request
+
+from trio_llm.client.errors import InvalidPromptError
+from trio_llm.http.errors import ProtocolError
+from trio_llm.http.generation import Builder, collect, engine_request_ids, sse_response
+from trio_llm.http.middleware import on_request_end
+from trio_llm.http.plans import RequestLimits
+from trio_llm.http.protocol import decode_request
+from trio_llm.http.responses import new_response_id, now
+from trio_llm.http.state import AppState, ModelInfo, current_state
+from trio_llm.outputs import RequestOutput
+from trio_llm.sampling_params import SamplingParams, SamplingParamsError
+
+if TYPE_CHECKING:
+    from trio_llm.client import EngineClient
+
+R = TypeVar("R", bound=Struct)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces
+
+
+async def decode_body(kind: type[R]) -> R:
+    """The request's JSON body as a `kind`: 415 for another content type, 413 past the size
+    limit, 400 naming the parameter for a body that does not decode."""
+    mimetype = request.mimetype
+    if mimetype and mimetype != "application/json" and not mimetype.endswith("+json"):
+        raise ProtocolError(
+            415,
+            f"Content-Type must be application/json, got {mimetype}",
+            code="unsupported_media_type",
+        )
+    body = await request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
+    return decode_request(body, kind)
+
+
+def json_response(
+    payload: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        msgspec.json.encode(payload), status=status, headers=headers, mimetype="application/json"
+    )
+
+
+def error_response(error: ProtocolError) -> Response:
+    return json_response(error.to_dict(), error.status, error.headers)
+
+
+def admit(state: AppState, sequences: int) -> None:
+    """Count `sequences` against the server's capacity until the request ends, or 503."""
+    try:
+        ticket = state.admission.admit_nowait(sequences)
+    except ProtocolError:
+        state.metrics.rejected.inc()
+        raise
+    on_request_end(ticket.release)
+
+
+# ---------------------------------------------------------------------------------------------
+# The skeleton
+
+
+class Prompt(NamedTuple):
+    token_ids: list[int]
+    param: str
+    """The request field it came from ("messages", "prompt", "prompt[1]"), which errors about
+    the prompt name."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """What every response and chunk of one request repeats."""
+
+    response_id: str
+    model: str
+    created: int
+
+
+class GenerationRequest(Protocol):
+    """The fields of a decoded body the skeleton reads."""
+
+    model: str | None
+    stream: bool
+    request_id: str | None
+    priority: int
+
+
+class GenerationPlan(Protocol):
+    """What the skeleton reads of an endpoint's plan (plans.py)."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def max_tokens_param(self) -> str: ...
+    @property
+    def sequences(self) -> int: ...
+
+
+RequestT = TypeVar("RequestT", bound=GenerationRequest)
+
+
+class GenerationEndpoint(ABC, Generic[RequestT]):
+    """One request to an endpoint that generates. A subclass names its request type and its
+    response id's prefix, plans in its constructor (setting `plan`), and fills the three steps
+    that differ between endpoints: the prompts, the stream, the response."""
+
+    request_type: ClassVar[type[Any]]
+    """A msgspec Struct with the fields of `GenerationRequest`."""
+    id_prefix: ClassVar[str]
+    """Of the response id: `chatcmpl-...`, `cmpl-...`."""
+    plan: GenerationPlan
+
+    def __init__(self, request: RequestT, limits: RequestLimits) -> None:
+        """Plan `request` within `limits`: a subclass sets `plan`, or raises `ProtocolError`."""
+        self.request = request
+
+    @abstractmethod
+    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
+        """The token ids of each prompt, in order (one per prompt the plan holds)."""
+
+    @abstractmethod
+    def stream(self, head: ResponseHead) -> Builder:
+        """The builder of the SSE chunks, when the request streams."""
+
+    @abstractmethod
+    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> Struct:
+        """The complete response from each prompt's finished output, when it does not."""
+
+
+async def serve_generation(endpoint_type: type[GenerationEndpoint[Any]]) -> Response:
+    """The whole of a generating request, around the endpoint's own steps."""
+    state = current_state()
+    body = await decode_body(endpoint_type.request_type)
+    engine, model = state.engine_for(body.model)
+    endpoint = endpoint_type(body, state.config.limits)
+    req, plan = endpoint.request, endpoint.plan
+    admit(state, plan.sequences)
+    prompts = await endpoint.prompts(engine, model)
+    response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
+    ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
+    generations = [
+        _generate(engine, prompt, plan, engine_id, req.priority)
+        for prompt, engine_id in zip(prompts, ids, strict=True)
+    ]
+    head = ResponseHead(response_id, model.name, now())
+    if req.stream:
+        return sse_response(generations, endpoint.stream(head), state.metrics)
+    outputs = await collect(generations, state.metrics)
+    return json_response(endpoint.response(head, outputs))
+
+
+def _generate(
+    engine: EngineClient, prompt: Prompt, plan: GenerationPlan, request_id: str, priority: int
+) -> AsyncGenerator[RequestOutput, None]:
+    try:
+        return engine.generate(
+            prompt.token_ids, plan.params, request_id=request_id, priority=priority
+        )
+    except (InvalidPromptError, SamplingParamsError) as error:
+        renames = {"prompt": prompt.param, "max_tokens": plan.max_tokens_param}
+        error.param = renames.get(error.param, error.param)
+        raise

@@ -1,0 +1,61 @@
+"""What a client asks about the served model without generating: GET /v1/models and
+/v1/models/{id} (OpenAI's), POST /tokenize and /detokenize (vLLM's, same bodies and answers).
+
+The model list answers from what the model was when its engine last came up, so it keeps
+answering while a dead engine restarts; tokenization needs the live engine's tokenizer.
+"""
+
+from __future__ import annotations
+
+from quart import Response
+
+from trio_llm.http.errors import bad_request
+from trio_llm.http.plans import chat_messages, check_model, check_template_kwargs, check_token_ids
+from trio_llm.http.protocol import DetokenizeRequest, TokenizeRequest
+from trio_llm.http.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from trio_llm.http.serving import decode_body, json_response
+from trio_llm.http.state import ModelInfo, current_state
+
+
+def _card(model: ModelInfo) -> ModelCard:
+    return ModelCard(model.name, model.created, model.max_model_len)
+
+
+async def list_models() -> Response:
+    return json_response(ModelList([_card(current_state().require_model())]))
+
+
+async def model_card(model_id: str) -> Response:
+    model = current_state().require_model()
+    check_model(model_id, model.name)
+    return json_response(_card(model))
+
+
+async def tokenize() -> Response:
+    req = await decode_body(TokenizeRequest)
+    engine, model = current_state().engine_for(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of prompt or messages", param="prompt")
+    if req.prompt is not None:
+        add_special = True if req.add_special_tokens is None else req.add_special_tokens
+        ids = await engine.encode(req.prompt, add_special_tokens=add_special)
+    else:
+        assert req.messages is not None
+        check_template_kwargs(req.chat_template_kwargs)
+        ids = await engine.apply_chat_template(
+            chat_messages(req.messages),
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+    response = TokenizeResponse(len(ids), model.max_model_len, ids)
+    if req.return_token_strs:
+        response.token_strs = list(engine.tokenizer.convert_ids_to_tokens(ids))
+    return json_response(response)
+
+
+async def detokenize() -> Response:
+    req = await decode_body(DetokenizeRequest)
+    engine, model = current_state().engine_for(req.model)
+    check_token_ids(req.tokens, model.vocab_size, "tokens")
+    return json_response(DetokenizeResponse(engine.decode(req.tokens)))

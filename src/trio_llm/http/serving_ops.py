@@ -1,0 +1,37 @@
+"""What operators and tools ask of the server itself: GET /health (200 while the engine is
+alive, else the engine's 503), /version, /metrics (Prometheus), /openapi.json."""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+from quart import Response
+
+from trio_llm import __version__
+from trio_llm.http.openapi import openapi_document
+from trio_llm.http.serving import json_response
+from trio_llm.http.state import current_state
+
+
+async def health() -> Response:
+    current_state().require_engine()
+    return json_response({"status": "ok"})
+
+
+async def version() -> Response:
+    return json_response({"version": __version__})
+
+
+async def metrics() -> Response:
+    body, content_type = current_state().metrics.render()
+    return Response(body, content_type=content_type)
+
+
+@functools.cache
+def _openapi() -> bytes:
+    return msgspec.json.encode(openapi_document(__version__))
+
+
+async def openapi_json() -> Response:
+    return Response(_openapi(), mimetype="application/json")
