@@ -14,10 +14,7 @@ from trio_llm.ipc import (
     RingClosedError,
     ShmRing,
     WouldBlock,
-    decode_frontend_message,
-    encode,
 )
-from trio_llm.ipc.messages import Shutdown
 
 pytestmark = pytest.mark.anyio
 
@@ -79,13 +76,6 @@ async def test_full_ring_blocks_the_sender_then_resumes(ring: ShmRing) -> None:
         batch = await rx.receive_batch()  # frees the whole ring at once
         assert len(batch) == sent
     assert await rx.receive() == b"late"
-
-
-async def test_receive_decoded(ring: ShmRing) -> None:
-    tx, rx = ring.async_sender(), ring.async_receiver()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(tx.send, encode(Shutdown()))
-        assert await rx.receive_decoded(decode_frontend_message) == Shutdown()
 
 
 async def test_receive_batch_respects_max_messages(ring: ShmRing) -> None:

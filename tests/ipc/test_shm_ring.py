@@ -21,11 +21,9 @@ from trio_llm.ipc import (
     RingSpec,
     ShmRing,
     WouldBlock,
-    decode_frontend_message,
     encode,
     shm_ring,
 )
-from trio_llm.ipc.messages import Shutdown
 
 
 def move_to_offset(ring: ShmRing, offset: int) -> None:
@@ -350,39 +348,54 @@ def test_an_endpoint_keeps_its_ring_alive() -> None:
         rx.receive(timeout=0.01)  # its doorbell fd is still open
 
 
-def test_receive_decoded_reads_in_place_even_across_the_wrap() -> None:
-    with ShmRing.create(64) as ring:
-        tx, rx = ring.sender(), ring.receiver()
-        for offset in (0, 40):  # contiguous, then wrapped around the end
-            move_to_offset(ring, offset)
-            tx.send_nowait(b"0123456789" * 4)
-            assert rx.receive_decoded_nowait(bytes) == b"0123456789" * 4
-        tx.send_nowait(encode(Shutdown()))
-        assert rx.receive_decoded(decode_frontend_message, timeout=1) == Shutdown()
+# -- what a receive hands out: copies, so the ring may reuse the space and close() frees all ----
 
 
-def test_receive_decoded_consumes_the_message_when_decode_fails(ring: ShmRing) -> None:
-    tx, rx = ring.sender(), ring.receiver()
-    tx.send_nowait(b"\xc1 not msgpack")
-    tx.send_nowait(encode(Shutdown()))
-    with pytest.raises(msgspec.DecodeError):
-        rx.receive_decoded_nowait(decode_frontend_message)
-    assert rx.receive_decoded_nowait(decode_frontend_message) == Shutdown()
+def test_received_messages_outlive_their_space_and_close_frees_everything(fence: str) -> None:
+    """Every receive path, a decoder that keeps slices of what it got, many laps of the ring.
+
+    The removed in-place path (`receive_decoded`) failed both halves: a slice kept from its view
+    read what the producer wrote later, and close() then could not unmap and leaked the fds.
+    """
+    ring = ShmRing.create(256, fence=fence)  # type: ignore[arg-type]
+    tx, arx = ring.sender(), ring.async_receiver()
+    rx = arx.sync
+    memfd = os.readlink(f"/proc/self/fd/{ring.spec.mem_fd}").removesuffix(" (deleted)")
+    assert memfd in _own_mappings()
+
+    async def receive_async() -> list[bytes]:
+        return [await arx.receive(), *await arx.receive_batch()]
+
+    receive_paths = [
+        lambda: [rx.receive(timeout=1)],
+        lambda: [rx.receive_nowait()],
+        rx.receive_all_nowait,
+        lambda: anyio.run(receive_async),
+    ]
+    kept: list[tuple[bytes, msgspec.Raw]] = []
+    for lap in range(200):  # about 40 laps of the ring, records at every offset
+        sent = [encode([lap, i, "x" * (lap % 50)]) for i in range(2)]
+        for message in sent:
+            tx.send_nowait(message)
+        got: list[bytes] = []
+        while len(got) < len(sent):
+            got += receive_paths[lap % len(receive_paths)]()
+        assert got == sent
+        for message in got:
+            assert type(message) is bytes
+            # A Raw points into the buffer it was decoded from, as a zero-copy decoder would.
+            kept.append((message, msgspec.msgpack.decode(message, type=msgspec.Raw)))
+    assert all(bytes(raw) == message for message, raw in kept)
+
+    fds = ring.fds
+    ring.close()
+    assert all(bytes(raw) == message for message, raw in kept)
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    assert memfd not in _own_mappings()
 
 
-def test_receive_decoded_refuses_a_decode_that_keeps_the_memory(ring: ShmRing) -> None:
-    tx, rx = ring.sender(), ring.receiver()
-    tx.send_nowait(encode(Shutdown()))
-    with pytest.raises(RingError, match="kept a reference"):  # a Raw points into its input
-        rx.receive_decoded_nowait(lambda view: msgspec.msgpack.decode(view, type=msgspec.Raw))
-    with pytest.raises(WouldBlock):
-        rx.receive_decoded_nowait(bytes)
-
-
-def test_receive_decoded_gives_a_read_only_view(ring: ShmRing) -> None:
-    def scribble_through(view: memoryview) -> None:
-        view[0] = 0
-
-    ring.sender().send_nowait(b"data")
-    with pytest.raises(TypeError):
-        ring.receiver().receive_decoded_nowait(scribble_through)
+def _own_mappings() -> str:
+    with open("/proc/self/maps") as maps:
+        return maps.read()

@@ -3,7 +3,7 @@
 Owns the encoder and the two decoders. Invariant: `decode_frontend_message(encode(m)) == m` for
 every `FrontendMessage` m, and likewise for `EngineMessage`; a decoder rejects any message that
 does not belong to its direction (`msgspec.ValidationError`), so a request can never be misread
-as an output. Decoders accept any buffer (bytes, or a memoryview into a ring) without copying it.
+as an output. Decoders accept any buffer (bytes, bytearray, memoryview) without copying it.
 """
 
 from __future__ import annotations

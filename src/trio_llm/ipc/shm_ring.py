@@ -447,14 +447,16 @@ class ShmRing:
         """
         if self._closed:
             return
-        for endpoint in self._endpoints():
-            endpoint.close()
-            endpoint._release()
         self._closed = True
-        for view in reversed(self._views):
-            view.release()  # (after the endpoints released the views they sliced from these)
-        self._mem.close()
-        self._finalizer()
+        try:
+            for endpoint in self._endpoints():
+                endpoint.close()
+                endpoint._release()
+            for view in reversed(self._views):
+                view.release()  # (after the endpoints released the views they sliced from these)
+            self._mem.close()
+        finally:
+            self._finalizer()  # the fds go, even if something still held the mapping
 
     def _endpoints(self) -> list[_Endpoint]:
         return [e for e in (self._sender, self._receiver) if e is not None]
@@ -691,7 +693,6 @@ class RingReceiver(_Endpoint):
         super().__init__(ring, ring.spec.data_fd, ring.spec.space_fd)
         self._head: int = self._q[_Q_HEAD]
         self._tail_seen = self._head
-        self._readonly_view = self._bytes_view.toreadonly()
         self._epoch = 0  # of our sleeps: the sender rings once per epoch
         self._rung_for = 0  # the sender's last wake-at position we rang for
 
@@ -769,53 +770,6 @@ class RingReceiver(_Endpoint):
             budget -= 1
         self._consume_to(head, len(out))
         return out
-
-    def receive_decoded_nowait(self, decode: Callable[[memoryview], _T]) -> _T:
-        """Like `receive_nowait`, but return `decode(view)` of the message where it lies.
-
-        Saves copying the payload out of the ring, which pays from tens of KiB on. The view is
-        valid during the call only: `decode` must not keep it or anything sharing its memory (a
-        msgspec decoder into Structs copies what it keeps; `msgspec.Raw` fields would not), or
-        `RingError` is raised. The message is consumed even if `decode` raises.
-        """
-        if self._closed:
-            self._check_open()
-        head = self._head
-        if head == self._tail_seen and not self._refresh_tail():
-            raise anyio.WouldBlock
-        offset = head % self._cap
-        header = self._q_data[offset >> 3]
-        n = header - _RECORD_TYPE_BITS
-        if not 0 <= n <= self._tail_seen - head - 8:
-            raise self._corrupt(head, header)
-        body = _OFF_BODY + offset
-        end = body + n
-        if end <= self._data_end:
-            view = self._readonly_view[body:end]
-        else:
-            view = memoryview(self._join_wrapped(body, end))
-        leaked = False
-        try:
-            result = decode(view)
-        finally:
-            try:
-                view.release()
-            except BufferError:
-                leaked = True
-            self._consume_to(head + ((n + 15) & -8), 1)
-        if leaked:
-            raise RingError(
-                "the decode function kept a reference to the message's memory in the ring; "
-                "it must copy what it keeps"
-            )
-        return result
-
-    def receive_decoded(
-        self, decode: Callable[[memoryview], _T], timeout: float | None = None
-    ) -> _T:
-        """`receive_decoded_nowait`, waiting for a message like `receive`."""
-        self._wait_for_data(timeout)
-        return self.receive_decoded_nowait(decode)
 
     def _consume_to(self, head: int, count: int) -> None:
         """Return the space up to `head` to the producer; wake it if it waits for that much."""
@@ -901,10 +855,6 @@ class RingReceiver(_Endpoint):
     def _disarm(self) -> None:
         if not self._closed:  # a closed receiver keeps the flag up (see close)
             self._w[_W_CONSUMER_SLEEPING] = 0
-
-    def _release(self) -> None:
-        super()._release()
-        self._readonly_view.release()
 
     def _join_wrapped(self, body: int, end: int) -> bytes:
         """A payload that wraps, copied out once into one allocation."""
@@ -1042,13 +992,6 @@ class AsyncRingReceiver(_AsyncFace):
 
     async def receive(self) -> bytes:
         return await self._take(RingReceiver.receive_nowait)
-
-    async def receive_decoded(self, decode: Callable[[memoryview], _T]) -> _T:
-        """`receive`, but return `decode(view)` of the message where it lies in the ring.
-
-        See `RingReceiver.receive_decoded_nowait` for what `decode` may not do.
-        """
-        return await self._take(lambda receiver: receiver.receive_decoded_nowait(decode))
 
     async def receive_batch(self, max_messages: int | None = None) -> list[bytes]:
         """Wait for at least one message, then take all available (at most `max_messages`)."""
