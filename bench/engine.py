@@ -36,9 +36,9 @@ from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
 from trio_llm.engine.launch import EngineLaunch
 from trio_llm.engine.loader import resolve_model
+from trio_llm.ipc import ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import EngineCoreOutputs, EngineCoreRequest, EngineReady, Shutdown
-from trio_llm.ipc.shm_ring import ShmRing
 from trio_llm.sampling_params import SamplingParams
 
 

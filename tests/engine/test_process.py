@@ -18,6 +18,7 @@ import pytest
 from engine_dtype import ENGINE_DTYPE
 from trio_llm.config import EngineArgs
 from trio_llm.engine.launch import EngineLaunch
+from trio_llm.ipc import ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (
     AbortRequests,
@@ -27,7 +28,6 @@ from trio_llm.ipc.messages import (
     EngineReady,
     Shutdown,
 )
-from trio_llm.ipc.shm_ring import ShmRing
 from trio_llm.sampling_params import SamplingParams
 
 TIMEOUT = 60.0

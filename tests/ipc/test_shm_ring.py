@@ -21,8 +21,9 @@ from trio_llm.ipc import (
     RingSpec,
     ShmRing,
     WouldBlock,
+    _fence,
+    _layout,
     encode,
-    shm_ring,
 )
 
 
@@ -251,7 +252,7 @@ def test_capacity_is_validated(capacity: int) -> None:
 
 
 def test_other_architectures_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shm_ring.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(_fence.platform, "machine", lambda: "aarch64")
     with pytest.raises(RingError, match="x86-64"):
         ShmRing.create(64)
 
@@ -278,13 +279,13 @@ def scribble(ring: ShmRing, offset: int, data: bytes) -> None:
         mem[offset : offset + len(data)] = data
 
 
-DATA = shm_ring._OFF_DATA
+DATA = _layout.OFF_DATA
 
 
 @pytest.mark.parametrize(
     "garbage",
     [
-        (1000).to_bytes(4, "little") + shm_ring._RECORD_MESSAGE.to_bytes(4, "little"),
+        (1000).to_bytes(4, "little") + _layout.RECORD_MESSAGE.to_bytes(4, "little"),
         (5).to_bytes(4, "little") + (7).to_bytes(4, "little"),  # unknown type
         b"\xff" * 8,
     ],
@@ -314,7 +315,7 @@ def test_receive_all_hands_over_good_records_before_a_bad_one(ring: ShmRing) -> 
 
 def test_corrupt_tail_raises(ring: ShmRing) -> None:
     rx = ring.receiver()
-    scribble(ring, shm_ring._OFF_TAIL, (10**6).to_bytes(8, "little"))
+    scribble(ring, _layout.OFF_TAIL, (10**6).to_bytes(8, "little"))
     with pytest.raises(RingCorruptError, match="tail"):
         rx.receive_nowait()
 
@@ -322,7 +323,7 @@ def test_corrupt_tail_raises(ring: ShmRing) -> None:
 def test_corrupt_head_raises_in_the_sender(ring: ShmRing) -> None:
     tx = ring.sender()
     tx.send_nowait(b"x" * 248)  # full: the next send needs a fresh look at the head
-    scribble(ring, shm_ring._OFF_HEAD, (10**6).to_bytes(8, "little"))
+    scribble(ring, _layout.OFF_HEAD, (10**6).to_bytes(8, "little"))
     with pytest.raises(RingCorruptError, match="head"):
         tx.send_nowait(b"")
 

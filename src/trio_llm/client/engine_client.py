@@ -56,6 +56,13 @@ from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.config import EngineArgs
 from trio_llm.engine.launch import EngineLaunch
 from trio_llm.engine.loader import load_tokenizer, resolve_model
+from trio_llm.ipc import (
+    AsyncRingReceiver,
+    AsyncRingSender,
+    RingClosedError,
+    RingError,
+    ShmRing,
+)
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (
     AbortRequests,
@@ -64,13 +71,6 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
     Shutdown,
-)
-from trio_llm.ipc.shm_ring import (
-    AsyncRingReceiver,
-    AsyncRingSender,
-    RingClosedError,
-    RingError,
-    ShmRing,
 )
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from trio_llm.config import EngineArgs
-from trio_llm.ipc.shm_ring import RingSpec
+from trio_llm.ipc import RingSpec
 
 
 class EngineLaunch(msgspec.Struct, kw_only=True):

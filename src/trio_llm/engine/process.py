@@ -29,15 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from trio_llm.engine.launch import EngineLaunch
-from trio_llm.ipc.codec import DecodeError, decode_frontend_message, encode
-from trio_llm.ipc.messages import (
-    AbortRequests,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    EngineFailure,
-    Shutdown,
-)
-from trio_llm.ipc.shm_ring import (
+from trio_llm.ipc import (
     MessageTooLargeError,
     PeerDiedError,
     RingClosedError,
@@ -45,6 +37,14 @@ from trio_llm.ipc.shm_ring import (
     RingReceiver,
     RingSender,
     ShmRing,
+)
+from trio_llm.ipc.codec import DecodeError, decode_frontend_message, encode
+from trio_llm.ipc.messages import (
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineFailure,
+    Shutdown,
 )
 
 if TYPE_CHECKING:
