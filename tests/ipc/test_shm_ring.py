@@ -6,6 +6,7 @@ import array
 import gc
 import mmap
 import os
+import re
 import threading
 
 import anyio
@@ -400,3 +401,18 @@ def test_received_messages_outlive_their_space_and_close_frees_everything(fence:
 def _own_mappings() -> str:
     with open("/proc/self/maps") as maps:
         return maps.read()
+
+
+def test_the_layout_docstring_gives_the_offsets_the_code_uses() -> None:
+    table = re.findall(r"^    (\d+)\s+(\d+)\s+([a-z_]+)\s", _layout.__doc__ or "", re.M)
+    documented = {field: (int(offset), int(size)) for offset, size, field in table}
+    assert documented == {
+        "preamble": (0, _layout.PREAMBLE.size),
+        "tail": (_layout.Q_TAIL * 8, 8),
+        "producer_closed": (_layout.W_PRODUCER_CLOSED * 4, 4),
+        "wake_at": (_layout.Q_PRODUCER_WAKE_AT * 8, 8),
+        "head": (_layout.Q_HEAD * 8, 8),
+        "consumer_closed": (_layout.W_CONSUMER_CLOSED * 4, 4),
+        "consumer_sleeping": (_layout.W_CONSUMER_SLEEPING * 4, 4),
+    }
+    assert re.search(rf"^    {_layout.OFF_DATA}\s+cap\s+data\s", _layout.__doc__ or "", re.M)
