@@ -87,7 +87,7 @@ MAX_CAPACITY = 1 << 32  # a record length is a u32
 def record_size(length: int) -> int:
     """Bytes a record of a `length`-byte payload takes: header and payload, rounded up to 8.
 
-    The two hot paths (`try_send`, `receive_all_nowait`) inline it as `(length + 15) & -8`.
+    The hot paths of both ends inline it as `(length + 15) & -8`.
     """
     return (length + HEADER_BYTES + 7) & -8
 
