@@ -12,6 +12,7 @@ thread cancels the batch in flight, which aborts its requests in the engine, and
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -118,11 +119,17 @@ class LLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self._loop = _Loop(model, engine_args)
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._finalizer = weakref.finalize(self, self._loop.stop)
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self._client.tokenizer
+        """The model's tokenizer, this object's own copy: the engine client's instance is busy
+        on its event loop's thread, and a tokenizer must not be used by two threads at once."""
+        if self._tokenizer is None:
+            future, _ = self._loop.submit(self._copy_tokenizer)  # copied on the loop's thread
+            self._tokenizer = future.result()
+        return self._tokenizer
 
     @property
     def model_config(self) -> ModelConfig:
@@ -176,6 +183,9 @@ class LLM:
         if not self._finalizer.alive or self._loop.client is None:
             raise RuntimeError("this LLM is closed")
         return self._loop.client
+
+    async def _copy_tokenizer(self) -> PreTrainedTokenizerBase:
+        return copy.deepcopy(self._client.tokenizer)
 
     async def _run_batch(
         self, prompts: list[Prompt], params: list[SamplingParams]

@@ -78,9 +78,10 @@ async def test_model_config_and_tokenizer(client: EngineClient, tiny_model_dir: 
         config.num_blocks > 0 and config.kv_capacity_tokens == config.num_blocks * config.block_size
     )
     ids = await client.encode("Hello world")
-    assert client.decode(ids) == "Hello world"
+    assert await client.decode(ids) == "Hello world"
     chat = await client.apply_chat_template([{"role": "user", "content": "Hi"}])
-    assert client.decode(chat, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+    text = await client.decode(chat, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n")
     assert client.is_alive
 
 
@@ -90,7 +91,7 @@ async def test_delta_stream(client: EngineClient) -> None:
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
     tokens = [t for o in outs for t in o.outputs[0].token_ids]
     assert len(tokens) == 12
-    assert "".join(o.outputs[0].text for o in outs) == client.decode(tokens)
+    assert "".join(o.outputs[0].text for o in outs) == await client.decode(tokens)
     last = outs[-1]
     assert last.outputs[0].finish_reason == "length"
     assert last.prompt == "Once upon a time"

@@ -8,52 +8,47 @@ from typing import Any
 import pytest
 import sniffio
 
+from trio_llm.client.confined_tokenizer import INLINE_MAX_COST, ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
-from trio_llm.client.input_processor import INLINE_MAX_CHARS, InputProcessor
+from trio_llm.client.input_processor import InputProcessor
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
+
+from .tokenizer_probe import watch_tokenizer_use
 
 pytestmark = pytest.mark.anyio
 
 
-class _ThreadRecorder:
-    """The real tokenizer, noting which thread each encode ran on."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self.threads: list[int] = []
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        self.threads.append(threading.get_ident())
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tokenizer.apply_chat_template(*args, **kwargs)
-
-
 @pytest.fixture
 def inputs(tokenizer: Any) -> InputProcessor:
-    return InputProcessor(tokenizer, max_model_len=2048, vocab_size=len(tokenizer))
+    return InputProcessor(
+        ConfinedTokenizer(tokenizer), max_model_len=2048, vocab_size=len(tokenizer)
+    )
 
 
 async def test_runs_on_the_backend_it_is_parametrized_with(anyio_backend: str) -> None:
     assert sniffio.current_async_library() == anyio_backend
 
 
-async def test_big_inputs_are_tokenized_off_the_event_loop(tokenizer: Any) -> None:
-    recorder = _ThreadRecorder(tokenizer)
-    inputs = InputProcessor(recorder, max_model_len=2048, vocab_size=len(tokenizer))  # type: ignore[arg-type]
-    small, big = "Hello there", "word " * (INLINE_MAX_CHARS // 4)
-    assert await inputs.encode(small) == tokenizer.encode(small)
-    assert await inputs.encode(big) == tokenizer.encode(big)
-    messages = [{"role": "user", "content": big}]
-    expected = tokenizer.encode(
-        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-        add_special_tokens=False,
-    )
-    assert await inputs.apply_chat_template(messages) == expected
-    loop_thread = threading.get_ident()
-    assert recorder.threads[0] == loop_thread
-    assert all(t != loop_thread for t in recorder.threads[1:])
+async def test_big_inputs_are_tokenized_off_the_event_loop(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with watch_tokenizer_use(monkeypatch, type(tokenizer)) as use:
+        confined = ConfinedTokenizer(tokenizer)
+        inputs = InputProcessor(confined, max_model_len=2048, vocab_size=len(tokenizer))
+        small, big = "Hello there", "word " * (INLINE_MAX_COST // 4)
+        assert await inputs.encode(small) == tokenizer.encode(small)
+        loop_thread = threading.get_ident()
+        assert use.threads[id(tokenizer)] == {loop_thread}
+        assert await inputs.encode(big) == tokenizer.encode(big)
+        messages = [{"role": "user", "content": big}]
+        expected = tokenizer.encode(
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+        assert await inputs.apply_chat_template(messages) == expected
+    [worker] = [i for i in use.threads if i != id(tokenizer)]
+    assert loop_thread not in use.threads[worker]
+    assert use.threads[id(tokenizer)] == {loop_thread}  # the test's own calls included
 
 
 async def test_chat_template_renders_roles_and_generation_prompt(

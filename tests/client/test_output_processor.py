@@ -264,7 +264,8 @@ def test_collector_merges_deltas_into_one_pending_output() -> None:
     for k in range(1000):
         collector.put(CompletionOutput(index=0, text="x", token_ids=[k]))
     assert len(collector._pending) == 1  # bounded whatever the consumer's pace
-    assert collector._pending[0].text == "x" * 1000
+    [merged] = collector.get_nowait().outputs
+    assert (merged.text, merged.token_ids) == ("x" * 1000, list(range(1000)))
 
 
 @pytest.mark.parametrize("interval", [1, 3])

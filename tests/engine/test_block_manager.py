@@ -3,6 +3,9 @@ prefix cache and its LRU eviction, and who gets preempted."""
 
 from __future__ import annotations
 
+import pytest
+
+from trio_llm.engine import block_manager
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.scheduler import Scheduler
 from trio_llm.engine.sequence import Sequence, SequenceStatus
@@ -141,3 +144,33 @@ def test_preemption_takes_the_last_in_priority_order_and_it_comes_back() -> None
                 sched.finish(s, "length")
         step(sched)
     assert sched.block_manager.num_free_blocks == 6
+
+
+def test_a_cached_block_is_matched_by_its_whole_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even when two chains hash alike (here: a hash that ignores the chain, the worst case of a
+    collision), a block is served only to a prompt whose earlier blocks are the ones it was
+    computed after."""
+    monkeypatch.setattr(block_manager, "chain_hash", lambda parent, tokens: hash(tuple(tokens)))
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    a, b, c, e = [0, 1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
+    compute(bm, seq([*a, *c, 99]))  # C's K/V were computed after A
+    compute(bm, seq([*b, *e, 99]))
+    asking = seq([*b, *c, 99])  # B is cached, and so are C's tokens, but after A, not B
+    hits = bm.cached_prefix(asking)
+    assert len(hits) == 1
+
+
+def test_a_prefix_computed_twice_is_published_once() -> None:
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    first, second = seq([*range(8), 99], "first"), seq([*range(8), 98], "second")
+    for s in (first, second):  # both computed their prefix without finding the other's
+        bm.allocate(s, s.num_tokens)
+    for s in (first, second):
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_full_blocks(s)
+    assert bm.cached_prefix(seq([*range(8), 97])) == first.block_table[:2]
+    copies = list(second.block_table)
+    bm.deallocate(second)
+    # Its unpublished copies went to the front of the free queue: they are handed out first,
+    # before any block that holds a cached prefix.
+    assert list(bm.free)[: len(copies)] == copies

@@ -119,11 +119,51 @@ def test_prefix_cache_serves_a_shared_prefix(tiny_model_dir: Path) -> None:
     assert_all_blocks_free(cached)
 
 
-def test_identical_prompts_in_one_batch_share_cached_blocks(core: EngineCore) -> None:
+def test_identical_prompts_in_one_batch_share_cached_blocks(tiny_model_dir: Path) -> None:
+    """Three identical 40-token prompts admitted in one step: the second and third find the
+    first's two full blocks (32 tokens) although the step that fills them has not run yet, and
+    compute only their last 8 tokens; all three answer what an uncached engine answers."""
     (prompt,) = random_prompts([40], seed=4)
-    results = run(core, [request(str(i), prompt, max_tokens=5) for i in range(3)])
-    assert len({tuple(r.token_ids) for r in results.values()}) == 1
-    assert_all_blocks_free(core)
+    shared = make_core(tiny_model_dir)
+    for i in range(3):
+        shared.add_request(request(str(i), prompt, max_tokens=5))
+    first = shared.step()  # all three prefills, in one step
+    stats = shared.stats()
+    # 3 blocks for the first, then one block each for the others' last 8 tokens.
+    assert stats.num_total_blocks - stats.num_free_blocks == 3 + 1 + 1
+    assert stats.prefix_cache_hits == 2 * 32
+    assert {o.request_id: o.num_cached_tokens for o in first.outputs} == {"0": 0, "1": 32, "2": 32}
+    results: dict[str, list[int]] = {o.request_id: list(o.new_token_ids) for o in first.outputs}
+    while shared.has_work():
+        for out in shared.step().outputs:
+            results[out.request_id] += out.new_token_ids
+    uncached = make_core(tiny_model_dir, enable_prefix_caching=False)
+    expected = run(uncached, [request("u", prompt, max_tokens=5)])["u"].token_ids
+    assert results == {str(i): expected for i in range(3)}
+    assert_all_blocks_free(shared)
+
+
+def test_a_failed_step_unpublishes_the_blocks_it_was_to_fill(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks published when their step was scheduled hold no K/V if that step fails: they must
+    not serve a later prompt."""
+    (prompt,) = random_prompts([40], seed=15)
+    engine = make_core(tiny_model_dir)
+    real_execute = engine.runner.execute
+
+    def fail_once(*args: object, **kwargs: object) -> object:
+        monkeypatch.setattr(engine.runner, "execute", real_execute)
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(engine.runner, "execute", fail_once)
+    failed = run(engine, [request(str(i), prompt, max_tokens=3) for i in range(2)])
+    assert {r.finish_reason for r in failed.values()} == {"error"}
+    assert_all_blocks_free(engine)
+    again = run(engine, [request("again", prompt, max_tokens=3)])["again"]
+    assert again.num_cached_tokens == 0
+    uncached = make_core(tiny_model_dir, enable_prefix_caching=False)
+    assert again.token_ids == run(uncached, [request("u", prompt, max_tokens=3)])["u"].token_ids
 
 
 def test_aborts_and_finishes_return_every_block(core: EngineCore) -> None:

@@ -143,7 +143,7 @@ def test_the_engine_exits_when_its_parent_dies(tiny_model_dir: Path, tmp_path: P
         textwrap.dedent(
             f"""
             import os, sys
-            sys.path.insert(0, {str(Path(__file__).parent)!r})
+            sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
             from test_process import launch, tiny_args
             from pathlib import Path
             engine = launch(tiny_args(Path({str(tiny_model_dir)!r})))

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import EngineDeadError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -44,9 +45,8 @@ class FakeEngine:
             dtype="float32",
             device="cpu",
         )
-        self.tokenizer = SimpleNamespace(convert_ids_to_tokens=lambda ids: [chr(i) for i in ids])
         self._inputs = InputProcessor(
-            self.tokenizer,  # type: ignore[arg-type]
+            ConfinedTokenizer(SimpleNamespace()),  # type: ignore[arg-type]
             max_model_len=self.max_model_len,
             vocab_size=self.vocab_size,
         )
@@ -72,8 +72,13 @@ class FakeEngine:
         await trio.lowlevel.checkpoint()
         return [ord(c) % self.vocab_size for c in text]
 
-    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+    async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        await trio.lowlevel.checkpoint()
         return "".join(chr(t) for t in token_ids)
+
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return [chr(t) for t in token_ids]
 
     async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"

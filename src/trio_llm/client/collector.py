@@ -21,8 +21,10 @@ from trio_llm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics,
 from trio_llm.sampling_params import RequestOutputKind
 
 
-def _merge_delta(pending: CompletionOutput, new: CompletionOutput) -> None:
-    pending.text += new.text
+def _merge_delta(pending: CompletionOutput, new: CompletionOutput, texts: list[str]) -> None:
+    """Fold `new` into `pending`; its text goes to `texts`, joined once when taken (adding it
+    to `pending.text` each time would copy the growing text once per merge)."""
+    texts.append(new.text)
     pending.token_ids.extend(new.token_ids)
     if new.logprobs is not None:
         if pending.logprobs is None:
@@ -57,6 +59,8 @@ class RequestCollector:
         """Updated in place by the output processor; each output carries a copy."""
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
         self._pending: dict[int, CompletionOutput] = {}
+        self._merged_texts: dict[int, list[str]] = {}
+        """DELTA: text of deltas merged into a pending output since it was put, by choice."""
         self._latest: dict[int, CompletionOutput] = {}
         """CUMULATIVE and FINAL_ONLY: every choice's newest state, already delivered or not."""
         self._finished_choices: set[int] = set()
@@ -79,7 +83,7 @@ class RequestCollector:
             self._finished_choices.add(completion.index)
         pending = self._pending.get(completion.index)
         if pending is not None and self.kind is RequestOutputKind.DELTA:
-            _merge_delta(pending, completion)
+            _merge_delta(pending, completion, self._merged_texts.setdefault(completion.index, []))
         else:
             self._pending[completion.index] = completion
         self._steps_pending += 1
@@ -137,6 +141,10 @@ class RequestCollector:
 
     def _take(self) -> RequestOutput:
         if self.kind is RequestOutputKind.DELTA:
+            for index, texts in self._merged_texts.items():
+                pending = self._pending[index]
+                pending.text = "".join([pending.text, *texts])
+            self._merged_texts = {}
             outputs = [self._pending[i] for i in sorted(self._pending)]
             prompt_logprobs = None if self._prompt_logprobs_sent else self.prompt_logprobs
             self._prompt_logprobs_sent = prompt_logprobs is not None

@@ -46,6 +46,7 @@ import anyio.to_thread
 import msgspec
 
 from trio_llm.client.collector import RequestCollector
+from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import (
     EngineDeadError,
     EngineStartError,
@@ -131,7 +132,11 @@ class EngineClient:
         *,
         max_message_bytes: int,
     ) -> None:
+        self._tokenizer = ConfinedTokenizer(tokenizer)
         self.tokenizer = tokenizer
+        """The model's tokenizer, for use on the event loop's thread only (the client uses it
+        there to detokenize). Call `encode`/`decode` to tokenize from anywhere on the loop;
+        from another thread, use a copy of your own."""
         self.model_config: ModelConfig = msgspec.structs.replace(
             ready, model=args.served_model_name or ready.model
         )
@@ -141,7 +146,7 @@ class EngineClient:
         self._max_message_bytes = max_message_bytes
         self._stream_interval = args.stream_interval
         self._inputs = InputProcessor(
-            tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
+            self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
         )
         self._outputs = OutputProcessor(tokenizer)
         self._scheduler_stats = SchedulerStats(
@@ -232,8 +237,15 @@ class EngineClient:
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
 
-    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """The text of `token_ids` (a long list is decoded off the event loop)."""
+        return await self._tokenizer.decode(
+            list(token_ids), skip_special_tokens=skip_special_tokens
+        )
+
+    async def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's entry in the vocabulary, as the tokenizer spells it ('Ġthe')."""
+        return await self._tokenizer.token_strings(list(token_ids))
 
     async def apply_chat_template(
         self,
@@ -403,7 +415,11 @@ class EngineClient:
                     else:
                         log.warning("ignoring an unexpected %s from the engine", type(message))
         except RingClosedError:
-            pass  # the engine exited, and every output it published has been routed
+            pass  # the engine is gone, and every output it published has been routed
+        # The ring ends when the engine's process dies, often a moment before its exit status
+        # is known: wait for it (bounded), so the requests' error says how the engine ended.
+        with anyio.move_on_after(DRAIN_TIMEOUT):
+            await self._dead.wait()
         self._on_dead()
 
     # -- the process ----------------------------------------------------------------------

@@ -7,22 +7,19 @@ Invariants:
 - Every check runs before anything reaches the engine, and each error names what to fix
   (`PromptTooLongError` carries both the prompt's token count and `max_tokens`).
 - A large input is tokenized (and its chat template rendered) on a worker thread, so one big
-  prompt never stalls the event loop that streams everyone else's tokens. Worker-thread
-  tokenizer calls are serialized through one limiter: a Hugging Face fast tokenizer is not safe
-  to use from several threads at once.
+  prompt never stalls the event loop that streams everyone else's tokens. The tokenizer is
+  reached only through `ConfinedTokenizer.run`, which hands each thread its own instance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.lowlevel
-import anyio.to_thread
 import jinja2
 import msgspec
 
+from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -30,25 +27,17 @@ from trio_llm.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-_T = TypeVar("_T")
-_Ts = TypeVarTuple("_Ts")
-
-INLINE_MAX_CHARS = 8192
-"""Inputs up to this many characters are tokenized on the event loop: about 0.5 ms on one core
-here, less than a thread hand-off costs in latency under load."""
-
 
 class InputProcessor:
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, *, max_model_len: int, vocab_size: int
+        self, tokenizer: ConfinedTokenizer, *, max_model_len: int, vocab_size: int
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self._limiter = anyio.CapacityLimiter(1)
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return await self._run(len(text), self._encode, text, add_special_tokens)
+        return await self.tokenizer.run(len(text), _encode, text, add_special_tokens)
 
     async def apply_chat_template(
         self,
@@ -59,9 +48,9 @@ class InputProcessor:
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         size = sum(len(str(message.get("content") or "")) for message in messages)
-        return await self._run(
+        return await self.tokenizer.run(
             size,
-            self._render_and_encode,
+            _render_and_encode,
             messages,
             add_generation_prompt,
             continue_final_message,
@@ -136,33 +125,27 @@ class InputProcessor:
             for child_id, child_params in children
         ]
 
-    # -- internals ----------------------------------------------------------------------
 
-    async def _run(self, size: int, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
-        if size <= INLINE_MAX_CHARS:
-            await anyio.lowlevel.checkpoint()
-            return fn(*args)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _render_and_encode(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-        chat_template_kwargs: dict[str, Any],
-    ) -> list[int]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                **chat_template_kwargs,
-            )
-        except (ValueError, jinja2.TemplateError) as exc:
-            raise ChatTemplateError(f"cannot render the chat template: {exc}") from exc
-        # The template already wrote the special tokens (BOS and the role markers) as text.
-        return self._encode(str(text), add_special_tokens=False)
+def _render_and_encode(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    chat_template_kwargs: dict[str, Any],
+) -> list[int]:
+    try:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **chat_template_kwargs,
+        )
+    except (ValueError, jinja2.TemplateError) as exc:
+        raise ChatTemplateError(f"cannot render the chat template: {exc}") from exc
+    # The template already wrote the special tokens (BOS and the role markers) as text.
+    return _encode(tokenizer, str(text), add_special_tokens=False)

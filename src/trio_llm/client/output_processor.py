@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
 from trio_llm.client.errors import EngineRequestError
+from trio_llm.client.output_text import OutputText
 from trio_llm.client.stop_strings import find_stop, held_back
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
 from trio_llm.outputs import CompletionOutput, Logprob, PositionLogprobs
@@ -44,10 +45,12 @@ class _Choice:
     collector: RequestCollector
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
-    text: str = ""
+    text: OutputText = field(default_factory=OutputText)
     """Everything decoded so far (cut at a stop string once one matched)."""
     sent: int = 0
     """Characters of `text` handed to the collector; the rest is held back."""
+    longest_stop: int = 0
+    """The length of the longest stop string: how far back a match can begin."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
@@ -99,6 +102,8 @@ class OutputProcessor:
                     skip_special_tokens=params.skip_special_tokens,
                 ),
             )
+            if params.stop:
+                choice.longest_stop = max(map(len, params.stop))
             if params.logprobs is not None:
                 choice.logprobs = []
                 choice.cumulative_logprob = 0.0
@@ -205,11 +210,11 @@ class OutputProcessor:
             if not piece:
                 continue
             before = len(choice.text)
-            choice.text += piece
-            if params.stop and (hit := find_stop(choice.text, before, params.stop)):
+            choice.text.append(piece)
+            if params.stop and (hit := _find_stop(choice, before)):
                 at, stop = hit
                 end = at + len(stop) if params.include_stop_str_in_output else at
-                choice.text = choice.text[:end]
+                choice.text.truncate(end)
                 finish_reason, stop_reason = "stop", stop
                 token_ids = token_ids[: k + 1]
                 stopped_here = True
@@ -240,16 +245,17 @@ class OutputProcessor:
         """What the collector gets for this update, in the request's output kind."""
         limit = len(choice.text)
         if not finished and choice.params.stop:
-            limit -= held_back(choice.text, choice.params.stop)
+            # A held-back prefix of a stop string is shorter than the longest stop string.
+            limit -= held_back(choice.text.tail(choice.longest_stop), choice.params.stop)
         limit = max(limit, choice.sent)
         kind = choice.collector.kind
         if kind is RequestOutputKind.DELTA:
-            text = choice.text[choice.sent : limit]
+            text = choice.text.slice(choice.sent, limit)
             token_ids, logprobs = list(new_token_ids), new_logprobs
             if logprobs is None and choice.logprobs is not None:
                 logprobs = []
         elif finished or kind is RequestOutputKind.CUMULATIVE:
-            text = choice.text[:limit]
+            text = choice.text.slice(0, limit)
             token_ids = list(choice.token_ids)
             logprobs = None if choice.logprobs is None else list(choice.logprobs)
         else:
@@ -274,3 +280,11 @@ class OutputProcessor:
                 for rank, (token_id, logprob) in enumerate(zip(ids[1:], logprobs[1:]), start=1)
             ],
         )
+
+
+def _find_stop(choice: _Choice, new_from: int) -> tuple[int, str] | None:
+    """`find_stop` over the end of the text only: a match that reaches past `new_from` starts
+    at most `longest_stop - 1` characters before it."""
+    start = max(new_from - choice.longest_stop + 1, 0)
+    hit = find_stop(choice.text.slice(start), new_from - start, choice.params.stop)
+    return None if hit is None else (hit[0] + start, hit[1])

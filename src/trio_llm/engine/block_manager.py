@@ -9,13 +9,22 @@ Invariants:
   eviction order: blocks are handed out from the front, freed blocks that hold a cached prefix go
   to the back (a sequence's last blocks first, so its leading blocks, the most shareable, are
   evicted last) and freed blocks with nothing cached go to the front.
-- A block's hash is the hash of (previous block's hash, its tokens), so equal hashes mean equal
-  prefixes; the block also keeps its tokens, and a lookup compares them, so a hash collision
-  can never serve another prompt's K/V.
+- A cached block is matched by its whole chain, never by a hash alone: it keeps its tokens and
+  the serial number of the block it follows in the chain, and a lookup compares both. A lookup
+  walks a prompt block by block from the start, so a block is served only after every block
+  before it was, and only if it follows exactly those; a hash collision (the hashes are 64-bit
+  and not secret) can never serve another prompt's K/V.
+- A block is published (made findable) once every position in it has its K/V, or, for a
+  sequence admitted this step, once the step that computes them is scheduled: identical prompts
+  admitted in the same step share their blocks, and the later ones attend to K/V the step
+  writes before it attends. Should that step fail, the blocks it was to fill are unpublished.
+- Two sequences that computed the same prefix each on their own keep one published copy; the
+  other copy is never published and goes back to the front of the free queue.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
@@ -23,13 +32,23 @@ from trio_llm.engine.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "hash", "ref_count", "token_ids")
+    __slots__ = ("block_id", "hash", "parent", "ref_count", "serial", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.hash: int | None = None
+        """Set while the block is published (findable in the prefix cache)."""
         self.token_ids: tuple[int, ...] = ()
+        self.serial = 0
+        """Unique to this publication of the block (0 while unpublished)."""
+        self.parent = 0
+        """The serial of the block before it in its chain; 0 for a chain's first block."""
+
+
+def chain_hash(parent: int, tokens: Seq[int]) -> int:
+    """The lookup key of a block: its tokens and the key of the block before it."""
+    return hash((parent, *tokens))
 
 
 class BlockManager:
@@ -39,6 +58,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
+        self._serials = itertools.count(1)
 
     @property
     def num_blocks(self) -> int:
@@ -60,7 +80,7 @@ class BlockManager:
         tokens = seq.token_ids
         while len(hashes) < num_blocks:
             i = len(hashes)
-            hashes.append(hash((hashes[-1] if hashes else 0, *tokens[i * bs : (i + 1) * bs])))
+            hashes.append(chain_hash(hashes[-1] if hashes else 0, tokens[i * bs : (i + 1) * bs]))
         return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
@@ -74,31 +94,52 @@ class BlockManager:
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         hits: list[int] = []
+        parent = 0
         for i, h in enumerate(self.block_hashes(seq, max_blocks)):
             block_id = self.hash_to_block.get(h)
             if block_id is None:
                 break
             block = self.blocks[block_id]
-            if block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+            if block.parent != parent or block.token_ids != tuple(
+                seq.token_ids[i * bs : (i + 1) * bs]
+            ):
                 break
             hits.append(block_id)
+            parent = block.serial
         return hits
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Publish the blocks whose every position now has its K/V computed."""
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Publish the sequence's blocks that are full once its first `num_tokens` tokens
+        (default: those computed) have their K/V."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
+        num_full = (seq.num_computed_tokens if num_tokens is None else num_tokens) // bs
+        chain = seq.block_chain
+        if len(chain) >= num_full or (chain and chain[-1] == 0):
+            return  # published already, or the chain broke at a hash collision
         hashes = self.block_hashes(seq, num_full)
-        for i in range(num_full - 1, -1, -1):
+        for i in range(len(chain), num_full):
+            parent = chain[-1] if chain else 0
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            held = self.hash_to_block.get(hashes[i])
+            if held is not None:
+                other = self.blocks[held]
+                if other.parent == parent and other.token_ids == tokens:
+                    chain.append(other.serial)  # the same prefix is published already
+                    continue
+                chain.append(0)  # a collision: this chain stays unpublished from here
+                return
             block = self.blocks[seq.block_table[i]]
-            if block.hash is not None:
-                break  # this block and every earlier one are already published
-            h = hashes[i]
-            block.hash = h
-            block.token_ids = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            self.hash_to_block.setdefault(h, block.block_id)
+            block.hash, block.token_ids, block.parent = hashes[i], tokens, parent
+            block.serial = next(self._serials)
+            self.hash_to_block[block.hash] = block.block_id
+            chain.append(block.serial)
+
+    def _unpublish(self, block: Block) -> None:
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
+            del self.hash_to_block[block.hash]
+        block.hash, block.token_ids, block.parent, block.serial = None, (), 0, 0
 
     # -- allocation -----------------------------------------------------------------------
 
@@ -120,6 +161,7 @@ class BlockManager:
                 del self.free[block_id]
             block.ref_count += 1
         seq.block_table.extend(cached)
+        seq.block_chain.extend(self.blocks[b].serial for b in cached)
         seq.num_computed_tokens += len(cached) * self.block_size
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())
@@ -128,20 +170,22 @@ class BlockManager:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict the cached prefix it held
-            if self.hash_to_block.get(block.hash) == block_id:
-                del self.hash_to_block[block.hash]
-            block.hash = None
-            block.token_ids = ()
+            self._unpublish(block)
         block.ref_count = 1
         return block_id
 
     def deallocate(self, seq: Sequence) -> None:
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+        computed = seq.num_computed_tokens // self.block_size
+        for i in range(len(seq.block_table) - 1, -1, -1):
+            block = self.blocks[seq.block_table[i]]
+            if i >= computed and block.hash is not None:
+                # Published for a step that never completed: its K/V were never written.
+                self._unpublish(block)
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free[block_id] = None
+                self.free[block.block_id] = None
                 if block.hash is None:
-                    self.free.move_to_end(block_id, last=False)
+                    self.free.move_to_end(block.block_id, last=False)
         seq.block_table.clear()
+        seq.block_chain.clear()
         seq.num_computed_tokens = 0

@@ -230,9 +230,7 @@ def cpu_has_fast_bf16(flags: frozenset[str]) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_dtype(
-    dtype: str, device: str, *, flags: frozenset[str] | None = None
-) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str, *, flags: frozenset[str] | None = None) -> torch.dtype:
     """`auto`: bfloat16 on CUDA and on CPUs with fast bf16, float32 elsewhere.
 
     `flags` are the CPU's feature flags (this machine's when None): the choice depends on the

@@ -123,6 +123,9 @@ class Scheduler:
                 break
             heapq.heappop(self.waiting)
             self.block_manager.allocate(seq, n, cached)
+            # Findable from now on: an identical prompt admitted next, in this same step, shares
+            # these blocks (this step writes their K/V before any of its tokens attend).
+            self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens + n)
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = num_cached
             if self.block_manager.enable_prefix_caching:

@@ -45,6 +45,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of the full blocks, in order (kept across preemption: tokens stay)."""
+    block_chain: list[int] = field(default_factory=list)
+    """For each of its full blocks published so far, the serial of the published block that
+    holds that prefix (its own, or another sequence's with the same prefix); a 0 ends it."""
     num_cached_tokens: int = -1
     """Prompt tokens found in the prefix cache when first scheduled; -1 before that."""
     sent_first_output: bool = False

@@ -33,7 +33,7 @@ class Completion(GenerationEndpoint[CompletionRequest]):
     def __init__(self, request: CompletionRequest, limits: RequestLimits) -> None:
         super().__init__(request, limits)
         self.plan = plan_completion(request, limits)
-        self._engine: EngineClient | None = None
+        self._echo_texts: list[str] | None = None
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
         given = self.plan.prompts
@@ -46,17 +46,9 @@ class Completion(GenerationEndpoint[CompletionRequest]):
                 check_token_ids(prompt, model.vocab_size, param)
                 token_ids = prompt
             prompts.append(Prompt(token_ids, param))
-        self._engine = engine
+        if self.plan.echo:  # each prompt as text, for the choices that echo it
+            self._echo_texts = [p if isinstance(p, str) else await engine.decode(p) for p in given]
         return prompts
-
-    def _echo_texts(self) -> list[str] | None:
-        """Each prompt as text, when the choices echo it. Decoded here, once the prompts have
-        passed the context check, so a prompt that is refused is never decoded."""
-        if not self.plan.echo:
-            return None
-        assert self._engine is not None
-        decode = self._engine.decode
-        return [p if isinstance(p, str) else decode(p) for p in self.plan.prompts]
 
     def stream(self, head: ResponseHead) -> CompletionStream:
         return CompletionStream(
@@ -66,7 +58,7 @@ class Completion(GenerationEndpoint[CompletionRequest]):
             n=self.plan.params.n,
             logprobs=self.plan.logprobs,
             include_usage=self.request.include_usage,
-            echo_texts=self._echo_texts(),
+            echo_texts=self._echo_texts,
         )
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> CompletionResponse:
@@ -77,7 +69,7 @@ class Completion(GenerationEndpoint[CompletionRequest]):
             outputs=outputs,
             n=self.plan.params.n,
             logprobs=self.plan.logprobs,
-            echo_texts=self._echo_texts(),
+            echo_texts=self._echo_texts,
         )
 
 

@@ -50,7 +50,7 @@ async def tokenize() -> Response:
         )
     response = TokenizeResponse(len(ids), model.max_model_len, ids)
     if req.return_token_strs:
-        response.token_strs = list(engine.tokenizer.convert_ids_to_tokens(ids))
+        response.token_strs = await engine.token_strings(ids)
     return json_response(response)
 
 
@@ -58,4 +58,4 @@ async def detokenize() -> Response:
     req = await decode_body(DetokenizeRequest)
     engine, model = current_state().engine_for(req.model)
     check_token_ids(req.tokens, model.vocab_size, "tokens")
-    return json_response(DetokenizeResponse(engine.decode(req.tokens)))
+    return json_response(DetokenizeResponse(await engine.decode(req.tokens)))
