@@ -18,7 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trio_llm.engine.attention import AttentionMetadata, PrefillChunk
+from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
+from trio_llm.engine.attention.interface import as_tensor
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
 from trio_llm.engine.sequence import Sequence
@@ -118,7 +119,7 @@ class ModelRunner:
         self.spec = spec
         self.block_size = spec.block_size
         self.device = device
-        self.backend = backend
+        self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(seed, device)
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
@@ -133,7 +134,6 @@ class ModelRunner:
         for layer, k, v in zip(self.decoder.layers, self.k_caches, self.v_caches):
             layer.self_attn.k_cache = k
             layer.self_attn.v_cache = v
-        self.scale = spec.head_dim**-0.5
         self._mode: _StepMode | None = None
         self.single_token_steps = 0
         """Steps run on the single-token weight copies."""
@@ -194,10 +194,19 @@ class ModelRunner:
         device = self.device
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0),
-            positions=_tensor(positions, device).unsqueeze(0),
-            attn=self._attention_metadata(batch, tables, starts, ends, cu, slots),
+            positions=as_tensor(positions, device).unsqueeze(0),
+            attn=self._attention.build(
+                StepLayout(
+                    num_decodes=batch.num_decodes,
+                    block_tables=tables,
+                    cu_seqlens_q=cu,
+                    context_lens=ends,
+                    slot_mapping=slots,
+                ),
+                self.k_caches[0],
+            ),
             sample_index=np.flatnonzero(samples),
-            sample_rows=_tensor(cu[1:][samples] - 1, device),
+            sample_rows=as_tensor(cu[1:][samples] - 1, device),
             prompt_rows=prompt_rows,
         )
 
@@ -247,56 +256,3 @@ class ModelRunner:
         for i, s in enumerate(seqs):
             tables[i, : len(s.block_table)] = s.block_table
         return tables
-
-    def _attention_metadata(
-        self,
-        batch: ScheduledBatch,
-        tables: np.ndarray,
-        starts: np.ndarray,
-        ends: np.ndarray,
-        cu: np.ndarray,
-        slots: np.ndarray,
-    ) -> AttentionMetadata:
-        device = self.device
-        nd = batch.num_decodes
-        meta = AttentionMetadata(
-            backend=self.backend,
-            slot_mapping=_tensor(slots, device),
-            num_decodes=nd,
-            scale=self.scale,
-        )
-        if self.backend == "triton":
-            meta.block_tables = torch.from_numpy(tables.astype(np.int32)).to(device)
-            meta.context_lens = torch.from_numpy(ends.astype(np.int32)).to(device)
-            meta.cu_seqlens_q = torch.from_numpy((cu[nd:] - cu[nd]).astype(np.int32)).to(device)
-            return meta
-        bs = self.block_size
-        if nd:
-            lens = ends[:nd]
-            length = int(lens.max())
-            num_blocks = -(-length // bs)
-            meta.decode_blocks = _tensor(tables[:nd, :num_blocks].reshape(-1), device)
-            meta.decode_len = length
-            width = bs * self.spec.num_kv_heads * self.spec.head_dim
-            meta.decode_buffers = (
-                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
-                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
-            )
-            if (lens != length).any():
-                mask = np.arange(length)[None, :] < lens[:, None]
-                meta.decode_mask = _tensor(mask[:, None, None, :], device)
-        for i in range(nd, len(batch.seqs)):
-            start, ctx = int(starts[i]), int(ends[i])
-            chunk = PrefillChunk(int(cu[i]), int(cu[i + 1]), None, None)
-            if start:
-                j = np.arange(ctx)
-                chunk.context_slots = _tensor(tables[i, j // bs] * bs + j % bs, device)
-                q_pos = np.arange(start, ctx)
-                chunk.mask = _tensor(j[None, :] <= q_pos[:, None], device)
-            meta.prefills.append(chunk)
-        return meta
-
-
-def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """numpy fancy indexing may hand back a strided array; the attention views need rows."""
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
