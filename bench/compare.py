@@ -2,8 +2,9 @@
 (continuous batching) and the llama-cpp-python server, all on SmolLM2-135M-Instruct.
 
 Each server is started in turn on loopback, waited for, loaded by bench/serve.py's closed loop at
-each concurrency level (streaming chat, greedy, fixed output length), and stopped; then the table,
-the ratios against issue 6's targets, a plot and the machine go to bench/results/serving.md.
+each concurrency level (streaming chat, or the --endpoint given; greedy, fixed output length),
+and stopped; then the table, the ratios against issue 6's targets, a plot and the machine go to
+bench/results/serving.md.
 A peer whose virtualenv is missing is skipped with a note (bench/setup_peers.sh makes them); no
 number in the results is ever filled in without being measured in this run.
 
@@ -13,9 +14,9 @@ lets a request do so: trio-llm takes `ignore_eos`; transformers serve takes a pe
 `generation_config` (one without `eos_token_id` never stops at EOS); llama-cpp-python takes
 `logit_bias` pushing the end-of-turn token down. The "out tok/req" column shows what each served.
 
-The offline reference for the frontend's cost runs the same prompts (tokenized with the chat
-template) through EngineCore in this process with bench/engine.py's `run_core`, at
-max_num_seqs = the concurrency, which is the closed loop without HTTP.
+The offline reference for the frontend's cost runs the same prompts (tokenized as the endpoint
+does: with the chat template for chat) through EngineCore in this process with bench/engine.py's
+`run_core`, at max_num_seqs = the concurrency, which is the closed loop without HTTP.
 
 `--profile` also runs trio-llm once more at one concurrency under py-spy (frontend and engine
 processes recorded separately, raw collapsed stacks) and writes the top frames to
@@ -24,7 +25,8 @@ bench/results/serving_profile.md.
 Layout: this file is the command line and the run; `peers/` has one module per server (a new
 peer is a module there and a line in `peers.SERVERS`), `compare_process` starts, probes and
 stops a server, `compare_load` drives bench/serve.py's load generator and the offline reference,
-`compare_report` writes the tables and targets, `compare_profile` the py-spy run.
+`compare_report` writes the tables and targets, `compare_profile` the py-spy run; the endpoints
+are bench/serve.py's (bench/endpoints/, one module each).
 
 Usage: python bench/compare.py [--servers trio-llm,transformers,llama-cpp] [--concurrency 1 8 32 64]
        [--profile] [--peers-dir DIR]
@@ -50,6 +52,7 @@ from compare_load import Level, offline_reference, run_levels  # noqa: E402
 from compare_process import ServerStartError, running  # noqa: E402
 from compare_profile import profile_trio_llm  # noqa: E402
 from compare_report import load_average, write_report  # noqa: E402
+from endpoints import ENDPOINTS  # noqa: E402
 from peers import SERVERS, Server, Skipped  # noqa: E402
 from peers.trio_llm_server import DEFAULT_ARGS as DEFAULT_TRIO_LLM_ARGS  # noqa: E402
 from peers.trio_llm_server import LABEL as TRIO_LLM  # noqa: E402
@@ -61,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--servers", default="trio-llm,transformers,llama-cpp")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--endpoint", choices=list(ENDPOINTS), default="chat", help="streamed")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--input-len", type=int, default=64, help="random words per prompt")
     p.add_argument("--prompts-per-client", type=int, default=2)

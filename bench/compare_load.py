@@ -16,6 +16,7 @@ import trio
 
 import serve  # bench/serve.py, the load generator
 from compare_process import cpu_seconds, descendants
+from endpoints import ENDPOINTS
 from peers import Server
 from peers.base import hf_dir
 from peers.trio_llm_server import primary_engine_args
@@ -50,6 +51,8 @@ def load_args(server: Server, url: str, args: argparse.Namespace) -> argparse.Na
             server.model,
             "--label",
             server.label,
+            "--endpoint",
+            args.endpoint,
             "--output-len",
             str(args.output_len),
             *prompt_shape(args),
@@ -91,9 +94,7 @@ def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float
     warmup, texts = serve.level_prompts(load, concurrency)
 
     def ids(text: str) -> list[int]:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )["input_ids"]
+        return ENDPOINTS[args.endpoint].prompt_token_ids(tokenizer, text)
 
     engine_args = msgspec.structs.replace(primary_engine_args(args), max_num_seqs=concurrency)
     core = EngineCore(engine_args)

@@ -69,9 +69,9 @@ def profile_trio_llm(args: argparse.Namespace, logs: Path) -> str:
         "# trio-llm under load, profiled with py-spy",
         "",
         f"Machine: {machine()}. Load average at the end: {load_average()}.",
-        f"Concurrency {concurrency}, {args.output_len} output tokens, streaming chat; py-spy "
-        "at 200 Hz, non-blocking, on the frontend (HTTP, tokenizer, detokenizer) and the engine "
-        "process separately. The run under the profiler:",
+        f"Concurrency {concurrency}, {args.output_len} output tokens, streaming {args.endpoint}; "
+        "py-spy at 200 Hz, non-blocking, on the frontend (HTTP, tokenizer, detokenizer) and the "
+        "engine process separately. The run under the profiler:",
         "",
         serve.markdown_table([summary]),
         f"CPU used while loaded (cores): frontend {cores['frontend']:.2f}, engine "

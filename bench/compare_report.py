@@ -136,13 +136,14 @@ def write_report(
         "",
         f"Model: {MODEL_NAME} on every server. Load: bench/serve.py closed loop at concurrency "
         f"{', '.join(map(str, args.concurrency))}; at each level max({args.min_prompts}, "
-        f"{args.prompts_per_client} x concurrency) streaming chat requests (a modest count, to "
-        "keep a full run short: the percentiles of the small levels rest on few requests), "
-        f"each {args.input_len} random words after a fixed instruction, {args.output_len} "
-        "output tokens, greedy, stop-at-EOS off (see bench/compare.py for how each server is "
-        "told), after one untimed warm-up request per level. Percentiles over requests (TTFT, "
-        "E2E) and over token gaps (ITL); `server CPU` is cores used by the server's processes "
-        "during the level, `client CPU` those of the load generator, which shares the 2 cores.",
+        f"{args.prompts_per_client} x concurrency) streaming {args.endpoint} requests (a modest "
+        "count, to keep a full run short: the percentiles of the small levels rest on few "
+        f"requests), each {args.input_len} random words after a fixed instruction, "
+        f"{args.output_len} output tokens, greedy, stop-at-EOS off (see bench/compare.py for how "
+        "each server is told), after one untimed warm-up request per level. Percentiles over "
+        "requests (TTFT, E2E) and over token gaps (ITL); `server CPU` is cores used by the "
+        "server's processes during the level, `client CPU` those of the load generator, which "
+        "shares the 2 cores.",
         "",
         "Servers:",
         "",
@@ -159,9 +160,10 @@ def write_report(
     lines += ["## Targets (issue 6)", "", *targets_table(levels, offline), ""]
     if offline is not None:
         c, tok_s, prompt_tokens = offline
+        tokenized = " after the chat template" if args.endpoint == "chat" else ""
         lines += [
             f"Offline reference: EngineCore in-process (bench/engine.py `run_core`), the c={c} "
-            f"prompts ({prompt_tokens:.0f} prompt tokens on average after the chat template), "
+            f"prompts ({prompt_tokens:.0f} prompt tokens on average{tokenized}), "
             f"the first trio-llm's engine settings with max_num_seqs={c}: {tok_s:.1f} output "
             "tok/s.",
             "",
