@@ -20,6 +20,7 @@ writes the new tokens before attending). Cache layout, shared with the Triton ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,6 +95,23 @@ def paged_attention(
         scale,
     )
     return out.unsqueeze(0), None
+
+
+def decodes_then_prefills(
+    q: torch.Tensor,
+    num_decodes: int,
+    decode: Callable[[torch.Tensor], torch.Tensor],
+    prefill: Callable[[torch.Tensor, torch.Tensor], None],
+) -> torch.Tensor:
+    """Attention over the packed row in its two parts: `decode(q[:num_decodes])` returns the
+    decode rows' output, `prefill(q[num_decodes:], out)` writes the rest into `out`."""
+    if num_decodes == q.shape[0]:
+        return decode(q)
+    out = q.new_empty(q.shape)
+    if num_decodes:
+        out[:num_decodes] = decode(q[:num_decodes])
+    prefill(q[num_decodes:], out[num_decodes:])
+    return out
 
 
 def register() -> None:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trio_llm.engine.attention.interface import StepLayout, as_tensor
+from trio_llm.engine.attention.interface import StepLayout, as_tensor, decodes_then_prefills
 
 
 @dataclass(slots=True)
@@ -142,14 +142,15 @@ class TorchAttentionMetadata:
     ) -> Tensor:
         _store(k, v, k_cache, v_cache, self.slot_mapping)
         nd = self.num_decodes
-        if nd == q.shape[0]:
-            assert self.decode is not None
-            return _decode(q, k_cache, v_cache, self.decode, scale)
-        out = q.new_empty(q.shape)
-        if self.decode is not None:
-            out[:nd] = _decode(q[:nd], k_cache, v_cache, self.decode, scale)
-        _prefill(q[nd:], k_cache, v_cache, self.prefills, scale, out[nd:], (k[nd:], v[nd:]))
-        return out
+
+        def decode(qd: Tensor) -> Tensor:
+            assert self.decode is not None  # built whenever there are decodes
+            return _decode(qd, k_cache, v_cache, self.decode, scale)
+
+        def prefill(qp: Tensor, out: Tensor) -> None:
+            _prefill(qp, k_cache, v_cache, self.prefills, scale, out, (k[nd:], v[nd:]))
+
+        return decodes_then_prefills(q, nd, decode, prefill)
 
 
 # -- the kernels' signatures ------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from trio_llm.engine.attention.interface import StepLayout, as_tensor
+from trio_llm.engine.attention.interface import StepLayout, as_tensor, decodes_then_prefills
 
 
 @dataclass(slots=True)
@@ -49,30 +49,20 @@ class TritonAttentionMetadata:
 
         write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         nd = self.num_decodes
-        if nd == q.shape[0]:
+        tables, lens = self.block_tables, self.context_lens
+
+        def decode(qd: Tensor) -> Tensor:
             return decode_attention(
-                q.contiguous(), k_cache, v_cache, self.block_tables, self.context_lens, scale
+                qd.contiguous(), k_cache, v_cache, tables[:nd], lens[:nd], scale
             )
-        out = q.new_empty(q.shape)
-        if nd:
-            out[:nd] = decode_attention(
-                q[:nd].contiguous(),
-                k_cache,
-                v_cache,
-                self.block_tables[:nd],
-                self.context_lens[:nd],
-                scale,
+
+        def prefill(qp: Tensor, out: Tensor) -> None:
+            cu = self.cu_seqlens_q
+            out[:] = prefill_attention(
+                qp.contiguous(), k_cache, v_cache, tables[nd:], cu, lens[nd:], scale
             )
-        out[nd:] = prefill_attention(
-            q[nd:].contiguous(),
-            k_cache,
-            v_cache,
-            self.block_tables[nd:],
-            self.cu_seqlens_q,
-            self.context_lens[nd:],
-            scale,
-        )
-        return out
+
+        return decodes_then_prefills(q, nd, decode, prefill)
 
 
 def triton_available() -> bool:
