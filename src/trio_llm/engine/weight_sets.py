@@ -19,16 +19,15 @@ _Submodules = dict[str, torch.nn.Module | None]
 
 
 class LowPrecisionLinear(torch.nn.Module):
-    """A copy of a Linear in `dtype`: inputs are cast to it, outputs back to theirs."""
+    """A copy of a Linear in `dtype`: inputs are cast to it, outputs back to theirs.
+
+    The copies are plain tensor attributes, not Parameters: nothing trains them, and reading a
+    plain attribute skips `Module.__getattr__`, three times per Linear per step."""
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
-        self.bias = (
-            None
-            if linear.bias is None
-            else torch.nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
-        )
+        self.weight = linear.weight.detach().to(dtype)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
