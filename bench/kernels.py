@@ -359,9 +359,9 @@ def sm90_report() -> list[str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from trio_llm.kernels import _triton_attention as impl
+    from trio_llm.kernels import _triton as impl
 
-    if not isinstance(impl._decode_kernel, triton.runtime.JITFunction):
+    if not isinstance(impl.decode_kernel, triton.runtime.JITFunction):
         return ["(skipped: the kernels were loaded interpreted in this process)"]
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
@@ -405,7 +405,7 @@ def sm90_report() -> list[str]:
     for dtype, d, group, hkv in (("bf16", 64, 3, 3), ("bf16", 128, 4, 8), ("fp32", 64, 8, 1)):
         cfg = DecodeConfig()
         args = _decode_args(dtype, d, group, hkv, cfg.block_n, 4)
-        usage = compile_one(impl._decode_kernel, args, cfg.num_warps, cfg.num_stages)
+        usage = compile_one(impl.decode_kernel, args, cfg.num_warps, cfg.num_stages)
         rows.append(
             f"| decode | {dtype} | {d} | {group} | {cfg.block_n} tokens "
             f"| {cfg.num_warps}/{cfg.num_stages} | {usage} |"
@@ -413,7 +413,7 @@ def sm90_report() -> list[str]:
     for dtype, d, group, hkv in (("bf16", 64, 3, 3), ("bf16", 128, 4, 8), ("fp32", 128, 1, 8)):
         cfg = kernels.prefill_config(torch.float32 if dtype == "fp32" else torch.bfloat16)
         args = _prefill_args(dtype, d, group, hkv, cfg.block_m, cfg.block_n)
-        usage = compile_one(impl._prefill_kernel, args, cfg.num_warps, cfg.num_stages)
+        usage = compile_one(impl.prefill_kernel, args, cfg.num_warps, cfg.num_stages)
         rows.append(
             f"| prefill | {dtype} | {d} | {group} | {cfg.block_m}x{cfg.block_n} "
             f"| {cfg.num_warps}/{cfg.num_stages} | {usage} |"

@@ -1,4 +1,5 @@
-"""Load generator for any OpenAI-compatible server: streaming chat or completions.
+"""Load generator for any OpenAI-compatible server: streaming chat or completions (`--endpoint`,
+one module per endpoint in bench/endpoints/).
 
 Closed loop (`--concurrency 1 8 32`: that many clients, each sending its next request when the
 last one finishes) or open loop (`--request-rate R`: Poisson arrivals). Per run it reports
@@ -36,6 +37,7 @@ import httpx
 import trio
 
 import hostinfo  # bench/hostinfo.py
+from endpoints import ENDPOINTS  # bench/endpoints/, one module per endpoint
 
 # Common words that are one token each in most BPE vocabularies.
 _WORD_TEXT = """
@@ -130,23 +132,21 @@ def request_body(args: argparse.Namespace, prompt: str) -> dict[str, object]:
     if args.ignore_eos:
         body["ignore_eos"] = True
     body.update(args.extra_body)
-    if args.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-    else:
-        body["prompt"] = prompt
+    body.update(ENDPOINTS[args.endpoint].prompt_fields(prompt))
     return body
 
 
 async def one_request(
     client: httpx.AsyncClient, args: argparse.Namespace, prompt: str
 ) -> RequestResult:
-    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    endpoint = ENDPOINTS[args.endpoint]
     result = RequestResult(ok=False)
     start = time.perf_counter()
     last = start
     chunks = 0
     try:
-        async with client.stream("POST", path, json=request_body(args, prompt)) as response:
+        payload = request_body(args, prompt)
+        async with client.stream("POST", endpoint.PATH, json=payload) as response:
             if response.status_code != 200:
                 body = await response.aread()
                 result.error = f"HTTP {response.status_code}: {body[:200]!r}"
@@ -166,7 +166,7 @@ async def one_request(
                     result.prompt_tokens = event["usage"].get("prompt_tokens", 0)
                     result.usage_reported = result.output_tokens > 0
                 for choice in event.get("choices") or ():
-                    delta = choice.get("delta", {}).get("content") or choice.get("text")
+                    delta = endpoint.text(choice)
                     if delta:
                         now = time.perf_counter()
                         if chunks == 0:
@@ -318,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default="SmolLM2-135M-Instruct")
     p.add_argument("--label", default="server", help="name of this server in the table and plot")
-    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    p.add_argument("--endpoint", choices=list(ENDPOINTS), default="chat")
     p.add_argument("--concurrency", type=int, nargs="+", default=None)
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second")
     p.add_argument(

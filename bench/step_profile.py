@@ -9,7 +9,7 @@ row count, no model around them: the floor of a fp32 engine on this machine); --
 torch profiler's top operators of a few steps.
 
 Usage: python bench/step_profile.py [--ns 1 32] [--threads 1 2] [--compile] [--ops]
-       [--out bench/results/step_profile.md]
+       [--dtype auto] [--out bench/results/step_profile.md]
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def measure(
 def matmul_floor(core: EngineCore, n: int) -> float:
     """Seconds of every Linear's weight matmul at n rows, back to back."""
     linears = [m for m in core.runner.model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = {m.in_features: torch.randn(n, m.in_features) for m in linears}
+    inputs = {m.in_features: torch.randn(n, m.in_features, dtype=m.weight.dtype) for m in linears}
     t0 = time.perf_counter()
     for m in linears:
         F.linear(inputs[m.in_features], m.weight)
@@ -153,13 +153,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--compile", action="store_true", help="then torch.compile, most threads")
     p.add_argument("--ops", action="store_true", help="the profiler's top ops, most threads")
+    p.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bf16 where AMX)")
     p.add_argument("--out", type=Path, default=BENCH / "results" / "step_profile.md")
     args = p.parse_args()
 
     variants = [Variant(t) for t in args.threads]
     if args.compile:
         variants.append(Variant(max(args.threads), compiled=True))
-    core = EngineCore(EngineArgs(num_threads=max(args.threads), max_num_seqs=max(args.ns)))
+    core = EngineCore(
+        EngineArgs(num_threads=max(args.threads), max_num_seqs=max(args.ns), dtype=args.dtype)
+    )
     pointwise = Pointwise(core) if args.compile else None
     rows = []
     ops = {}
@@ -185,9 +188,9 @@ def main() -> None:
         f"Machine: {machine()}.",
         f"Date: {datetime.datetime.now().isoformat(timespec='minutes')}.",
         "",
-        f"EngineCore in process, default model (fp32 here), N requests of {PROMPT} random prompt "
-        f"tokens, greedy; the median of {ROUNDS * 3} decode steps per row, the variants taking "
-        "turns in one process. "
+        f"EngineCore in process, default model ({core.ready.dtype}), N requests of {PROMPT} "
+        f"random prompt tokens, greedy; the median of {ROUNDS * 3} decode steps per row, the "
+        "variants taking turns in one process. "
         "`matmuls alone`: every Linear of the model (LM head included) at N rows, back to back, "
         "no model around them. Written by bench/step_profile.py.",
         "",

@@ -11,6 +11,10 @@ Tolerances, on the output against an fp32 reference computed from the same (roun
 - fp16: atol = rtol = 5e-3 (P is rounded to fp16 before the P @ V product, as on tensor cores);
 - bf16: atol = rtol = 3e-2 (the same, with bf16's 8-bit mantissa: about 4 ulps at |x| = 1).
 Largest errors seen in the interpreter: fp32 1.2e-6, fp16 2.0e-3, bf16 1.6e-2.
+
+The engine's torch attention backend implements the same contract with the same signatures: every
+test that states the contract (rather than a launch shape of the kernels) runs on both
+implementations (`impl`), with the same tolerances.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 import torch
 
 from trio_llm import kernels
+from trio_llm.engine.attention import torch_backend
 from trio_llm.kernels import (
     DecodeConfig,
     PrefillConfig,
@@ -36,7 +41,7 @@ from trio_llm.kernels import (
     write_kv_ref,
 )
 
-pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
+needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 
 TOLERANCE = {
     torch.float32: 1e-4,
@@ -44,6 +49,34 @@ TOLERANCE = {
     torch.bfloat16: 3e-2,
 }
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of the contract: the kernels' three entry points. `config` (a launch
+    shape) reaches the kernels only; the torch backend has none."""
+
+    name: str
+
+    def decode(self, *args: object, config: DecodeConfig | None = None) -> torch.Tensor:
+        if self.name == "triton":
+            return decode_attention(*args, config=config)  # type: ignore[arg-type]
+        return torch_backend.decode_attention(*args)  # type: ignore[arg-type]
+
+    def prefill(self, *args: object, config: PrefillConfig | None = None) -> torch.Tensor:
+        if self.name == "triton":
+            return prefill_attention(*args, config=config)  # type: ignore[arg-type]
+        return torch_backend.prefill_attention(*args)  # type: ignore[arg-type]
+
+    def write_kv(self, *args: torch.Tensor) -> None:
+        (write_kv if self.name == "triton" else torch_backend.write_kv)(*args)
+
+
+@pytest.fixture(
+    params=[pytest.param("triton", marks=needs_triton), "torch"], ids=["triton", "torch"]
+)
+def impl(request: pytest.FixtureRequest) -> Impl:
+    return Impl(request.param)
 
 
 @dataclass
@@ -118,6 +151,7 @@ CASES = [
     ("head_dim", "group", "block_size", "dtype", "batch", "longest", "num_kv_heads"), CASES
 )
 def test_decode_matches_reference(
+    impl: Impl,
     device: torch.device,
     head_dim: int,
     group: int,
@@ -148,7 +182,7 @@ def test_decode_matches_reference(
     )
     q = torch.randn(batch, num_kv_heads * group, head_dim, generator=gen).to(dtype).to(device)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
-    out = decode_attention(*args, head_dim**-0.5, config=config)
+    out = impl.decode(*args, head_dim**-0.5, config=config)
     assert_matches(out, decode_attention_ref(*args, head_dim**-0.5))
 
 
@@ -161,6 +195,7 @@ def test_decode_matches_reference(
         pytest.param(DecodeConfig(num_splits=3, block_n=128), id="wide-tiles"),
     ],
 )
+@needs_triton
 def test_decode_any_split_gives_the_same_answer(device: torch.device, config: DecodeConfig) -> None:
     """Flash-decoding's reduce must merge partials exactly, including splits that are empty for
     short sequences, and the context padding entry (length 0) must come out as zeros."""
@@ -172,6 +207,20 @@ def test_decode_any_split_gives_the_same_answer(device: torch.device, config: De
     q = torch.randn(len(lengths), 6, 64, generator=gen).to(device)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
     out = decode_attention(*args, 0.125, config=config)
+    assert_matches(out, decode_attention_ref(*args, 0.125))
+    assert (out[0] == 0).all()
+
+
+def test_a_padding_sequence_decodes_to_zeros(impl: Impl, device: torch.device) -> None:
+    """A context of 0 (batch padding) gives zeros, beside sequences that attend."""
+    gen = torch.Generator().manual_seed(8)
+    lengths = [0, 1, 33]
+    cache = make_cache(
+        lengths, num_kv_heads=2, head_dim=64, block_size=16, dtype=F32, device=device, gen=gen
+    )
+    q = torch.randn(len(lengths), 6, 64, generator=gen).to(device)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
+    out = impl.decode(*args, 0.125)
     assert_matches(out, decode_attention_ref(*args, 0.125))
     assert (out[0] == 0).all()
 
@@ -194,6 +243,7 @@ def chunk_lengths(contexts: list[int], gen: torch.Generator) -> list[int]:
     ("head_dim", "group", "block_size", "dtype", "batch", "longest", "num_kv_heads"), CASES
 )
 def test_prefill_matches_reference(
+    impl: Impl,
     device: torch.device,
     head_dim: int,
     group: int,
@@ -222,11 +272,11 @@ def test_prefill_matches_reference(
     # The batch-64 case takes the 16-bit launch shape (128-row tiles): fp32's 32 x 32 tiles with
     # 8 heads per KV head would cost the interpreter a minute; other fp32 cases use them.
     config = PrefillConfig() if batch == 64 else None
-    out = prefill_attention(*args, cache.context_lens, head_dim**-0.5, config=config)
+    out = impl.prefill(*args, cache.context_lens, head_dim**-0.5, config=config)
     assert_matches(out, prefill_attention_ref(*args, cache.context_lens, head_dim**-0.5))
 
 
-def test_prefill_tiles_narrower_than_a_group(device: torch.device) -> None:
+def test_prefill_tiles_narrower_than_a_group(impl: Impl, device: torch.device) -> None:
     """With 32 query heads per KV head a 16-row tile holds less than one token's heads: the
     kernel must widen its tile to the group, and small tiles must still cover every token."""
     gen = torch.Generator().manual_seed(3)
@@ -238,12 +288,12 @@ def test_prefill_tiles_narrower_than_a_group(device: torch.device) -> None:
     cu = torch.tensor([0, 17, 22], dtype=torch.int32, device=device)
     q = torch.randn(sum(q_lens), 32, 64, generator=gen).to(device)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cu, cache.context_lens, 0.125)
-    out = prefill_attention(*args, config=PrefillConfig(block_m=16, block_n=16))
+    out = impl.prefill(*args, config=PrefillConfig(block_m=16, block_n=16))
     assert_matches(out, prefill_attention_ref(*args))
 
 
 @pytest.mark.parametrize("head_dim", [16, 80])
-def test_head_dims_off_the_grid(device: torch.device, head_dim: int) -> None:
+def test_head_dims_off_the_grid(impl: Impl, device: torch.device, head_dim: int) -> None:
     """16 (the test suite's tiny model) is the smallest a tensor-core dot takes; 80 is not a power
     of two, so the kernels pad to 128 and mask the tail of every load and store."""
     gen = torch.Generator().manual_seed(head_dim)
@@ -254,14 +304,14 @@ def test_head_dims_off_the_grid(device: torch.device, head_dim: int) -> None:
     scale = head_dim**-0.5
     q = torch.randn(len(lengths), 4, head_dim, generator=gen).to(device)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
-    assert_matches(decode_attention(*args, scale), decode_attention_ref(*args, scale))
+    assert_matches(impl.decode(*args, scale), decode_attention_ref(*args, scale))
     cu = torch.tensor([0, 1, 11, 41], dtype=torch.int32, device=device)
     qp = torch.randn(41, 4, head_dim, generator=gen).to(device)
     pargs = (qp, cache.k_cache, cache.v_cache, cache.block_tables, cu, cache.context_lens, scale)
-    assert_matches(prefill_attention(*pargs), prefill_attention_ref(*pargs))
+    assert_matches(impl.prefill(*pargs), prefill_attention_ref(*pargs))
 
 
-def test_decode_is_prefill_with_one_query(device: torch.device) -> None:
+def test_decode_is_prefill_with_one_query(impl: Impl, device: torch.device) -> None:
     dtype = BF16
     gen = torch.Generator().manual_seed(11)
     lengths = [1, 16, 17, 250, 513]
@@ -271,15 +321,15 @@ def test_decode_is_prefill_with_one_query(device: torch.device) -> None:
     q = torch.randn(len(lengths), 9, 64, generator=gen).to(dtype).to(device)
     cu = torch.arange(len(lengths) + 1, dtype=torch.int32, device=device)
     common = (cache.k_cache, cache.v_cache, cache.block_tables)
-    decoded = decode_attention(q, *common, cache.context_lens, 0.125)
-    prefilled = prefill_attention(q, *common, cu, cache.context_lens, 0.125)
+    decoded = impl.decode(q, *common, cache.context_lens, 0.125)
+    prefilled = impl.prefill(q, *common, cu, cache.context_lens, 0.125)
     # Same function, different tiling and split order: equal up to summation order.
     assert_matches(decoded, prefilled)
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16, F16])
 def test_write_kv_stores_by_slot_and_skips_padding(
-    device: torch.device, dtype: torch.dtype
+    impl: Impl, device: torch.device, dtype: torch.dtype
 ) -> None:
     gen = torch.Generator().manual_seed(5)
     num_blocks, block_size, num_kv_heads, head_dim = 6, 16, 3, 64
@@ -293,10 +343,11 @@ def test_write_kv_stores_by_slot_and_skips_padding(
     key, value = qkv[:, num_kv_heads : 2 * num_kv_heads], qkv[:, 2 * num_kv_heads :]
     expect_k, expect_v = k_cache.clone(), v_cache.clone()
     write_kv_ref(key, value, expect_k, expect_v, slots.to(device))
-    write_kv(key, value, k_cache, v_cache, slots.to(device))
+    impl.write_kv(key, value, k_cache, v_cache, slots.to(device))
     assert torch.equal(k_cache, expect_k) and torch.equal(v_cache, expect_v)
 
 
+@needs_triton
 def test_runs_where_expected(device: torch.device) -> None:
     """On CPU the kernels must really run in the interpreter (not fall back to anything), and on
     a GPU they must be compiled."""
@@ -305,6 +356,7 @@ def test_runs_where_expected(device: torch.device) -> None:
     assert _loader.interpreted() == (device.type == "cpu")
 
 
+@needs_triton
 def test_shape_errors_name_the_fault(device: torch.device) -> None:
     cache = torch.zeros(2, 16, 2, 64, device=device)
     tables = torch.zeros(1, 2, dtype=torch.int32, device=device)
@@ -320,7 +372,7 @@ def test_shape_errors_name_the_fault(device: torch.device) -> None:
         )
 
 
-def test_scale_is_applied(device: torch.device) -> None:
+def test_scale_is_applied(impl: Impl, device: torch.device) -> None:
     """A guard on the log2 folding: a large scale must sharpen the softmax like the reference."""
     gen = torch.Generator().manual_seed(2)
     cache = make_cache(
@@ -329,9 +381,10 @@ def test_scale_is_applied(device: torch.device) -> None:
     q = torch.randn(1, 1, 64, generator=gen).to(device)
     args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.context_lens)
     for scale in (math.sqrt(64), 1e-3):
-        assert_matches(decode_attention(*args, scale), decode_attention_ref(*args, scale))
+        assert_matches(impl.decode(*args, scale), decode_attention_ref(*args, scale))
 
 
+@needs_triton
 def test_triton_imported_before_the_interpreter_setting_is_refused(device: torch.device) -> None:
     """If something imported Triton before TRITON_INTERPRET was settled, Triton's own library is
     compiled-mode while our kernels would be interpreted, and bf16 math silently breaks: loading

@@ -4,7 +4,9 @@ What it owns: the loaded transformers model, the paged KV cache tensors (one `k_
 `v_cache` per attention layer, hung on the layer's attention module), and the step's input
 tensors. A step packs every scheduled token of every sequence into one row, runs the model's
 decoder for hidden states, takes only the rows that are sampled (and the prompt rows of requests
-that asked for prompt logprobs) through the LM head, and samples.
+that asked for prompt logprobs) through the LM head, and samples. With a `single_token_dtype`,
+each step first selects the model's weight set (`weight_sets`): the lower-precision one for a
+step of one token.
 
 Invariant: the input tensors are built with numpy over the whole batch (no per-token Python);
 per-sequence Python is limited to reading each sequence's new tokens and block table.
@@ -16,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from trio_llm.engine.attention import AttentionMetadata, PrefillChunk
+from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
+from trio_llm.engine.attention.interface import as_tensor
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
 from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.weight_sets import WeightSets
 from trio_llm.ipc.messages import TokenLogprobs
 
 
@@ -76,30 +79,6 @@ def kv_cache_spec(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -
     )
 
 
-class _SingleTokenLinear:
-    """A Linear's forward that, in single-token steps, multiplies by a lower-precision copy of
-    the weight. One token's step on a CPU is bound by streaming the weights from memory, so
-    half the bytes is most of the win (bench/results/linear_kernels.md: fp16 0.41x the fp32
-    time at one row, but 1.5-4.4x slower from 8 rows up, hence only these steps)."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, mode: _StepMode) -> None:
-        self.linear = linear
-        self.weight = linear.weight.detach().to(dtype)
-        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        self.dtype = dtype
-        self.mode = mode
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mode.single_token:
-            return F.linear(x.to(self.dtype), self.weight, self.bias).to(x.dtype)
-        return F.linear(x, self.linear.weight, self.linear.bias)
-
-
-@dataclass(slots=True)
-class _StepMode:
-    single_token: bool = False
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -114,11 +93,10 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.decoder = model.model
-        self.lm_head = model.lm_head
         self.spec = spec
         self.block_size = spec.block_size
         self.device = device
-        self.backend = backend
+        self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(seed, device)
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
@@ -133,22 +111,25 @@ class ModelRunner:
         for layer, k, v in zip(self.decoder.layers, self.k_caches, self.v_caches):
             layer.self_attn.k_cache = k
             layer.self_attn.v_cache = v
-        self.scale = spec.head_dim**-0.5
-        self._mode: _StepMode | None = None
+        self.weight_sets: WeightSets | None = None
+        """The Linear layers in `single_token_dtype` too, selected for single-token steps."""
+        if single_token_dtype is not None and single_token_dtype != spec.dtype:
+            self.weight_sets = WeightSets(model, single_token_dtype)
         self.single_token_steps = 0
         """Steps run on the single-token weight copies."""
-        if single_token_dtype is not None and single_token_dtype != spec.dtype:
-            self._mode = _StepMode()
-            for module in model.modules():
-                if isinstance(module, torch.nn.Linear):
-                    module.forward = _SingleTokenLinear(module, single_token_dtype, self._mode)
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        """The LM head of the selected weight set."""
+        return self.model.lm_head
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, eos_token_ids: frozenset[int]) -> StepResult:
         inputs = self.prepare(batch)
-        if self._mode is not None:
-            self._mode.single_token = inputs.input_ids.shape[1] == 1
-            self.single_token_steps += self._mode.single_token
+        if self.weight_sets is not None:
+            single_token = inputs.input_ids.shape[1] == 1
+            self.weight_sets.select(low_precision=single_token)
+            self.single_token_steps += single_token
         hidden = self.decoder(
             input_ids=inputs.input_ids,
             position_ids=inputs.positions,
@@ -194,10 +175,19 @@ class ModelRunner:
         device = self.device
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0),
-            positions=_tensor(positions, device).unsqueeze(0),
-            attn=self._attention_metadata(batch, tables, starts, ends, cu, slots),
+            positions=as_tensor(positions, device).unsqueeze(0),
+            attn=self._attention.build(
+                StepLayout(
+                    num_decodes=batch.num_decodes,
+                    block_tables=tables,
+                    cu_seqlens_q=cu,
+                    context_lens=ends,
+                    slot_mapping=slots,
+                ),
+                self.k_caches[0],
+            ),
             sample_index=np.flatnonzero(samples),
-            sample_rows=_tensor(cu[1:][samples] - 1, device),
+            sample_rows=as_tensor(cu[1:][samples] - 1, device),
             prompt_rows=prompt_rows,
         )
 
@@ -247,56 +237,3 @@ class ModelRunner:
         for i, s in enumerate(seqs):
             tables[i, : len(s.block_table)] = s.block_table
         return tables
-
-    def _attention_metadata(
-        self,
-        batch: ScheduledBatch,
-        tables: np.ndarray,
-        starts: np.ndarray,
-        ends: np.ndarray,
-        cu: np.ndarray,
-        slots: np.ndarray,
-    ) -> AttentionMetadata:
-        device = self.device
-        nd = batch.num_decodes
-        meta = AttentionMetadata(
-            backend=self.backend,
-            slot_mapping=_tensor(slots, device),
-            num_decodes=nd,
-            scale=self.scale,
-        )
-        if self.backend == "triton":
-            meta.block_tables = torch.from_numpy(tables.astype(np.int32)).to(device)
-            meta.context_lens = torch.from_numpy(ends.astype(np.int32)).to(device)
-            meta.cu_seqlens_q = torch.from_numpy((cu[nd:] - cu[nd]).astype(np.int32)).to(device)
-            return meta
-        bs = self.block_size
-        if nd:
-            lens = ends[:nd]
-            length = int(lens.max())
-            num_blocks = -(-length // bs)
-            meta.decode_blocks = _tensor(tables[:nd, :num_blocks].reshape(-1), device)
-            meta.decode_len = length
-            width = bs * self.spec.num_kv_heads * self.spec.head_dim
-            meta.decode_buffers = (
-                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
-                torch.empty(nd * num_blocks, width, dtype=self.spec.dtype, device=device),
-            )
-            if (lens != length).any():
-                mask = np.arange(length)[None, :] < lens[:, None]
-                meta.decode_mask = _tensor(mask[:, None, None, :], device)
-        for i in range(nd, len(batch.seqs)):
-            start, ctx = int(starts[i]), int(ends[i])
-            chunk = PrefillChunk(int(cu[i]), int(cu[i + 1]), None, None)
-            if start:
-                j = np.arange(ctx)
-                chunk.context_slots = _tensor(tables[i, j // bs] * bs + j % bs, device)
-                q_pos = np.arange(start, ctx)
-                chunk.mask = _tensor(j[None, :] <= q_pos[:, None], device)
-            meta.prefills.append(chunk)
-        return meta
-
-
-def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """numpy fancy indexing may hand back a strided array; the attention views need rows."""
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)

@@ -2,7 +2,7 @@
 interpreted.
 
 `triton.jit` reads TRITON_INTERPRET when a function is decorated: Triton's own library functions
-(`tl.zeros`, `tl.sum`, ...) when `triton` is first imported, ours when `_triton_attention` is.
+(`tl.zeros`, `tl.sum`, ...) when `triton` is first imported, ours when the `_triton` package is.
 Invariant: the two agree. The setting is settled here before anything of Triton is imported: an
 explicit TRITON_INTERPRET wins; otherwise a process that sees no CUDA device interprets (the
 kernels then run on CPU tensors, slowly, as in the tests) and one that sees a device compiles.
@@ -42,8 +42,8 @@ def load_triton() -> ModuleType:
 
         if not torch.cuda.is_available():
             os.environ["TRITON_INTERPRET"] = "1"
-    module = importlib.import_module("trio_llm.kernels._triton_attention")
-    if _is_interpreted(module._decode_kernel) != _is_interpreted(module.tl.zeros):
+    module = importlib.import_module("trio_llm.kernels._triton")
+    if _is_interpreted(module.decode_kernel) != _is_interpreted(module.tl.zeros):
         raise KernelUnavailableError(
             "Triton was imported before TRITON_INTERPRET took its current value; set it in the "
             "environment before the process starts (1 on a machine without a GPU)"
@@ -59,4 +59,4 @@ def _is_interpreted(fn: object) -> bool:
 
 def interpreted() -> bool:
     """Whether the loaded kernels run in Triton's CPU interpreter rather than compiled."""
-    return _is_interpreted(load_triton()._decode_kernel)
+    return _is_interpreted(load_triton().decode_kernel)

@@ -10,7 +10,7 @@ stream and break graph capture) and run the Triton kernels. Values the caller gu
 every block id a sequence reaches is a valid block, `context_lens[b] >= q_len_b` (the chunk's own
 K/V are already written), and `block_tables` is at least `ceil(context_lens[b] / block_size)`
 wide. The torch references (`*_ref`, re-exported here) define the same functions; the tests
-compare the kernels against them.
+compare the kernels against them, and the engine's torch backend too, which has these signatures.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Torch references for the paged-attention kernels: plain gather, softmax, fp32 accumulation.
 
-These are the definitions the Triton kernels are tested against, and what the engine can run on
-CPU. They favour obviousness over speed (a Python loop over sequences). Invariant: each reference
+These are the definitions the Triton kernels are tested against, and so is the engine's torch
+backend (`trio_llm.engine.attention.torch_backend`, the same contract made fast for the CPU).
+They favour obviousness over speed (a Python loop over sequences). Invariant: each reference
 reads the cache exactly as the kernels do (slot = block_id * block_size + offset, block ids from
 the sequence's row of `block_tables`) and returns `q.dtype`, computed in fp32.
 """

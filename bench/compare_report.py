@@ -1,0 +1,182 @@
+"""compare.py's report: the headline table, issue 6's targets as ratios, every level, the plot.
+
+No number is written that was not measured in this run: a missing level reads "not measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import math
+import os
+
+import hostinfo  # bench/hostinfo.py
+import serve  # bench/serve.py, the load generator
+from compare_load import Level
+from peers import Server, Skipped
+from peers.base import MODEL_NAME
+from peers.llama_cpp_server import LABEL as LLAMA_CPP
+from peers.transformers_server import LABEL as TRANSFORMERS
+from peers.trio_llm_server import LABEL as TRIO_LLM
+
+
+def machine() -> str:
+    import torch
+
+    return (
+        f"{hostinfo.describe()}; torch {torch.__version__}, "
+        f"transformers {importlib.metadata.version('transformers')}, trio-llm "
+        f"{importlib.metadata.version('trio-llm')}"
+    )
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def find(levels: dict[str, list[Level]], label: str, concurrency: int) -> serve.RunSummary | None:
+    return next(
+        (lv.summary for lv in levels.get(label, []) if lv.summary.concurrency == concurrency), None
+    )
+
+
+PEER_TARGETS = [
+    # what is compared, at which concurrency, RunSummary field, against whom, goal on the ratio
+    ("c=32 output tok/s", 32, "output_tokens_per_s", TRANSFORMERS, ">=", 3.0),
+    ("c=32 output tok/s", 32, "output_tokens_per_s", LLAMA_CPP, ">=", 5.0),
+    ("c=32 TTFT p99 (ms)", 32, "ttft_p99", TRANSFORMERS, "<=", 1 / 3),
+    ("c=1 ITL p50 (ms)", 1, "itl_p50", LLAMA_CPP, "<=", 2.0),
+]
+"""Issue 6's targets against the peers."""
+
+
+def targets_table(
+    levels: dict[str, list[Level]], offline: tuple[int, float, float] | None
+) -> list[str]:
+    """Issue 6's targets for every trio-llm variant; the offline one for the first only."""
+    rows = []
+
+    def ratio_row(
+        what: str, mine: float | None, theirs: float | None, op: str, bound: float
+    ) -> None:
+        goal = f"{op} {bound:.2g}"
+        if mine is None or theirs is None or math.isnan(mine) or math.isnan(theirs) or not theirs:
+            rows.append(f"| {what} | {goal} | not measured in this run | - |")
+            return
+        ratio = mine / theirs
+        met = ratio >= bound if op == ">=" else ratio <= bound
+        rows.append(
+            f"| {what} | {goal} | {mine:.1f} / {theirs:.1f} = **{ratio:.2f}** | "
+            f"{'met' if met else 'missed'} |"
+        )
+
+    def get(label: str, c: int, attr: str) -> float | None:
+        summary = find(levels, label, c)
+        return None if summary is None else getattr(summary, attr)
+
+    for me in [label for label in levels if label.startswith(TRIO_LLM)] or [TRIO_LLM]:
+        for what, c, attr, peer, op, bound in PEER_TARGETS:
+            ratio_row(f"{what}, {me} / {peer}", get(me, c, attr), get(peer, c, attr), op, bound)
+    if offline is not None:
+        c, tok_s, _ = offline
+        ratio_row(
+            f"c={c} output tok/s, trio-llm server / EngineCore offline",
+            get(TRIO_LLM, c, "output_tokens_per_s"),
+            tok_s,
+            ">=",
+            0.9,
+        )
+    return [
+        "| target | goal | measured | verdict |",
+        "|---|---|---|---|",
+        *rows,
+    ]
+
+
+def headline(levels: dict[str, list[Level]], concurrency: list[int]) -> list[str]:
+    head = "| server | " + " | ".join(f"c={c} tok/s" for c in concurrency)
+    head += " | c=1 ITL p50 | c=32 TTFT p50 | c=32 TTFT p99 |"
+    out = [head, "|---" * (len(concurrency) + 4) + "|"]
+    for label in levels:
+        cells = []
+        for c in concurrency:
+            s = find(levels, label, c)
+            cells.append(f"{s.output_tokens_per_s:.1f}" if s else "-")
+        one, c32 = find(levels, label, 1), find(levels, label, 32)
+        out.append(
+            f"| {label} | "
+            + " | ".join(cells)
+            + f" | {f'{one.itl_p50:.1f} ms' if one else '-'}"
+            + f" | {f'{c32.ttft_p50:.0f} ms' if c32 else '-'}"
+            + f" | {f'{c32.ttft_p99:.0f} ms' if c32 else '-'} |"
+        )
+    return out
+
+
+def write_report(
+    args: argparse.Namespace,
+    servers: list[Server],
+    skipped: list[Skipped],
+    levels: dict[str, list[Level]],
+    offline: tuple[int, float, float] | None,
+    loads: dict[str, tuple[str, str]],
+    seconds: float,
+) -> str:
+    rows = [lv.summary for mine in levels.values() for lv in mine]
+    plot = args.out.with_suffix(".png")
+    if rows:
+        serve.plot(rows, plot)
+    lines = [
+        "# Serving benchmark: trio-llm against its peers, side by side",
+        "",
+        f"Machine: {machine()}.",
+        f"Date: {datetime.datetime.now().isoformat(timespec='minutes')}. Whole run: "
+        f"{seconds / 60:.1f} min.",
+        "",
+        f"Model: {MODEL_NAME} on every server. Load: bench/serve.py closed loop at concurrency "
+        f"{', '.join(map(str, args.concurrency))}; at each level max({args.min_prompts}, "
+        f"{args.prompts_per_client} x concurrency) streaming {args.endpoint} requests (a modest "
+        "count, to keep a full run short: the percentiles of the small levels rest on few "
+        f"requests), each {args.input_len} random words after a fixed instruction, "
+        f"{args.output_len} output tokens, greedy, stop-at-EOS off (see bench/compare.py for how "
+        "each server is told), after one untimed warm-up request per level. Percentiles over "
+        "requests (TTFT, E2E) and over token gaps (ITL); `server CPU` is cores used by the "
+        "server's processes during the level, `client CPU` those of the load generator, which "
+        "shares the 2 cores.",
+        "",
+        "Servers:",
+        "",
+    ]
+    for server in servers:
+        before, after = loads.get(server.label, ("?", "?"))
+        lines.append(
+            f"- **{server.label}**: {server.description}. Load average before / after: "
+            f"{before} / {after}."
+        )
+    for skip in skipped:
+        lines.append(f"- **{skip.label}**: skipped, {skip.reason}.")
+    lines += ["", "## Headline", "", *headline(levels, args.concurrency), ""]
+    lines += ["## Targets (issue 6)", "", *targets_table(levels, offline), ""]
+    if offline is not None:
+        c, tok_s, prompt_tokens = offline
+        tokenized = " after the chat template" if args.endpoint == "chat" else ""
+        lines += [
+            f"Offline reference: EngineCore in-process (bench/engine.py `run_core`), the c={c} "
+            f"prompts ({prompt_tokens:.0f} prompt tokens on average{tokenized}), "
+            f"the first trio-llm's engine settings with max_num_seqs={c}: {tok_s:.1f} output "
+            "tok/s.",
+            "",
+        ]
+    lines += ["## All levels", "", serve.markdown_table(rows).rstrip()]
+    lines += ["", "| server | conc. | server CPU (cores) |", "|---|---|---|"]
+    for label, mine in levels.items():
+        for lv in mine:
+            lines.append(f"| {label} | {lv.summary.concurrency} | {lv.server_cpu_cores:.2f} |")
+    errors = [r for r in rows if r.errors]
+    if errors:
+        lines += ["", "Errors:", ""]
+        lines += [f"- {r.label} c={r.concurrency}: {r.errors} x {r.first_error}" for r in errors]
+    if rows:
+        lines += ["", f"![output tokens/s and TTFT p99 against concurrency]({plot.name})"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+"""The llama-cpp-python server on the default model's GGUF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from peers.base import MODEL_NAME, SERVER_THREADS, Server, Skipped, hf_dir, peer_version
+
+LABEL = "llama-cpp-python server"
+
+
+def gguf_path() -> Path:
+    from trio_llm.engine.loader import default_gguf_path
+
+    return default_gguf_path()
+
+
+def eos_ids() -> list[int]:
+    """Token ids that end SmolLM2-Instruct's turn: `<|im_end|>` (its EOS) and `<|endoftext|>`."""
+    added = json.loads((hf_dir() / "tokenizer.json").read_text())["added_tokens"]
+    return sorted(t["id"] for t in added if t["content"] in ("<|im_end|>", "<|endoftext|>"))
+
+
+def servers(args: argparse.Namespace) -> list[Server | Skipped]:
+    venv = args.peers_dir / "llama"
+    python = venv / "bin" / "python"
+    if peer_version(venv, "llama_cpp_python") == "?":
+        return [Skipped(LABEL, f"not installed in {venv}")]
+    bias = json.dumps({"logit_bias": {str(i): -100.0 for i in eos_ids()}})
+    server = Server(
+        label=LABEL,
+        argv=[
+            str(python),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf_path()),
+            "--model_alias",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--n_threads",
+            str(SERVER_THREADS),
+            "--interrupt_requests",
+            "False",
+        ],
+        model=MODEL_NAME,
+        ready_path="/v1/models",
+        load_args=["--no-ignore-eos", "--extra-body", bias],
+        description=f"llama-cpp-python {peer_version(venv, 'llama_cpp_python')} server on the "
+        "Q4_1 GGUF, `--n_threads 2 --interrupt_requests False`",
+    )
+    return [server]

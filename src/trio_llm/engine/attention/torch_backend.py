@@ -1,0 +1,281 @@
+"""The torch attention backend: the CPU hot path, on `F.scaled_dot_product_attention`.
+
+It implements the contract of the Triton kernels (`trio_llm.kernels`), with their call
+signatures: `write_kv`, `decode_attention` and `prefill_attention` here take the same arguments
+and give the same results, and tests/kernels runs them on the same cases against the same
+references (`trio_llm.kernels.reference`). The references define the contract obviously (a Python
+loop over sequences, fp32 einsums); this is the fast implementation of it.
+
+What is fast about it: everything that depends on the step but not on the layer (which blocks
+each decode gathers, the masks, the gather buffers, each prefill chunk's context slots) is a plan
+built once per step by `TorchAttentionMetadata.build`; each layer then runs `_store`, `_decode`
+and `_prefill` on the plans, a handful of large tensor ops. The kernel-signature functions build
+the same plans from their arguments on every call (what tests and one-off callers want).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trio_llm.engine.attention.interface import StepLayout, as_tensor, decodes_then_prefills
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """What every layer's decode needs, for a batch of one-query sequences."""
+
+    blocks: Tensor
+    """[B * N] int64: each sequence's first N blocks, where N blocks cover the longest context;
+    a sequence's entries past its own blocks point at block 0 (masked out)."""
+    length: int
+    """The longest context: positions past it in the gathered blocks are dropped."""
+    mask: Tensor | None
+    """[B, 1, 1, length] bool: True where a position is within its sequence's context; None
+    when every context has the same length."""
+    empty: Tensor | None
+    """[B] bool: sequences with context 0 (batch padding), whose output is zeros; None when
+    there are none (always, in the engine)."""
+    buffers: tuple[Tensor, Tensor]
+    """[B * N, block_size * Hkv * D] scratch for the gathered keys and values, shared by every
+    layer of the step (no allocation, no page faults per layer)."""
+
+    @classmethod
+    def build(cls, block_tables: np.ndarray, context_lens: np.ndarray, cache: Tensor) -> DecodePlan:
+        """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device."""
+        device = cache.device
+        block_size = cache.shape[1]
+        length = int(context_lens.max(initial=0))
+        num_blocks = -(-length // block_size)
+        needed = -(-context_lens // block_size)
+        blocks = np.where(
+            np.arange(num_blocks)[None, :] < needed[:, None], block_tables[:, :num_blocks], 0
+        )
+        width = cache[0].numel()
+        rows = len(context_lens) * num_blocks
+        mask = empty = None
+        if (context_lens != length).any():
+            visible = np.arange(length)[None, :] < context_lens[:, None]
+            mask = as_tensor(visible[:, None, None, :], device)
+        if (context_lens == 0).any():
+            empty = as_tensor(context_lens == 0, device)
+        return cls(
+            blocks=as_tensor(blocks.reshape(-1).astype(np.int64), device),
+            length=length,
+            mask=mask,
+            empty=empty,
+            buffers=(
+                torch.empty(rows, width, dtype=cache.dtype, device=device),
+                torch.empty(rows, width, dtype=cache.dtype, device=device),
+            ),
+        )
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """One sequence's chunk of queries."""
+
+    start: int
+    end: int
+    """Its queries are rows [start, end) of the prefill queries."""
+    context_slots: Tensor
+    """[context] int64: the cache slots of all its positions up to the chunk's end."""
+    mask: Tensor | None
+    """[chunk, context] bool causal mask offset by the earlier positions, when there are any (a
+    later chunk, or a prefix-cache hit); None when the chunk is the whole context."""
+
+
+def plan_prefill(
+    block_tables: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    context_lens: np.ndarray,
+    block_size: int,
+    device: torch.device,
+) -> list[PrefillChunk]:
+    """One chunk per sequence with queries and context (the others' queries get zeros)."""
+    chunks = []
+    for b, ctx in enumerate(context_lens.tolist()):
+        start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        if start == end or ctx == 0:
+            continue
+        j = np.arange(ctx)
+        slots = block_tables[b, j // block_size].astype(np.int64) * block_size + j % block_size
+        mask = None
+        earlier = ctx - (end - start)
+        if earlier:
+            q_pos = np.arange(earlier, ctx)
+            mask = as_tensor(j[None, :] <= q_pos[:, None], device)
+        chunks.append(PrefillChunk(start, end, as_tensor(slots, device), mask))
+    return chunks
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    """One step of the torch backend: the slots to write and the plans every layer reads."""
+
+    slot_mapping: Tensor
+    """[T] int64, never negative (the engine does not pad)."""
+    num_decodes: int
+    decode: DecodePlan | None = None
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    """Row offsets relative to row `num_decodes`."""
+
+    @classmethod
+    def build(cls, layout: StepLayout, cache: Tensor) -> TorchAttentionMetadata:
+        device = cache.device
+        nd = layout.num_decodes
+        meta = cls(slot_mapping=as_tensor(layout.slot_mapping, device), num_decodes=nd)
+        tables, lens = layout.block_tables, layout.context_lens
+        if nd:
+            meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache)
+        if nd < len(lens):
+            cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
+            meta.prefills = plan_prefill(tables[nd:], cu, lens[nd:], cache.shape[1], device)
+        return meta
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float
+    ) -> Tensor:
+        _store(k, v, k_cache, v_cache, self.slot_mapping)
+        nd = self.num_decodes
+
+        def decode(qd: Tensor) -> Tensor:
+            assert self.decode is not None  # built whenever there are decodes
+            return _decode(qd, k_cache, v_cache, self.decode, scale)
+
+        def prefill(qp: Tensor, out: Tensor) -> None:
+            _prefill(qp, k_cache, v_cache, self.prefills, scale, out, (k[nd:], v[nd:]))
+
+        return decodes_then_prefills(q, nd, decode, prefill)
+
+
+# -- the kernels' signatures ------------------------------------------------------------------
+
+
+def write_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """Store token t's `key[t]`, `value[t]` (`[T, Hkv, D]`) at cache slot `slot_mapping[t]`;
+    a slot < 0 marks a padding token and is skipped."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    _store(key, value, k_cache, v_cache, slot_mapping.long())
+
+
+def decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """One query token per sequence (`q`: `[B, Hq, D]`) over its `context_lens[b]` cached
+    tokens, the new token's own K/V included. Returns `[B, Hq, D]` in q's dtype; a sequence with
+    context 0 (batch padding) gets zeros."""
+    plan = DecodePlan.build(_numpy(block_tables), _numpy(context_lens), k_cache)
+    return _decode(q, k_cache, v_cache, plan, scale)
+
+
+def prefill_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    cu_seqlens_q: Tensor,
+    context_lens: Tensor,
+    scale: float,
+) -> Tensor:
+    """Causal attention for packed query chunks (`q`: `[T, Hq, D]`): sequence b's queries are
+    `q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`, its K/V (cached prefix plus this chunk, already
+    written) are `context_lens[b]` long, and its query i at position
+    `context_lens[b] - q_len_b + i` sees the positions up to its own. Returns `[T, Hq, D]`."""
+    chunks = plan_prefill(
+        _numpy(block_tables), _numpy(cu_seqlens_q), _numpy(context_lens), k_cache.shape[1], q.device
+    )
+    out = torch.zeros_like(q)
+    _prefill(q, k_cache, v_cache, chunks, scale, out)
+    return out
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return t.cpu().numpy().astype(np.int64, copy=False)
+
+
+# -- what every layer runs ----------------------------------------------------------------------
+
+
+def _rows(cache: Tensor) -> Tensor:
+    """The cache as rows of [Hkv * D], one per slot: index_copy_ and index_select over 2-D rows
+    are many times faster than over 3-D."""
+    return cache.view(cache.shape[0] * cache.shape[1], -1)
+
+
+def _store(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> None:
+    """`write_kv` for int64 slots that are all valid (no padding)."""
+    num_tokens = slots.shape[0]
+    _rows(k_cache).index_copy_(0, slots, key.reshape(num_tokens, -1))
+    _rows(v_cache).index_copy_(0, slots, value.reshape(num_tokens, -1))
+
+
+def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: DecodePlan, scale: float) -> Tensor:
+    """One query per sequence, [B, Hq, D], over each sequence's blocks."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if plan.length == 0:
+        return q.new_zeros(q.shape)
+    k_buf, v_buf = plan.buffers
+    # Whole blocks (rows of block_size * Hkv * D) copy faster than token rows.
+    torch.index_select(k_cache.view(k_cache.shape[0], -1), 0, plan.blocks, out=k_buf)
+    torch.index_select(v_cache.view(v_cache.shape[0], -1), 0, plan.blocks, out=v_buf)
+    kd = k_buf.view(batch, -1, num_kv_heads, head_dim)[:, : plan.length].transpose(1, 2)
+    vd = v_buf.view(batch, -1, num_kv_heads, head_dim)[:, : plan.length].transpose(1, 2)
+    # The query heads sharing a KV head become that head's query rows ([B, Hkv, group, D]):
+    # no KV head is repeated, and with one query per sequence no mask is causal.
+    qd = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.mask, scale=scale)
+    out = out.reshape(batch, num_heads, head_dim)
+    if plan.empty is not None:
+        out[plan.empty] = 0
+    return out
+
+
+def _prefill(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    chunks: list[PrefillChunk],
+    scale: float,
+    out: Tensor,
+    new_kv: tuple[Tensor, Tensor] | None = None,
+) -> None:
+    """Each chunk's queries, causal over its earlier positions and the chunk, into `out`.
+
+    `new_kv`: the K/V rows of `q`'s tokens, just written to the cache. A chunk that is its
+    sequence's whole context then attends over them directly: the values its context slots hold,
+    without the gather (10 % of a whole-prompt prefill's attention time)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    k_rows, v_rows = _rows(k_cache), _rows(v_cache)
+    for chunk in chunks:
+        if new_kv is not None and chunk.mask is None:
+            kc = new_kv[0][chunk.start : chunk.end]
+            vc = new_kv[1][chunk.start : chunk.end]
+        else:
+            kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+            vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+        attended = F.scaled_dot_product_attention(
+            q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
+            kc.transpose(0, 1).unsqueeze(0),
+            vc.transpose(0, 1).unsqueeze(0),
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+        out[chunk.start : chunk.end] = attended[0].transpose(0, 1)

@@ -1,0 +1,73 @@
+"""The Triton attention backend: the paged-attention kernels of `trio_llm.kernels`, the CUDA path.
+
+The kernels read the block tables themselves, so a step's metadata is just the kernels'
+arguments as device tensors; nothing is gathered on the host. On a CPU the kernels run in
+Triton's interpreter: slow, but it tests this dispatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import Tensor
+
+from trio_llm.engine.attention.interface import StepLayout, as_tensor, decodes_then_prefills
+
+
+@dataclass(slots=True)
+class TritonAttentionMetadata:
+    """One step of the Triton backend."""
+
+    slot_mapping: Tensor
+    """[T] int64: where each new token's K/V go."""
+    num_decodes: int
+    block_tables: Tensor
+    """[B, max_blocks] int32, decodes first."""
+    context_lens: Tensor
+    """[B] int32: K/V length of each sequence including this step's tokens."""
+    cu_seqlens_q: Tensor
+    """[num_prefills + 1] int32: prefill chunk boundaries, relative to row `num_decodes`."""
+
+    @classmethod
+    def build(cls, layout: StepLayout, cache: Tensor) -> TritonAttentionMetadata:
+        device = cache.device
+        nd = layout.num_decodes
+        cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
+        return cls(
+            slot_mapping=as_tensor(layout.slot_mapping, device),
+            num_decodes=nd,
+            block_tables=as_tensor(layout.block_tables.astype(np.int32), device),
+            context_lens=as_tensor(layout.context_lens.astype(np.int32), device),
+            cu_seqlens_q=as_tensor(cu.astype(np.int32), device),
+        )
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float
+    ) -> Tensor:
+        from trio_llm.kernels import decode_attention, prefill_attention, write_kv
+
+        write_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        nd = self.num_decodes
+        tables, lens = self.block_tables, self.context_lens
+
+        def decode(qd: Tensor) -> Tensor:
+            return decode_attention(
+                qd.contiguous(), k_cache, v_cache, tables[:nd], lens[:nd], scale
+            )
+
+        def prefill(qp: Tensor, out: Tensor) -> None:
+            cu = self.cu_seqlens_q
+            out[:] = prefill_attention(
+                qp.contiguous(), k_cache, v_cache, tables[nd:], cu, lens[nd:], scale
+            )
+
+        return decodes_then_prefills(q, nd, decode, prefill)
+
+
+def triton_available() -> bool:
+    try:
+        from trio_llm.kernels import triton_available
+    except ImportError:
+        return False
+    return triton_available()
