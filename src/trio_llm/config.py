@@ -46,6 +46,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"
     enable_prefix_caching: bool = True
+    model_impl: str = "auto"
+    """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
+    Mistral), or transformers' modules for every model."""
     attention_backend: str = "auto"
     """auto | torch | triton"""
     seed: int = 0

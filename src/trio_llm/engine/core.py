@@ -90,6 +90,8 @@ class EngineCore:
             device=self.device,
             backend=backend,
             seed=args.seed,
+            max_model_len=max_model_len,
+            model_impl=args.model_impl,
             single_token_dtype=(
                 None
                 if args.single_token_dtype == "none"

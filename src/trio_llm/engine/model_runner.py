@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from trio_llm.engine import llama
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.interface import as_tensor
+from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
 from trio_llm.engine.sequence import Sequence
@@ -89,10 +92,18 @@ class ModelRunner:
         device: torch.device,
         backend: str,
         seed: int,
+        max_model_len: int,
+        model_impl: str = "auto",
         single_token_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.decoder = model.model
+        self.own: LlamaForward | None = None
+        """The engine's own forward, when it covers this model (and was not turned off)."""
+        if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
+            self.own = LlamaForward(model, max_model_len, F.linear)
+            # Its fused weights replace the layers' own: free them rather than hold both.
+            self.decoder.layers = torch.nn.ModuleList()
         self.spec = spec
         self.block_size = spec.block_size
         self.device = device
@@ -118,10 +129,11 @@ class ModelRunner:
         self.single_token_steps = 0
         """Steps run on the single-token weight copies."""
 
-    @property
-    def lm_head(self) -> torch.nn.Module:
-        """The LM head of the selected weight set."""
-        return self.model.lm_head
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of `hidden` rows, through the selected weight set's LM head."""
+        if self.own is not None:
+            return self.own.logits(hidden)
+        return self.model.lm_head(hidden)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, eos_token_ids: frozenset[int]) -> StepResult:
@@ -130,12 +142,17 @@ class ModelRunner:
             single_token = inputs.input_ids.shape[1] == 1
             self.weight_sets.select(low_precision=single_token)
             self.single_token_steps += single_token
-        hidden = self.decoder(
-            input_ids=inputs.input_ids,
-            position_ids=inputs.positions,
-            use_cache=False,
-            trio_attn=inputs.attn,
-        ).last_hidden_state[0]
+        if self.own is not None:
+            hidden = self.own(
+                inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
+            )
+        else:
+            hidden = self.decoder(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.positions,
+                use_cache=False,
+                trio_attn=inputs.attn,
+            ).last_hidden_state[0]
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
