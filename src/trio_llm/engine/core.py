@@ -92,6 +92,7 @@ class EngineCore:
             seed=args.seed,
             max_model_len=max_model_len,
             model_impl=args.model_impl,
+            batch_invariant=args.batch_invariant,
             single_token_dtype=(
                 None
                 if args.single_token_dtype == "none"

@@ -131,6 +131,12 @@ class LlamaForward:
             x = x + linear(act, layer.down, None)
         return _rms_norm(x, self.norm, self.eps)
 
+    def weight_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every distinct matmul, the LM head's included."""
+        layer = self.layers[0]
+        weights = (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+        return list(dict.fromkeys((int(w.shape[0]), int(w.shape[1])) for w in weights))
+
     def logits(self, hidden: Tensor) -> Tensor:
         return self.linear(hidden, self.lm_head, None)
 
