@@ -22,7 +22,7 @@ import time
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import loader
+from trio_llm.engine import dtype_policy, loader
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
@@ -57,7 +57,13 @@ class EngineCore:
         dtype = loader.resolve_dtype(args.dtype, device)
         backend = resolve_backend(args.attention_backend, device)
         config = loader.load_config(source)
-        model = loader.load_model(source, dtype, device)
+        # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
+        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        if measure:
+            dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
+            if dtype is not torch.float32:
+                model.to(dtype)
 
         spec = kv_cache_spec(model, args.block_size, dtype)
         num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
@@ -259,3 +265,11 @@ def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
         log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
         limit = capacity
     return limit
+
+
+def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The matmul weights of the model's first decoder layer and its LM head: what a decode
+    step spends its time on, layer by layer."""
+    first_layer = model.model.layers[0]  # type: ignore[union-attr,index]
+    weights = [m.weight for m in first_layer.modules() if isinstance(m, torch.nn.Linear)]
+    return [*weights, model.get_output_embeddings().weight]
