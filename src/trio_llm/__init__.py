@@ -10,12 +10,15 @@ from trio_llm.client import (
     InvalidPromptError,
     ModelConfig,
     PromptTooLongError,
+    UnsupportedTaskError,
     open_engine,
 )
-from trio_llm.config import DEFAULT_MODEL, EngineArgs
+from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
     CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
     Logprob,
     PositionLogprobs,
     RequestMetrics,
@@ -26,10 +29,13 @@ from trio_llm.sampling_params import RequestOutputKind, SamplingParams, Sampling
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
     "LLM",
     "ChatTemplateError",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "EngineClient",
     "EngineDeadError",
@@ -46,6 +52,7 @@ __all__ = [
     "RequestOutputKind",
     "SamplingParams",
     "SamplingParamsError",
+    "UnsupportedTaskError",
     "__version__",
     "open_engine",
 ]

@@ -8,6 +8,7 @@ import re
 import msgspec
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
@@ -28,6 +29,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A name the loader resolves: the default model, a local HF directory, a .gguf file, or a
     hub id already in the local cache."""
     served_model_name: str | None = None
+    task: str = "auto"
+    """auto | generate | embed: auto serves embeddings from an encoder (BERT family) and
+    generation from a decoder; embed makes a decoder serve embeddings (last-token pooling)."""
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16"""
     device: str = "auto"

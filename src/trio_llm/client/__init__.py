@@ -8,6 +8,7 @@ from trio_llm.client.errors import (
     EngineStartError,
     InvalidPromptError,
     PromptTooLongError,
+    UnsupportedTaskError,
 )
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "InvalidPromptError",
     "ModelConfig",
     "PromptTooLongError",
+    "UnsupportedTaskError",
     "open_engine",
 ]

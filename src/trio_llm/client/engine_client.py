@@ -34,7 +34,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,10 +47,12 @@ import msgspec
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
+from trio_llm.client.embeddings import PendingEmbeddings
 from trio_llm.client.errors import (
     EngineDeadError,
     EngineStartError,
     InvalidPromptError,
+    UnsupportedTaskError,
 )
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
@@ -68,17 +70,20 @@ from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (
     AbortRequests,
     EngineCoreOutputs,
+    EngineCoreRequest,
     EngineFailure,
+    EngineLoading,
     EngineReady,
     SchedulerStats,
     Shutdown,
 )
+from trio_llm.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.outputs import RequestOutput
-    from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,14 @@ before it fails the requests in flight itself (a bound, should the handler be st
 
 ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
-the served model name (`served_model_name`, else the resolved model's name)."""
+the served model name (`served_model_name`, else the resolved model's name), and `task` what
+it serves (generate or embed)."""
+
+OnStage = Callable[[str], None]
+"""Hears each start-up stage of the engine as it begins ('loading the weights', ...)."""
+
+_POOLING_PARAMS = SamplingParams()
+"""What an embedding request carries as its (unused) sampling parameters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +123,13 @@ class EngineStats:
     num_preemptions: int
     num_steps: int
     num_requests_in_flight: int
-    """`generate()` calls in this client with an unfinished choice."""
+    """`generate()` calls in this client with an unfinished choice, and embedding inputs
+    waiting for their embedding."""
 
 
 class EngineClient:
-    """A running engine: generate text, tokenize, read its statistics.
+    """A running engine: generate text (or embeddings, from a pooling engine), tokenize, read
+    its statistics.
 
     Made by `open_engine`, valid inside its `async with` block. Every method may be called from
     any task of the event loop that opened it.
@@ -149,6 +163,12 @@ class EngineClient:
             self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
         )
         self._outputs = OutputProcessor(tokenizer)
+        self._embeddings = PendingEmbeddings()
+        self._process_outputs = (
+            self._embeddings.process_outputs
+            if ready.task == "embed"
+            else self._outputs.process_outputs
+        )
         self._scheduler_stats = SchedulerStats(
             num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
         )
@@ -188,8 +208,13 @@ class EngineClient:
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
             num_steps=s.num_steps,
-            num_requests_in_flight=self._outputs.num_requests,
+            num_requests_in_flight=self._outputs.num_requests + self._embeddings.num_requests,
         )
+
+    @property
+    def task(self) -> str:
+        """What the engine serves: 'generate' or 'embed'."""
+        return self.model_config.task
 
     def generate(
         self,
@@ -213,6 +238,7 @@ class EngineClient:
         request raises `EngineRequestError`.
         """
         self._check_alive()
+        self._check_task("generate")
         if isinstance(prompt, str):
             params.validate()
             params.validate_vocab(self.model_config.vocab_size)
@@ -231,8 +257,83 @@ class EngineClient:
         are ignored."""
         await anyio.lowlevel.checkpoint()
         engine_ids = self._outputs.abort_request(request_id, time.time())
+        engine_ids += self._embeddings.abort_request(request_id)
         if engine_ids:
             self._post(encode(AbortRequests(request_ids=engine_ids)))
+
+    async def embed(
+        self,
+        prompt: str | list[int],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> EmbeddingRequestOutput:
+        """The embedding of one input (text or token ids), from a pooling engine; see
+        `embed_batch`."""
+        [output] = await self.embed_batch(
+            [prompt],
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            add_special_tokens=add_special_tokens,
+            request_id=request_id,
+            priority=priority,
+        )
+        return output
+
+    async def embed_batch(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per input, in order: the texts are tokenized together, every input is
+        checked before any is sent (`PromptTooLongError` for one longer than the model takes,
+        unless `truncate_prompt_tokens` cuts it: -1 for the model's length), then the engine
+        packs them into its steps. Raises `UnsupportedTaskError` on a generating engine.
+        Cancellation (or any exception) aborts the inputs still in the engine; request i's
+        engine id is `request_id-i` (just `request_id` for one input)."""
+        self._check_alive()
+        self._check_task("embed")
+        inputs = await self._inputs.embedding_inputs(
+            prompts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            add_special_tokens=add_special_tokens,
+        )
+        self._check_alive()
+        base = request_id or uuid.uuid4().hex
+        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
+        if any(map(self._embeddings.has_request, ids)):
+            raise ValueError(f"request id {base!r} is already in flight")
+        arrival_time = time.time()
+        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
+        try:
+            for engine_id, token_ids in zip(ids, inputs, strict=True):
+                self._post(
+                    encode(
+                        EngineCoreRequest(
+                            request_id=engine_id,
+                            prompt_token_ids=token_ids,
+                            sampling_params=_POOLING_PARAMS,
+                            arrival_time=arrival_time,
+                            priority=priority,
+                            pooling=True,
+                        )
+                    )
+                )
+            embeddings = [await waiter.wait() for waiter in waiters]
+        finally:
+            # No await here, as in generate(): this runs when the scope is cancelled too.
+            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
+            if unfinished:
+                self._post(encode(AbortRequests(request_ids=unfinished)))
+        return [
+            EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
+            for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
+        ]
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
@@ -339,6 +440,15 @@ class EngineClient:
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
 
+    def _check_task(self, task: str) -> None:
+        if self.task != task:
+            name = self.model_config.model
+            raise UnsupportedTaskError(
+                f"the model {name!r} serves embeddings, not generation"
+                if task == "generate"
+                else f"the model {name!r} is generative: it does not serve embeddings"
+            )
+
     def _check_alive(self) -> None:
         if self._closed:
             raise EngineDeadError("the engine was shut down: open_engine() has exited")
@@ -405,7 +515,7 @@ class EngineClient:
                                 since_checkpoint = 0
                             chunk = outputs[start : start + OUTPUT_CHUNK]
                             since_checkpoint += len(chunk)
-                            to_abort = self._outputs.process_outputs(chunk, now)
+                            to_abort = self._process_outputs(chunk, now)
                             if to_abort:
                                 self._post(encode(AbortRequests(request_ids=to_abort)))
                         self._scheduler_stats = message.stats
@@ -448,6 +558,7 @@ class EngineClient:
             return
         reason = self._dead_reason()
         self._outputs.fail_all(lambda: EngineDeadError(reason))
+        self._embeddings.fail_all(lambda: EngineDeadError(reason))
         self._drained.set()
 
 
@@ -471,9 +582,10 @@ def _load_tokenizer(model: str) -> PreTrainedTokenizerBase:
 
 
 async def _handshake(
-    process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs
+    process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs, on_stage: OnStage
 ) -> tuple[EngineReady, PreTrainedTokenizerBase]:
-    """Load the tokenizer while the engine loads the model; then wait for its ready message."""
+    """Load the tokenizer while the engine loads the model; then wait for its ready message,
+    passing on its progress."""
     try:
         with anyio.fail_after(args.startup_timeout):
             try:
@@ -486,6 +598,9 @@ async def _handshake(
                 ) from exc
             try:
                 message = decode_engine_message(await receiver.receive())
+                while isinstance(message, EngineLoading):
+                    on_stage(message.stage)
+                    message = decode_engine_message(await receiver.receive())
             except RingClosedError:
                 code = await process.wait()
                 raise EngineStartError(
@@ -534,15 +649,23 @@ async def _exits_within(process: anyio.abc.Process, seconds: float) -> bool:
     return False
 
 
+def _log_stage(model: str) -> OnStage:
+    return lambda stage: log.info("engine %s: %s", model, stage)
+
+
 @asynccontextmanager
-async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIterator[EngineClient]:
+async def open_engine(
+    model: str | None = None, *, on_stage: OnStage | None = None, **engine_args: Any
+) -> AsyncIterator[EngineClient]:
     """Start an engine process and yield a client for it; stop the engine on the way out.
 
-    `engine_args` are `EngineArgs` fields. Raises `EngineStartError` with the engine's own
-    message when the model cannot be loaded, or when it is not ready within
+    `engine_args` are `EngineArgs` fields. `on_stage` hears each start-up stage as the engine
+    begins it (by default they are logged at info level). Raises `EngineStartError` with the
+    engine's own message when the model cannot be loaded, or when it is not ready within
     `startup_timeout` seconds.
     """
     args = _engine_args(model, engine_args)
+    on_stage = on_stage or _log_stage(args.served_model_name or args.model)
     with (
         ShmRing.create(args.ring_capacity) as request_ring,
         ShmRing.create(args.ring_capacity) as output_ring,
@@ -571,7 +694,7 @@ async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIter
                 await process.stdin.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass  # it died already; the handshake says how
-            ready, tokenizer = await _handshake(process, receiver, args)
+            ready, tokenizer = await _handshake(process, receiver, args, on_stage)
             client = EngineClient(
                 args,
                 process,

@@ -1,7 +1,8 @@
 """Input processing: what a caller asks for becomes engine requests.
 
 What it owns: chat template rendering, tokenization, prompt validation against the model's
-context length and vocabulary, and the fan-out of `n > 1` into n engine requests.
+context length and vocabulary, the fan-out of `n > 1` into n engine requests, and the inputs of
+embedding requests (tokenized as one batch, truncated when asked, checked).
 
 Invariants:
 - Every check runs before anything reaches the engine, and each error names what to fix
@@ -91,6 +92,61 @@ class InputProcessor:
                 max_model_len=limit,
             )
 
+    async def embedding_inputs(
+        self,
+        inputs: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+    ) -> list[list[int]]:
+        """Each input's token ids, checked: texts are tokenized together (one call), and with
+        `truncate_prompt_tokens` (-1: the model's length) cut to that many tokens the way the
+        tokenizer truncates (sentence-transformers' way); without it, an input longer than the
+        model's length raises `PromptTooLongError` naming it (`input`, `input[i]`)."""
+        limit = self.max_model_len
+        truncate = truncate_prompt_tokens
+        if truncate == -1:
+            truncate = limit
+        elif truncate is not None and not 1 <= truncate <= limit:
+            raise InvalidPromptError(
+                f"truncate_prompt_tokens must be -1 or between 1 and {limit} (the model's "
+                f"maximum input length), got {truncate}",
+                param="truncate_prompt_tokens",
+            )
+        texts = [text for text in inputs if isinstance(text, str)]
+        encoded = iter(
+            await self.tokenizer.run(
+                sum(map(len, texts)), _encode_batch, texts, add_special_tokens, truncate
+            )
+            if texts
+            else ()
+        )
+        left = self.tokenizer.loop.truncation_side == "left"
+        result = []
+        for i, given in enumerate(inputs):
+            param = "input" if len(inputs) == 1 else f"input[{i}]"
+            ids = next(encoded) if isinstance(given, str) else list(given)
+            if truncate is not None and len(ids) > truncate:
+                ids = ids[-truncate:] if left else ids[:truncate]
+            if not ids:
+                raise InvalidPromptError(f"{param} is empty: give at least one token", param=param)
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise InvalidPromptError(
+                    f"{param} holds token ids outside the vocabulary (size {self.vocab_size})",
+                    param=param,
+                )
+            if len(ids) > limit:
+                raise PromptTooLongError(
+                    f"This model's maximum context length is {limit} tokens, but {param} has "
+                    f"{len(ids)} tokens; shorten it, or set truncate_prompt_tokens to cut it",
+                    param=param,
+                    prompt_tokens=len(ids),
+                    max_tokens=None,
+                    max_model_len=limit,
+                )
+            result.append(ids)
+        return result
+
     @staticmethod
     def engine_requests(
         request_id: str,
@@ -128,6 +184,21 @@ class InputProcessor:
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def _encode_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    add_special_tokens: bool,
+    truncate: int | None,
+) -> list[list[int]]:
+    encoded = tokenizer(
+        texts,
+        add_special_tokens=add_special_tokens,
+        truncation=truncate is not None,
+        max_length=truncate,
+    )
+    return [list(ids) for ids in encoded["input_ids"]]
 
 
 def _render_and_encode(
