@@ -10,8 +10,10 @@ from trio_llm.client import (
     InvalidPromptError,
     ModelConfig,
     PromptTooLongError,
+    Router,
     UnsupportedTaskError,
     open_engine,
+    open_router,
 )
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
 from trio_llm.llm import LLM
@@ -50,9 +52,11 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "RequestOutputKind",
+    "Router",
     "SamplingParams",
     "SamplingParamsError",
     "UnsupportedTaskError",
     "__version__",
     "open_engine",
+    "open_router",
 ]
