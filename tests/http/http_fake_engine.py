@@ -31,6 +31,7 @@ class FakeEngine:
     """Block after the first token until cancelled: a generation that never ends by itself."""
     die_after_first: bool = False
     is_alive: bool = True
+    task: str = "generate"
     running: set[str] = field(default_factory=set)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
@@ -44,6 +45,8 @@ class FakeEngine:
             vocab_size=self.vocab_size,
             dtype="float32",
             device="cpu",
+            task=self.task,
+            embedding_size=0,
         )
         self._inputs = InputProcessor(
             ConfinedTokenizer(SimpleNamespace()),  # type: ignore[arg-type]
@@ -65,6 +68,7 @@ class FakeEngine:
             prefix_cache_queries=0,
             prefix_cache_hits=0,
             num_preemptions=0,
+            num_steps=0,
             num_requests_in_flight=len(self.running),
         )
 

@@ -44,6 +44,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 import msgspec
+import numpy as np
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
@@ -264,21 +265,11 @@ class EngineClient:
     async def embed(
         self,
         prompt: str | list[int],
-        *,
-        truncate_prompt_tokens: int | None = None,
-        add_special_tokens: bool = True,
-        request_id: str | None = None,
-        priority: int = 0,
+        **kwargs: Any,
     ) -> EmbeddingRequestOutput:
-        """The embedding of one input (text or token ids), from a pooling engine; see
-        `embed_batch`."""
-        [output] = await self.embed_batch(
-            [prompt],
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            add_special_tokens=add_special_tokens,
-            request_id=request_id,
-            priority=priority,
-        )
+        """The embedding of one input (text or token ids), from a pooling engine; the keyword
+        arguments are `embed_batch`'s."""
+        [output] = await self.embed_batch([prompt], **kwargs)
         return output
 
     async def embed_batch(
@@ -287,17 +278,22 @@ class EngineClient:
         *,
         truncate_prompt_tokens: int | None = None,
         add_special_tokens: bool = True,
+        dimensions: int | None = None,
         request_id: str | None = None,
         priority: int = 0,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per input, in order: the texts are tokenized together, every input is
         checked before any is sent (`PromptTooLongError` for one longer than the model takes,
         unless `truncate_prompt_tokens` cuts it: -1 for the model's length), then the engine
-        packs them into its steps. Raises `UnsupportedTaskError` on a generating engine.
+        packs them into its steps. `dimensions` cuts each embedding to its first that many
+        (normalised again when the model normalises), for a model trained for it (Matryoshka:
+        `model_config.matryoshka_dimensions`; `InvalidPromptError` otherwise). Raises
+        `UnsupportedTaskError` on a generating engine.
         Cancellation (or any exception) aborts the inputs still in the engine; request i's
         engine id is `request_id-i` (just `request_id` for one input)."""
         self._check_alive()
         self._check_task("embed")
+        cut = self._check_dimensions(dimensions)
         inputs = await self._inputs.embedding_inputs(
             prompts,
             truncate_prompt_tokens=truncate_prompt_tokens,
@@ -330,10 +326,42 @@ class EngineClient:
             unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
+        if cut is not None:
+            embeddings = [self._cut(embedding, cut) for embedding in embeddings]
         return [
             EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
             for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
         ]
+
+    def _check_dimensions(self, dimensions: int | None) -> int | None:
+        """The size to cut embeddings to, None for none; `InvalidPromptError` (param
+        `dimensions`) for one the model was not trained for."""
+        mc = self.model_config
+        if dimensions is None or dimensions == mc.embedding_size:
+            return None
+        allowed = mc.matryoshka_dimensions
+        if (
+            allowed is None
+            or not 1 <= dimensions <= mc.embedding_size
+            or (allowed and dimensions not in allowed)
+        ):
+            sizes = (
+                "it was not trained to be cut shorter"
+                if allowed is None
+                else f"it can be cut to {', '.join(map(str, allowed)) or 'any size'}"
+            )
+            raise InvalidPromptError(
+                f"the model {mc.model!r} cannot give embeddings of {dimensions} dimensions: "
+                f"its own have {mc.embedding_size}, and {sizes}",
+                param="dimensions",
+            )
+        return dimensions
+
+    def _cut(self, embedding: np.ndarray, size: int) -> np.ndarray:
+        cut = embedding[:size]
+        if self.model_config.normalized:
+            cut = cut / max(float(np.linalg.norm(cut)), 1e-12)
+        return cut.astype(np.float32, copy=False)
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)

@@ -143,6 +143,7 @@ class ReplicaStats:
     stats: EngineStats | None
     """None while the replica is down."""
     load: int
+    restarts: int = 0
 
 
 @dataclass
@@ -285,6 +286,7 @@ class Router:
                 r.index,
                 r.client.stats() if r.client is not None and r.is_alive else None,
                 r.load,
+                r.restarts,
             )
             for m, r in self.replicas()
         ]

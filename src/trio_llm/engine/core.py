@@ -67,6 +67,8 @@ class _Parts:
     max_num_batched_tokens: int
     attention_backend: str
     embedding_size: int = 0
+    normalized: bool = False
+    matryoshka_dimensions: list[int] | None = None
 
 
 class EngineCore:
@@ -125,6 +127,8 @@ class EngineCore:
             pid=os.getpid(),
             task=self.task,
             embedding_size=parts.embedding_size,
+            normalized=parts.normalized,
+            matryoshka_dimensions=parts.matryoshka_dimensions,
         )
 
     def _generation_parts(
@@ -192,6 +196,8 @@ class EngineCore:
             max_num_batched_tokens=budget,
             attention_backend="packed",
             embedding_size=int(config.hidden_size),
+            normalized=pooling_config.normalize,
+            matryoshka_dimensions=_matryoshka(config),
         )
 
     # -- requests -------------------------------------------------------------------------
@@ -353,6 +359,15 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+
+def _matryoshka(config: PretrainedConfig) -> list[int] | None:
+    """The sizes a Matryoshka model's embeddings may be cut to, as its config says (vLLM's
+    keys); None for any other model."""
+    dimensions = getattr(config, "matryoshka_dimensions", None)
+    if dimensions:
+        return sorted(int(d) for d in dimensions)
+    return [] if getattr(config, "is_matryoshka", False) else None
 
 
 def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:

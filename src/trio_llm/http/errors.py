@@ -22,6 +22,7 @@ from trio_llm.client.errors import (
     EngineRequestError,
     InvalidPromptError,
     PromptTooLongError,
+    UnsupportedTaskError,
 )
 from trio_llm.sampling_params import SamplingParamsError
 
@@ -109,6 +110,8 @@ def translate_error(error: BaseException) -> ProtocolError:
         return bad_request(str(error), param=error.param)
     if isinstance(error, ChatTemplateError):
         return bad_request(str(error), param="messages")
+    if isinstance(error, UnsupportedTaskError):
+        return bad_request(str(error), param="model", code="wrong_model_task")
     if isinstance(error, EngineDeadError):
         return ProtocolError(500, f"The engine died: {error}", code="engine_dead")
     if isinstance(error, EngineRequestError):

@@ -1,15 +1,16 @@
 """Prometheus metrics of one app: the engine's state, request latencies, tokens, HTTP traffic.
 
 Each app has its own `CollectorRegistry` (never the process-global one), so several apps in
-one process (tests, embedding) do not collide. Engine gauges are read from
+one process (tests, embedding) do not collide. Engine gauges are read from every engine's
 `EngineClient.stats()` at scrape time, so they are never stale and cost nothing between
-scrapes; everything else is counted as requests pass through the HTTP layer.
+scrapes: summed over all engines under the plain names, and per replica with `model` and
+`replica` labels. Everything else is counted as requests pass through the HTTP layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,6 +18,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from trio_llm.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from trio_llm.client.router import ReplicaStats
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -28,34 +32,48 @@ _ITL_BUCKETS = (
 )  # fmt: skip
 
 
-class _EngineCollector(Collector):
-    """Engine gauges, read from the live engine at scrape time (nothing while it is down)."""
+_ENGINE_GAUGES = (
+    ("num_requests_running", "Sequences the engine is running", "num_running"),
+    ("num_requests_waiting", "Sequences waiting to be scheduled", "num_waiting"),
+    (
+        "num_requests_in_flight",
+        "Requests the frontend has sent and not yet seen finish",
+        "num_requests_in_flight",
+    ),
+    ("kv_cache_usage_perc", "Fraction of KV cache blocks in use", "kv_usage"),
+    ("kv_cache_free_blocks", "KV cache blocks free", "num_free_blocks"),
+    ("kv_cache_total_blocks", "KV cache blocks in all", "num_total_blocks"),
+)
 
-    def __init__(self, stats: Callable[[], Any | None]) -> None:
-        self._stats = stats
+
+class _EngineCollector(Collector):
+    """Engine gauges, read from the live engines at scrape time: summed over every engine
+    (unlabelled, as with one engine), and per replica (`trio_llm_replica_*`, labelled with
+    `model` and `replica`). A replica that is down has only `trio_llm_replica_alive 0`."""
+
+    def __init__(
+        self,
+        replicas: Callable[[], Sequence[ReplicaStats]],
+        aggregate: Callable[[Sequence[Any]], Any],
+    ) -> None:
+        self._replicas = replicas
+        self._aggregate = aggregate
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats()
+        replicas = self._replicas()
+        live = [r.stats for r in replicas if r.stats is not None]
         yield GaugeMetricFamily(
             "trio_llm_engine_alive",
-            "1 while the engine process is alive",
-            value=int(stats is not None),
+            "1 while every engine process is alive",
+            value=int(bool(replicas) and len(live) == len(replicas)),
         )
-        if stats is None:
+        yield GaugeMetricFamily("trio_llm_engines_alive", "Engine processes alive", value=len(live))
+        yield from self._per_replica(replicas)
+        if not live:
             return
-        for name, doc, value in (
-            ("num_requests_running", "Sequences the engine is running", stats.num_running),
-            ("num_requests_waiting", "Sequences waiting to be scheduled", stats.num_waiting),
-            (
-                "num_requests_in_flight",
-                "Requests the frontend has sent and not yet seen finish",
-                stats.num_requests_in_flight,
-            ),
-            ("kv_cache_usage_perc", "Fraction of KV cache blocks in use", stats.kv_usage),
-            ("kv_cache_free_blocks", "KV cache blocks free", stats.num_free_blocks),
-            ("kv_cache_total_blocks", "KV cache blocks in all", stats.num_total_blocks),
-        ):
-            yield GaugeMetricFamily(f"trio_llm_{name}", doc, value=value)
+        stats = self._aggregate(live)
+        for name, doc, attr in _ENGINE_GAUGES:
+            yield GaugeMetricFamily(f"trio_llm_{name}", doc, value=getattr(stats, attr))
         queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
         yield CounterMetricFamily(
             "trio_llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", queries
@@ -65,7 +83,7 @@ class _EngineCollector(Collector):
         )
         yield GaugeMetricFamily(
             "trio_llm_prefix_cache_hit_rate",
-            "Prefix cache hits over queries since the engine started",
+            "Prefix cache hits over queries since the engines started",
             value=hits / queries if queries else 0.0,
         )
         yield CounterMetricFamily(
@@ -74,9 +92,44 @@ class _EngineCollector(Collector):
             stats.num_preemptions,
         )
 
+    def _per_replica(self, replicas: Sequence[ReplicaStats]) -> Iterator[Metric]:
+        labels = ["model", "replica"]
+        alive = GaugeMetricFamily(
+            "trio_llm_replica_alive", "1 while this engine process is alive", labels=labels
+        )
+        load = GaugeMetricFamily(
+            "trio_llm_replica_load",
+            "Sequences the router has sent to this replica and not seen finish",
+            labels=labels,
+        )
+        restarts = CounterMetricFamily(
+            "trio_llm_replica_restarts", "Times this replica was restarted", labels=labels
+        )
+        gauges = [
+            (GaugeMetricFamily(f"trio_llm_replica_{name}", doc, labels=labels), attr)
+            for name, doc, attr in _ENGINE_GAUGES
+        ]
+        for r in replicas:
+            key = [r.model, str(r.replica)]
+            alive.add_metric(key, int(r.stats is not None))
+            load.add_metric(key, r.load)
+            restarts.add_metric(key, r.restarts)
+            if r.stats is not None:
+                for family, attr in gauges:
+                    family.add_metric(key, getattr(r.stats, attr))
+        yield alive
+        yield load
+        yield restarts
+        for family, _ in gauges:
+            yield family
+
 
 class Metrics:
-    def __init__(self, stats: Callable[[], Any | None]) -> None:
+    def __init__(
+        self,
+        replicas: Callable[[], Sequence[ReplicaStats]],
+        aggregate: Callable[[Sequence[Any]], Any],
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.http_requests = Counter(
@@ -116,7 +169,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        r.register(_EngineCollector(stats))
+        self.embedding_inputs = Counter(
+            "trio_llm_embedding_inputs",
+            "Inputs embedded (each counts its tokens as prompt tokens)",
+            registry=r,
+        )
+        r.register(_EngineCollector(replicas, aggregate))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -101,6 +101,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                 responses.CompletionResponse,
                 streams=True,
             ),
+            "/v1/embeddings": _post(
+                "Embeddings of texts or token ids",
+                protocol.EmbeddingRequest,
+                responses.EmbeddingResponse,
+                streams=False,
+            ),
             "/tokenize": _post(
                 "Tokenize a prompt or chat messages",
                 protocol.TokenizeRequest,
@@ -117,7 +123,10 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/models/{model}": _get(
                 "One served model", responses.ModelCard, parameters=[model_param]
             ),
-            "/health": _get("200 while the engine is alive, 503 otherwise"),
+            "/health": _get(
+                "200 while every model has a live engine ('degraded' when a replica is down), "
+                "503 otherwise"
+            ),
             "/version": _get("Server version"),
             "/metrics": _get("Prometheus metrics"),
         },

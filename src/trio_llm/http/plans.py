@@ -19,6 +19,7 @@ from trio_llm.http.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    EmbeddingRequest,
     RefusalPart,
     SamplingFields,
     TextPart,
@@ -33,6 +34,8 @@ class RequestLimits:
     max_n: int = 16
     max_prompts: int = 16
     """Prompts in one /v1/completions batch."""
+    max_embedding_inputs: int = 2048
+    """Inputs in one /v1/embeddings request (OpenAI's own limit)."""
     max_stop: int = 16
     max_stop_length: int = 512
     max_logit_bias: int = 300
@@ -109,30 +112,50 @@ def completion_prompts(
     prompt: str | list[str | int | list[int]], limits: RequestLimits
 ) -> list[str | list[int]]:
     """OpenAI's four prompt forms (text, texts, token ids, lists of token ids) as a list."""
+    return prompt_forms(prompt, "prompt", limits.max_prompts)
+
+
+def prompt_forms(
+    given: str | list[str | int | list[int]], param: str, max_count: int
+) -> list[str | list[int]]:
+    """The four forms OpenAI accepts for a completion's `prompt` and an embedding's `input`,
+    as a list of at most `max_count`, none empty."""
     prompts: list[str | list[int]]
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    elif not prompt:
-        raise bad_request("prompt must not be empty", param="prompt")
-    elif all(isinstance(p, int) for p in prompt):
-        prompts = [list(prompt)]  # type: ignore[arg-type]
-    elif all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
-        prompts = list(prompt)  # type: ignore[arg-type]
+    if isinstance(given, str):
+        prompts = [given]
+    elif not given:
+        raise bad_request(f"{param} must not be empty", param=param)
+    elif all(isinstance(p, int) for p in given):
+        prompts = [list(given)]  # type: ignore[arg-type]
+    elif all(isinstance(p, str) for p in given) or all(isinstance(p, list) for p in given):
+        prompts = list(given)  # type: ignore[arg-type]
     else:
         raise bad_request(
-            "prompt must be a string, a list of strings, a list of token ids, or a list of "
+            f"{param} must be a string, a list of strings, a list of token ids, or a list of "
             "lists of token ids (not a mixture)",
-            param="prompt",
+            param=param,
         )
-    if len(prompts) > limits.max_prompts:
+    if len(prompts) > max_count:
         raise bad_request(
-            f"at most {limits.max_prompts} prompts per request, got {len(prompts)}", param="prompt"
+            f"at most {max_count} {param}s per request, got {len(prompts)}", param=param
         )
     for i, p in enumerate(prompts):
         if len(p) == 0:
-            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            where = param if len(prompts) == 1 else f"{param}[{i}]"
             raise bad_request(f"{where} must not be empty", param=where)
     return prompts
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingPlan:
+    inputs: list[str | list[int]]
+    base64: bool
+
+
+def plan_embedding(request: EmbeddingRequest, limits: RequestLimits) -> EmbeddingPlan:
+    """What needs no model: the inputs' form and count (`dimensions` the client checks)."""
+    inputs = prompt_forms(request.input, "input", limits.max_embedding_inputs)
+    return EmbeddingPlan(inputs, request.encoding_format == "base64")
 
 
 def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:

@@ -126,6 +126,20 @@ class CompletionRequest(SamplingFields, kw_only=True):
     best_of: PositiveInt | None = None
 
 
+class EmbeddingRequest(Struct, kw_only=True):
+    input: str | list[str | TokenId | list[TokenId]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: PositiveInt | None = None
+    user: str | None = None
+    # vLLM's extensions, same names and meaning.
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    """Cut longer inputs to this many tokens (-1: the model's length) instead of a 400."""
+    add_special_tokens: bool = True
+    priority: Int32 = 0
+    request_id: RequestId | None = None
+
+
 class TokenizeRequest(Struct, kw_only=True):
     """Either `prompt` (plain text) or `messages` (rendered with the chat template)."""
 
@@ -148,6 +162,7 @@ class DetokenizeRequest(Struct, kw_only=True):
 REQUEST_TYPES: tuple[type[Struct], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     TokenizeRequest,
     DetokenizeRequest,
 )

@@ -151,6 +151,27 @@ class ModelList(Struct):
     object: str = "list"
 
 
+class EmbeddingData(Struct, kw_only=True):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str
+    """Floats, or with encoding_format base64 the little-endian float32 bytes in base64."""
+
+
+class EmbeddingUsage(Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(Struct, kw_only=True):
+    object: str = "list"
+    id: str
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage
+
+
 class TokenizeResponse(Struct):
     count: int
     max_model_len: int
@@ -166,6 +187,7 @@ RESPONSE_TYPES: tuple[type[Struct], ...] = (
     ChatCompletionResponse,
     ChatCompletionChunk,
     CompletionResponse,
+    EmbeddingResponse,
     ModelList,
     ModelCard,
     TokenizeResponse,

@@ -2,9 +2,10 @@
 
 An endpoint that generates is a `GenerationEndpoint`: it plans the request (its constructor),
 builds the prompts' token ids, and shapes the stream or the response. `serve_generation` does
-the rest, in this order: decode the body, find the engine serving the model, plan, admit, build
-the prompts, make the ids, generate, then stream or collect. Endpoints that do not generate
-(models, tokenization) use the same pieces: `decode_body`, `json_response`, `admit`.
+the rest, in this order: decode the body, check the model, plan, admit, route to the model's
+least-loaded engine, build the prompts, make the ids, generate, then stream or collect.
+Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
+`decode_body`, `json_response`, `admit`.
 
 Invariants:
 - Nothing reaches the engine before every check has passed. Admission counts the request
@@ -164,10 +165,11 @@ async def serve_generation(endpoint_type: type[GenerationEndpoint[Any]]) -> Resp
     """The whole of a generating request, around the endpoint's own steps."""
     state = current_state()
     body = await decode_body(endpoint_type.request_type)
-    engine, model = state.engine_for(body.model)
+    state.model_for(body.model, task="generate")  # 404 or 400 before planning
     endpoint = endpoint_type(body, state.config.limits)
     req, plan = endpoint.request, endpoint.plan
     admit(state, plan.sequences)
+    engine, model = state.engine_for(body.model, sequences=plan.sequences)
     prompts = await endpoint.prompts(engine, model)
     response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
     ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)

@@ -64,6 +64,11 @@ class EngineReady(_Msg, tag="ready"):
     """generate | embed: what the engine serves."""
     embedding_size: int = 0
     """With task embed: the length of each embedding."""
+    normalized: bool = False
+    """With task embed: the embeddings have unit length."""
+    matryoshka_dimensions: list[int] | None = None
+    """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
+    ([]: any); None when it may not be."""
 
 
 class EngineLoading(_Msg, tag="loading"):
