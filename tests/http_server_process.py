@@ -54,9 +54,24 @@ class ServerProcess:
 
     def engine_pid(self) -> int:
         """The engine process: the server's only child."""
+        [child] = self.engine_pids()
+        return child
+
+    def engine_pids(self) -> list[int]:
+        """The engine processes: the server's children."""
         tasks = Path(f"/proc/{self.process.pid}/task").iterdir()
-        [child] = [c for task in tasks for c in (task / "children").read_text().split()]
-        return int(child)
+        return sorted(int(c) for task in tasks for c in (task / "children").read_text().split())
+
+    def labelled(self, name: str) -> dict[tuple[str, ...], float]:
+        """The samples of one labelled metric of /metrics, by their label values in order."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        samples = {}
+        for line in text.splitlines():
+            if line.startswith(name + "{"):
+                labels, value = line[len(name) + 1 :].rsplit("} ", 1)
+                key = tuple(part.split("=", 1)[1].strip('"') for part in labels.split(","))
+                samples[key] = float(value)
+        return samples
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

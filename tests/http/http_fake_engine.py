@@ -32,6 +32,7 @@ class FakeEngine:
     die_after_first: bool = False
     is_alive: bool = True
     task: str = "generate"
+    pid: int = 0
     running: set[str] = field(default_factory=set)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)

@@ -31,6 +31,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import deque
@@ -605,8 +606,15 @@ def _engine_args(model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
     return EngineArgs(**engine_args)
 
 
+_TOKENIZER_LOADING = threading.Lock()
+"""Engines started at once load their tokenizers on worker threads, one at a time:
+transformers' lazy imports are not thread-safe (two first imports at once raised "cannot
+import name 'AutoTokenizer'")."""
+
+
 def _load_tokenizer(model: str) -> PreTrainedTokenizerBase:
-    return load_tokenizer(resolve_model(model))
+    with _TOKENIZER_LOADING:
+        return load_tokenizer(resolve_model(model))
 
 
 async def _handshake(

@@ -61,15 +61,21 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
     one is up, and one that fails to start fails the start with its own error (the others are
     stopped). A replica that dies restarts alone; one that gives up ends the server."""
     config = state.config
-    scope = trio.CancelScope()
+    scopes: list[trio.CancelScope] = []
     done = trio.Event()
     running = 0
+
+    def cancel_all() -> None:
+        for scope in scopes:
+            scope.cancel()
 
     async def run_supervisor(
         group: int, index: int, spec: ModelSpec, task_status: trio.TaskStatus[None]
     ) -> None:
         nonlocal running
         running += 1
+        scope = trio.CancelScope()
+        scopes.append(scope)
         try:
             with scope:
                 await supervise_engine(
@@ -98,7 +104,7 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
                             partial(app.nursery.start, run_supervisor, group, index, spec)
                         )
         except BaseExceptionGroup as group:
-            scope.cancel()
+            cancel_all()
             error = _first_start_error(group)
             if error is None:
                 raise
@@ -106,7 +112,7 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
 
     @app.after_serving
     async def stop_engines() -> None:
-        scope.cancel()
+        cancel_all()
         with contextlib.suppress(trio.TooSlowError):
             with trio.fail_after(60):
                 await done.wait()

@@ -134,7 +134,13 @@ class AppState:
         """Every replica's state; 'ok' when all run, 'degraded' when each model still has one
         that runs, 'unavailable' when some model has none (the one case /health answers 503)."""
         engines = [
-            {"model": m.name, "replica": r.index, "alive": r.is_alive, "restarts": r.restarts}
+            {
+                "model": m.name,
+                "replica": r.index,
+                "alive": r.is_alive,
+                "pid": r.client.pid if r.client is not None else None,
+                "restarts": r.restarts,
+            }
             for m, r in self.router.replicas()
         ]
         if self.router.all_alive:
