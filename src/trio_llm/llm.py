@@ -169,17 +169,23 @@ class LLM:
             raise
 
     def embed(
-        self, prompts: Prompt | Sequence[Prompt], *, truncate_prompt_tokens: int | None = None
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        dimensions: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (text or token ids), in order, from a model served for
-        embeddings (`EngineClient.embed_batch`)."""
+        embeddings; the options are `EngineClient.embed_batch`'s."""
         if not self._finalizer.alive:
             raise RuntimeError("this LLM is closed")
         batch = _as_prompt_list(prompts)
-        future, scope = self._loop.submit(
-            partial(self._client.embed_batch, truncate_prompt_tokens=truncate_prompt_tokens),
-            batch,
+        embed = partial(
+            self._client.embed_batch,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            dimensions=dimensions,
         )
+        future, scope = self._loop.submit(embed, batch)
         return self._wait(future, scope)
 
     def close(self) -> None:
