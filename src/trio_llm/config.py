@@ -47,6 +47,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     """Token budget of one step: decodes first, then prefill chunks fill the rest."""
+    max_num_pooled_tokens: int = 8192
+    """A pooling (embedding) engine's token budget of one step, and so its limit on inputs per
+    step: no decode waits on its steps, and fewer, larger steps cost less per input."""
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"
     enable_prefix_caching: bool = True

@@ -65,6 +65,7 @@ class _Parts:
     kv_cache_bytes: int
     max_model_len: int
     max_num_batched_tokens: int
+    max_num_seqs: int
     attention_backend: str
     embedding_size: int = 0
     normalized: bool = False
@@ -100,8 +101,7 @@ class EngineCore:
         )
         self.scheduler = Scheduler(
             self.block_manager,
-            # More running sequences than tokens per step would leave some never decoding.
-            max_num_seqs=min(args.max_num_seqs, parts.max_num_batched_tokens),
+            max_num_seqs=parts.max_num_seqs,
             max_num_batched_tokens=parts.max_num_batched_tokens,
             eos_token_ids=self.eos_token_ids,
             max_model_len=parts.max_model_len,
@@ -170,6 +170,8 @@ class EngineCore:
             kv_cache_bytes=num_blocks * spec.bytes_per_block,
             max_model_len=max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            # More running sequences than tokens per step would leave some never decoding.
+            max_num_seqs=min(args.max_num_seqs, args.max_num_batched_tokens),
             attention_backend=backend,
         )
 
@@ -177,7 +179,8 @@ class EngineCore:
         self, source: loader.ModelSource, config: PretrainedConfig, dtype: torch.dtype, device: str
     ) -> _Parts:
         """No KV cache: the block manager only does the scheduler's bookkeeping, with blocks
-        for one step's tokens; a step holds whole prompts, so it holds at least the longest."""
+        for one step's tokens; a step holds whole prompts, so it holds at least the longest,
+        and as many inputs as its tokens allow (each finishes within its step)."""
         args = self.args
         pooling_config = pooling.pooling_config(source.path, is_encoder=loader.is_encoder(config))
         model = loader.load_pooling_model(source, dtype, device)
@@ -186,14 +189,15 @@ class EngineCore:
         max_model_len = _max_model_len(
             msgspec.structs.replace(args, max_model_len=limit), config, positions
         )
-        budget = max(args.max_num_batched_tokens, max_model_len)
-        num_blocks = -(-budget // args.block_size) + args.max_num_seqs
+        budget = max(args.max_num_pooled_tokens, max_model_len)
+        num_blocks = -(-budget // args.block_size) + budget  # a partial block per input
         return _Parts(
             runner=PoolingRunner(model, pooling_config, self.device),
             num_blocks=num_blocks,
             kv_cache_bytes=0,
             max_model_len=max_model_len,
             max_num_batched_tokens=budget,
+            max_num_seqs=budget,
             attention_backend="packed",
             embedding_size=int(config.hidden_size),
             normalized=pooling_config.normalize,
