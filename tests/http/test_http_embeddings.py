@@ -46,13 +46,9 @@ def post(server: ServerProcess, body: dict) -> httpx.Response:  # type: ignore[t
 @pytest.mark.slow
 def test_one_server_answers_chat_and_embeddings(server: ServerProcess, sdk: openai.OpenAI) -> None:
     assert [m.id for m in sdk.models.list()] == [DEFAULT_MODEL, EMBED]
-    reply = sdk.chat.completions.create(
-        model=DEFAULT_MODEL,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=24,
-        temperature=0,
-    )
-    assert "Paris" in (reply.choices[0].message.content or "")
+    chat = [{"role": "user", "content": "Name a colour."}]
+    reply = sdk.chat.completions.create(model=DEFAULT_MODEL, messages=chat, max_tokens=8)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content and reply.usage is not None
     texts = ["The cat sits on the mat.", "A feline rests on a rug.", "Stock markets fell."]
     result = sdk.embeddings.create(model=EMBED, input=texts)  # the SDK asks for base64
     vectors = np.array([d.embedding for d in result.data])

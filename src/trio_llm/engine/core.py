@@ -183,7 +183,7 @@ class EngineCore:
         and as many inputs as its tokens allow (each finishes within its step)."""
         args = self.args
         pooling_config = pooling.pooling_config(source.path, is_encoder=loader.is_encoder(config))
-        model = loader.load_pooling_model(source, dtype, device)
+        model = loader.load_model(source, dtype, device, pooling=True)
         positions = int(config.max_position_embeddings)
         limit = min(args.max_model_len or pooling_config.max_seq_length or positions, positions)
         max_model_len = _max_model_len(

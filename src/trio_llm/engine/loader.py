@@ -329,36 +329,26 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """The model with the engine's paged attention, in eval mode on `device`."""
-    from transformers import AutoModelForCausalLM
+def load_model(
+    source: ModelSource, dtype: torch.dtype, device: str, *, pooling: bool = False
+) -> torch.nn.Module:
+    """The model in eval mode on `device`: for generation with its LM head and the engine's
+    paged attention; for pooling its base model (no LM head) with the cacheless packed
+    attention."""
+    from transformers import AutoModel, AutoModelForCausalLM
 
     from trio_llm.engine import attention
-
-    load_config(source)
-    attention.register()
-    model = AutoModelForCausalLM.from_pretrained(
-        source.path,
-        dtype=dtype,
-        device_map=device,
-        attn_implementation=attention.ATTN_IMPLEMENTATION,
-    )
-    return model.eval()
-
-
-def load_pooling_model(source: ModelSource, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """The model's base (no LM head) with the cacheless packed attention, in eval mode."""
-    from transformers import AutoModel
-
     from trio_llm.engine.attention import packed
 
     load_config(source)
-    packed.register_packed()
-    model = AutoModel.from_pretrained(
-        source.path,
-        dtype=dtype,
-        device_map=device,
-        attn_implementation=packed.PACKED_IMPLEMENTATION,
+    if pooling:
+        packed.register_packed()
+        auto, implementation = AutoModel, packed.PACKED_IMPLEMENTATION
+    else:
+        attention.register()
+        auto, implementation = AutoModelForCausalLM, attention.ATTN_IMPLEMENTATION
+    model = auto.from_pretrained(
+        source.path, dtype=dtype, device_map=device, attn_implementation=implementation
     )
     return model.eval()
 
