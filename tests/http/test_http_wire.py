@@ -121,6 +121,8 @@ async def test_continuous_usage_stats_put_usage_on_every_chunk(client: httpx.Asy
         assert all(c["usage"] is not None for c in chunks), route
         done = [c["usage"]["completion_tokens"] for c in chunks]
         assert done == sorted(done) and done[-1] == 3 and done[0] <= 1
+        prompt = len("<user>hi<assistant>") if "chat" in route else len("hi")
+        assert {c["usage"]["prompt_tokens"] for c in chunks} == {prompt}
 
 
 async def test_return_token_ids(client: httpx.AsyncClient, sdk: openai.AsyncOpenAI) -> None:

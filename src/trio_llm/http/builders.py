@@ -137,8 +137,12 @@ class _Usage:
         self._cached: dict[int, int] = {}
         self.completion_tokens = 0
 
+    def prompt(self, prompt_index: int, num_tokens: int) -> None:
+        """Count a prompt before its first output (a stream's first chunks)."""
+        self._prompts.setdefault(prompt_index, num_tokens)
+
     def add(self, prompt_index: int, output: RequestOutput) -> None:
-        self._prompts.setdefault(prompt_index, len(output.prompt_token_ids))
+        self.prompt(prompt_index, len(output.prompt_token_ids))
         cached = self._cached.get(prompt_index, 0)
         self._cached[prompt_index] = max(cached, output.num_cached_tokens)
         self.completion_tokens += sum(len(o.token_ids) for o in output.outputs)
@@ -303,6 +307,8 @@ class ChatStream(_Stream[ChatCompletionChunk]):
     def begin(self) -> list[ChatCompletionChunk]:
         """The first chunk of every choice carries the role; with echo the next one the echoed
         text."""
+        if self.prompt_token_ids:  # continuous usage counts the prompt from the first chunk
+            self._usage.prompt(0, len(self.prompt_token_ids))
         chunks = [
             self._chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
             for i in range(self.shape.n)
