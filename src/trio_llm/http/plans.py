@@ -1,8 +1,10 @@
 """OpenAI requests validated into plans: the prompts to build and the `SamplingParams`.
 
 Owns what the fields of a decoded request mean for the engine, and every check that needs no
-tokenizer: limits (`RequestLimits`), unsupported features (a clear 400, never silently
-ignored), the conversation's shape, and the sampling parameters. What needs the prompt's tokens
+tokenizer: limits (`RequestLimits`), unsupported uses of known fields (tool messages, best_of;
+whole fields not built yet are refused earlier, by unsupported.py), the conversation's shape,
+the sampling parameters with their defaults (`SamplingDefaults`, the model's
+generation_config.json), and prompt truncation (`Truncation`). What needs the prompt's tokens
 (does it fit the context, are its token ids in the vocabulary) is the client's
 `InputProcessor.check_request`, which `generate()` runs. Invariant: every way a request can be
 wrong ends in a `ProtocolError` naming the parameter, and nothing here touches Quart or the
