@@ -20,7 +20,13 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from trio_llm.http import serving_chat, serving_completions, serving_models, serving_ops
+from trio_llm.http import (
+    serving_chat,
+    serving_completions,
+    serving_invocations,
+    serving_models,
+    serving_ops,
+)
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
 from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engine, setup_logging
@@ -34,11 +40,14 @@ if TYPE_CHECKING:
 _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/chat/completions", serving_chat.chat_completions),
     ("POST", "/v1/completions", serving_completions.completions),
+    ("POST", "/invocations", serving_invocations.invocations),
     ("GET", "/v1/models", serving_models.list_models),
     ("GET", "/v1/models/<path:model_id>", serving_models.model_card),
     ("POST", "/tokenize", serving_models.tokenize),
     ("POST", "/detokenize", serving_models.detokenize),
     ("GET", "/health", serving_ops.health),
+    ("GET", "/ping", serving_ops.health),
+    ("POST", "/ping", serving_ops.health),
     ("GET", "/version", serving_ops.version),
     ("GET", "/metrics", serving_ops.metrics),
     ("GET", "/openapi.json", serving_ops.openapi_json),

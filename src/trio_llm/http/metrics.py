@@ -4,6 +4,11 @@ Each app has its own `CollectorRegistry` (never the process-global one), so seve
 one process (tests, embedding) do not collide. Engine gauges are read from
 `EngineClient.stats()` at scrape time, so they are never stale and cost nothing between
 scrapes; everything else is counted as requests pass through the HTTP layer.
+
+The names dashboards, autoscalers and gateways read from vLLM (`vllm:num_requests_running`,
+`vllm:time_to_first_token_seconds`, ...) are exposed next to the project's own, with vLLM's
+`model_name` label. They are the same samples renamed at scrape time (`_VllmNames`), so every
+value is counted once and the two spellings cannot disagree.
 """
 
 from __future__ import annotations
@@ -75,8 +80,57 @@ class _EngineCollector(Collector):
         )
 
 
+_VLLM_NAMES: dict[str, tuple[str, ...]] = {
+    "trio_llm_num_requests_running": ("vllm:num_requests_running",),
+    "trio_llm_num_requests_waiting": ("vllm:num_requests_waiting",),
+    "trio_llm_kv_cache_usage_perc": ("vllm:kv_cache_usage_perc",),
+    "trio_llm_prefix_cache_queries": ("vllm:prefix_cache_queries",),
+    "trio_llm_prefix_cache_hits": ("vllm:prefix_cache_hits",),
+    "trio_llm_num_preemptions": ("vllm:num_preemptions",),
+    "trio_llm_prompt_tokens": ("vllm:prompt_tokens",),
+    "trio_llm_generation_tokens": ("vllm:generation_tokens",),
+    "trio_llm_request_success": ("vllm:request_success",),
+    "trio_llm_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    # vLLM renamed time_per_output_token to inter_token_latency; dashboards read either.
+    "trio_llm_inter_token_latency_seconds": (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    ),
+    "trio_llm_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+}
+"""The project's metric families and the vLLM names they are also exposed under."""
+
+
+class _VllmNames(Collector):
+    """The families of `_VLLM_NAMES`, renamed, with `model_name` added to every sample."""
+
+    def __init__(self, sources: list[Any], model_name: Callable[[], str | None]) -> None:
+        self._sources = sources
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        model = self._model_name() or ""
+        for source in self._sources:
+            for family in source.collect():
+                for alias in _VLLM_NAMES.get(family.name, ()):
+                    renamed = Metric(alias, family.documentation, family.type)
+                    for sample in family.samples:
+                        renamed.add_sample(
+                            alias + sample.name[len(family.name) :],
+                            {"model_name": model, **sample.labels},
+                            sample.value,
+                            sample.timestamp,
+                            sample.exemplar,
+                        )
+                    yield renamed
+
+
 class Metrics:
-    def __init__(self, stats: Callable[[], Any | None]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], Any | None],
+        model_name: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.http_requests = Counter(
@@ -116,7 +170,10 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        r.register(_EngineCollector(stats))
+        engine = _EngineCollector(stats)
+        r.register(engine)
+        sources = [engine, self.prompt_tokens, self.generation_tokens, self.finished]
+        r.register(_VllmNames([*sources, self.ttft, self.itl, self.e2e], model_name))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,5 +1,6 @@
-"""What operators and tools ask of the server itself: GET /health (200 while the engine is
-alive, else the engine's 503), /version, /metrics (Prometheus), /openapi.json."""
+"""What operators and tools ask of the server itself: GET /health and /ping (SageMaker's and
+vLLM's name for it; 200 while the engine is alive, else the engine's 503), /version, /metrics
+(Prometheus), /openapi.json."""
 
 from __future__ import annotations
 

@@ -11,23 +11,29 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import current_app
 
+from trio_llm import __version__
+from trio_llm.engine.loader import read_generation_config
 from trio_llm.http.admission import Admission
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import engine_unavailable
 from trio_llm.http.metrics import Metrics
-from trio_llm.http.plans import check_model
-from trio_llm.http.responses import now
+from trio_llm.http.plans import SamplingDefaults, check_model
+from trio_llm.http.responses import now, system_fingerprint
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from trio_llm.client import EngineClient
+
+log = logging.getLogger(__name__)
 
 _EXTENSION = "trio_llm"
 
@@ -38,6 +44,10 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     created: int
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    """What requests that leave sampling fields unset get (`--generation-config`)."""
+    fingerprint: str | None = None
+    """`system_fingerprint` of every response."""
 
 
 @dataclass
@@ -53,7 +63,7 @@ class AppState:
     """Set when the supervisor gives up; `trio-llm serve` then exits non-zero."""
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self._engine_stats)
+        self.metrics = Metrics(self._engine_stats, lambda: self.model and self.model.name)
         self.admission = Admission(self.config.capacity)
 
     def _engine_stats(self) -> Any | None:
@@ -65,7 +75,40 @@ class AppState:
         self.engine = engine
         if engine is not None:
             mc = engine.model_config
-            self.model = ModelInfo(mc.model, mc.max_model_len, mc.vocab_size, now())
+            self.model = ModelInfo(
+                mc.model,
+                mc.max_model_len,
+                mc.vocab_size,
+                now(),
+                self._sampling_defaults(engine),
+                system_fingerprint(mc.model, mc.dtype, __version__),
+            )
+
+    def _sampling_defaults(self, engine: EngineClient) -> SamplingDefaults:
+        """The defaults `--generation-config` says, logged each time an engine comes up."""
+        setting = self.config.generation_config
+        if setting in ("none", "vllm"):
+            log.info("sampling defaults: OpenAI's (--generation-config %s)", setting)
+            return SamplingDefaults()
+        if setting == "auto":
+            source, config = "the model's generation_config.json", engine.generation_config
+        else:
+            source, config = (
+                f"{setting}/generation_config.json",
+                read_generation_config(Path(setting)),
+            )
+        defaults = SamplingDefaults.from_generation_config(config)
+        if overrides := defaults.overrides():
+            given = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            log.info(
+                "sampling defaults from %s for requests that do not set them: %s "
+                "(--generation-config none turns them off)",
+                source,
+                given,
+            )
+        else:
+            log.info("sampling defaults: OpenAI's (%s recommends none)", source)
+        return defaults
 
     def require_engine(self) -> tuple[EngineClient, ModelInfo]:
         engine, model = self.engine, self.model
