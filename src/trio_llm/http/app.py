@@ -20,7 +20,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from trio_llm.http import serving_chat, serving_completions, serving_models, serving_ops
+from trio_llm.http import serving_chat, serving_completions, serving_models, serving_ops, serving_ui
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
 from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engine, setup_logging
@@ -42,6 +42,8 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/version", serving_ops.version),
     ("GET", "/metrics", serving_ops.metrics),
     ("GET", "/openapi.json", serving_ops.openapi_json),
+    ("GET", "/", serving_ui.chat_page),
+    ("GET", "/ui/<name>", serving_ui.asset),
 )
 
 

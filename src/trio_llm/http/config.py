@@ -42,6 +42,8 @@ class ServerConfig:
     restart_engine: bool = True
     """Restart a dead engine (with backoff); False: exit non-zero instead."""
     max_restarts_per_minute: int = 3
+    ui: bool = True
+    """Serve the chat page at / (http/serving_ui.py)."""
 
     @property
     def capacity(self) -> int | None:
@@ -215,6 +217,14 @@ def add_serve_arguments(
         const=True,
         help="exit non-zero when the engine dies instead of restarting it",
     )
+    add(
+        "--no-ui",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="do not serve the chat page at / (404 there)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -248,6 +258,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,
+        ui=not args.no_ui,
     )
 
 

@@ -6,7 +6,8 @@ Invariants:
   that comes after both the handler and the response body, whatever happened: a handler that
   raised, a stream the client dropped, a body never started.
 - With an API key, every route under `/v1/`, `/tokenize` and `/detokenize` needs it (all routes
-  with `protect_all_routes`); CORS preflights (OPTIONS) never do.
+  with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's static files never
+  do (a browser cannot send the key when it opens a page; the page sends it on its API calls).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
             return
         path = request.path
         if not config.protect_all_routes and not path.startswith(_PROTECTED_PREFIXES):
+            return
+        if path == "/" or path.startswith("/ui/"):
             return
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.strip().encode("latin-1")
