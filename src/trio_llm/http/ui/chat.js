@@ -164,15 +164,25 @@ function scrollToEnd(force) {
   if (force || nearEnd()) window.scrollTo(0, document.scrollingElement.scrollHeight);
 }
 
-/** Re-render a reply at most once a frame while it streams. */
+/** Re-render a reply at most once a frame while it streams, with a cursor at its end. */
 function renderer(message) {
   const body = message.querySelector(".body");
   let text = "";
   let pending = false;
+  let streaming = true;
   const draw = () => {
     pending = false;
     const follow = nearEnd();
     body.replaceChildren(renderMarkdown(text));
+    if (streaming) {
+      let end = body; // the innermost element the text ends in
+      while (end.lastChild instanceof Element && end.lastChild.tagName !== "BR") {
+        end = end.lastChild;
+      }
+      const cursor = document.createElement("span");
+      cursor.className = "cursor";
+      end.append(cursor);
+    }
     if (follow) scrollToEnd(true);
   };
   return {
@@ -183,7 +193,10 @@ function renderer(message) {
         requestAnimationFrame(draw);
       }
     },
-    flush: draw,
+    finish() {
+      streaming = false;
+      draw();
+    },
   };
 }
 
@@ -228,8 +241,8 @@ async function send(text) {
   const turn = { role: "user", content: text };
   const question = addMessage("user", text);
   const answer = addMessage("assistant", "");
-  answer.classList.add("streaming");
   const view = renderer(answer);
+  view.update("");
   const system = ui.system.value.trim();
   const messages = [...(system ? [{ role: "system", content: system }] : []), ...history, turn];
   const body = {
@@ -282,7 +295,6 @@ async function send(text) {
     if (inFlight === controller) inFlight = null;
     setBusy(false);
   }
-  answer.classList.remove("streaming");
   if (!reply.content && (reply.error || reply.stopped)) {
     // Nothing came back (a bad setting, a missing key): give the text back to edit and resend.
     question.remove();
@@ -292,7 +304,7 @@ async function send(text) {
     setStatus(reply.error ?? "Stopped before the first token.");
     return;
   }
-  view.flush();
+  view.finish();
   showStats(answer, reply);
   history.push(turn, { role: "assistant", content: reply.content });
   scrollToEnd(false);
