@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from http_server_process import ServerProcess, run_server
+from http_server_process import ServerProcess, run_small_server
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (the `test` extra)")
 
@@ -27,14 +27,7 @@ UP = "\x1b[A"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
-    with run_server(
-        str(tiny_model_dir),
-        "--api-key", KEY,
-        "--max-num-seqs", "4",
-        "--kv-cache-memory", "32MiB",
-        "--dtype", "float32",
-        "--shutdown-timeout", "2",
-    ) as s:  # fmt: skip
+    with run_small_server(tiny_model_dir, "--api-key", KEY) as s:
         yield s
 
 

@@ -102,12 +102,10 @@ class HttpBackend:
         self.model = model or models[0]
 
     def _connect(self) -> http.client.HTTPConnection:
-        kind = (
-            http.client.HTTPSConnection
-            if self._parts.scheme == "https"
-            else (http.client.HTTPConnection)
-        )
-        return kind(self._parts.hostname, self._parts.port, timeout=self._timeout)  # type: ignore[arg-type]
+        host, port = self._parts.hostname or "", self._parts.port
+        if self._parts.scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=self._timeout)
+        return http.client.HTTPConnection(host, port, timeout=self._timeout)
 
     def _send(
         self, connection: http.client.HTTPConnection, method: str, path: str, body: Any = None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from http_server_process import ServerProcess, run_server
+from http_server_process import ServerProcess, run_small_server
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (it is in the `test` extra)"
@@ -45,15 +45,7 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
-    with run_server(
-        str(tiny_model_dir),
-        "--served-model-name", "tiny",
-        "--api-key", KEY,
-        "--max-num-seqs", "4",
-        "--kv-cache-memory", "32MiB",
-        "--dtype", "float32",
-        "--shutdown-timeout", "2",
-    ) as s:  # fmt: skip
+    with run_small_server(tiny_model_dir, "--served-model-name", "tiny", "--api-key", KEY) as s:
         yield s
 
 
