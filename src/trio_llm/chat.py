@@ -114,7 +114,7 @@ class HttpBackend:
         try:
             connection.request(method, self._prefix + path, data, self._headers)
             response = connection.getresponse()
-        except OSError as error:
+        except (OSError, http.client.HTTPException) as error:
             raise ChatError(f"cannot reach {self.where}: {error}") from None
         if response.status != 200:
             text = response.read().decode("utf-8", "replace")
@@ -166,8 +166,8 @@ class HttpBackend:
                     finish_reason = choice.get("finish_reason") or finish_reason
                 if usage := event.get("usage"):
                     yield Usage(usage["prompt_tokens"], usage["completion_tokens"], finish_reason)
-        except OSError as error:
-            raise ChatError(f"the connection to {self.where} broke: {error}") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise ChatError(f"the connection to {self.where} broke: {error!r}") from None
         finally:
             connection.close()
 
