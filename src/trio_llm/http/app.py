@@ -26,6 +26,7 @@ from trio_llm.http import (
     serving_invocations,
     serving_models,
     serving_ops,
+    serving_ui,
 )
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
@@ -51,6 +52,8 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/version", serving_ops.version),
     ("GET", "/metrics", serving_ops.metrics),
     ("GET", "/openapi.json", serving_ops.openapi_json),
+    ("GET", "/", serving_ui.chat_page),
+    ("GET", "/ui/<name>", serving_ui.asset),
 )
 
 

@@ -48,6 +48,8 @@ class ServerConfig:
     get them from: `auto` the model's generation_config.json, `vllm` or `none` OpenAI's
     defaults, or a directory holding a generation_config.json (vLLM's --generation-config)."""
     max_restarts_per_minute: int = 3
+    ui: bool = True
+    """Serve the chat page at / (http/serving_ui.py)."""
 
     @property
     def capacity(self) -> int | None:
@@ -229,6 +231,14 @@ def add_serve_arguments(
         const=True,
         help="exit non-zero when the engine dies instead of restarting it",
     )
+    add(
+        "--no-ui",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="do not serve the chat page at / (404 there)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -272,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,
         generation_config=generation_config,
+        ui=not args.no_ui,
     )
 
 

@@ -6,7 +6,9 @@ Invariants:
   that comes after both the handler and the response body, whatever happened: a handler that
   raised, a stream the client dropped, a body never started.
 - With an API key, every route under `/v1/`, `/tokenize`, `/detokenize` and `/invocations`
-  needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) never do.
+  needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's
+  static files never do (a browser cannot send the key when it opens a page; the page sends it
+  on its API calls).
 - CORS, when origins are configured, allows any header a preflight asks for: the openai-node
   SDK sends its own (`X-Stainless-*`), and the API key decides who may call, not CORS.
 """
@@ -71,6 +73,8 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
             return
         path = request.path
         if not config.protect_all_routes and not path.startswith(_PROTECTED_PREFIXES):
+            return
+        if path == "/" or path.startswith("/ui/"):
             return
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.strip().encode("latin-1")
