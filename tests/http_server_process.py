@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +126,19 @@ def run_server(*args: str, startup_timeout: float = 180.0) -> Iterator[ServerPro
             raise
         reader.join(timeout=5)
     assert code == server.expected_exit, "".join(server.log[-40:])
+
+
+def run_small_server(model_dir: Path, *args: str) -> AbstractContextManager[ServerProcess]:
+    """`run_server` on a model directory with a small engine (4 sequences, a 32 MiB KV cache,
+    float32) that stops quickly: for tests that drive the server as a user would."""
+    return run_server(
+        str(model_dir),
+        "--max-num-seqs", "4",
+        "--kv-cache-memory", "32MiB",
+        "--dtype", "float32",
+        "--shutdown-timeout", "2",
+        *args,
+    )  # fmt: skip
 
 
 def rss_kib(pid: int) -> int:

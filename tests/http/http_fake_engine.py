@@ -37,6 +37,9 @@ class FakeEngine:
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     prompts: dict[str, list[int]] = field(default_factory=dict)
+    params: dict[str, SamplingParams] = field(default_factory=dict)
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    """What the real client reads from the model's generation_config.json."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
     def __post_init__(self) -> None:
@@ -85,6 +88,9 @@ class FakeEngine:
         await trio.lowlevel.checkpoint()
         return [chr(t) for t in token_ids]
 
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        return [chr(t) for t in token_ids]
+
     async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
         return await self.encode(text)
@@ -107,6 +113,7 @@ class FakeEngine:
     ) -> AsyncGenerator[RequestOutput, None]:
         ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
         self.prompts[request_id] = ids
+        self.params[request_id] = params
         total = params.max_tokens or 8
         metrics = RequestMetrics(arrival_time=trio.current_time())
         texts = [""] * params.n

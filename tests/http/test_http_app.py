@@ -211,6 +211,7 @@ async def test_chat_non_streaming(client: httpx.AsyncClient) -> None:
         "prompt_tokens": prompt,
         "completion_tokens": 6,
         "total_tokens": prompt + 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,7 @@ def test_environment_supplies_defaults_and_flags_win() -> None:
         (["--dtype", "int3"], {}),
         (["--certfile", "c.pem"], {}),
         (["--shutdown-timeout", "-1"], {}),
+        (["--generation-config", "/no/such/dir"], {}),
         ([], {"TRIO_LLM_DTYPE": "int3"}),
         ([], {"TRIO_LLM_PORT": "x"}),
     ],
@@ -110,6 +112,16 @@ def test_bad_flags_exit_2_with_a_message(
         parse_serve_args(argv, env)
     assert info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_generation_config_flag(tmp_path: Path) -> None:
+    assert parse_serve_args([], {}).generation_config == "auto"
+    assert parse_serve_args(["--generation-config", "none"], {}).generation_config == "none"
+    env = {"TRIO_LLM_GENERATION_CONFIG": "vllm"}
+    assert parse_serve_args([], env).generation_config == "vllm"
+    (tmp_path / "generation_config.json").write_text("{}")
+    config = parse_serve_args(["--generation-config", str(tmp_path)], {})
+    assert config.generation_config == str(tmp_path)
 
 
 def test_cli_has_serve() -> None:

@@ -60,7 +60,7 @@ from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.config import EngineArgs
 from trio_llm.engine.launch import EngineLaunch
-from trio_llm.engine.loader import load_tokenizer, resolve_model
+from trio_llm.engine.loader import load_tokenizer, read_generation_config, resolve_model
 from trio_llm.ipc import (
     AsyncRingReceiver,
     AsyncRingSender,
@@ -147,6 +147,7 @@ class EngineClient:
         ready: EngineReady,
         *,
         max_message_bytes: int,
+        generation_config: dict[str, Any] | None = None,
     ) -> None:
         self._tokenizer = ConfinedTokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -156,6 +157,9 @@ class EngineClient:
         self.model_config: ModelConfig = msgspec.structs.replace(
             ready, model=args.served_model_name or ready.model
         )
+        self.generation_config: dict[str, Any] = generation_config or {}
+        """The model's generation_config.json as written (empty when it has none): its
+        creator's recommended sampling values, which the server applies as defaults."""
         self._process = process
         self._sender = sender
         self._receiver = receiver
@@ -384,14 +388,22 @@ class EngineClient:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        """Render `messages` with the model's chat template and tokenize the result."""
+        """Render `messages` with the model's chat template and tokenize the result (with
+        `add_special_tokens`, the tokenizer's special tokens on top of the template's)."""
         return await self._inputs.apply_chat_template(
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
+            add_special_tokens=add_special_tokens,
         )
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """The text logprobs show for each token (a partial UTF-8 character as `bytes:\\xNN`).
+        On the event loop's thread only."""
+        return [self._outputs.token_text(t) for t in token_ids]
 
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,
@@ -433,6 +445,9 @@ class EngineClient:
             assert prompt_text is not None
             prompt_ids = await self._inputs.encode(prompt_text)
             self._inputs.check_request(prompt_ids, params)
+        if params.bad_words:
+            params = await self._inputs.with_bad_words_tokenized(params)
+            params.validate_vocab(self.model_config.vocab_size)
         self._check_alive()
         arrival_time = time.time()
         engine_requests = InputProcessor.engine_requests(
@@ -612,20 +627,21 @@ transformers' lazy imports are not thread-safe (two first imports at once raised
 import name 'AutoTokenizer'")."""
 
 
-def _load_tokenizer(model: str) -> PreTrainedTokenizerBase:
+def _load_tokenizer(model: str) -> tuple[PreTrainedTokenizerBase, dict[str, Any]]:
     with _TOKENIZER_LOADING:
-        return load_tokenizer(resolve_model(model))
+        source = resolve_model(model)
+        return load_tokenizer(source), read_generation_config(source.path)
 
 
 async def _handshake(
     process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs, on_stage: OnStage
-) -> tuple[EngineReady, PreTrainedTokenizerBase]:
-    """Load the tokenizer while the engine loads the model; then wait for its ready message,
-    passing on its progress."""
+) -> tuple[EngineReady, PreTrainedTokenizerBase, dict[str, Any]]:
+    """Load the tokenizer (and read the generation config) while the engine loads the model;
+    then wait for its ready message, passing on its progress."""
     try:
         with anyio.fail_after(args.startup_timeout):
             try:
-                tokenizer = await anyio.to_thread.run_sync(
+                tokenizer, generation_config = await anyio.to_thread.run_sync(
                     _load_tokenizer, args.model, abandon_on_cancel=True
                 )
             except Exception as exc:
@@ -651,7 +667,7 @@ async def _handshake(
         raise EngineStartError(message.message, engine_traceback=message.traceback)
     if not isinstance(message, EngineReady):
         raise EngineStartError(f"the engine sent {type(message).__name__} before it was ready")
-    return message, tokenizer
+    return message, tokenizer, generation_config
 
 
 async def _stop_process(
@@ -730,7 +746,9 @@ async def open_engine(
                 await process.stdin.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass  # it died already; the handshake says how
-            ready, tokenizer = await _handshake(process, receiver, args, on_stage)
+            ready, tokenizer, generation_config = await _handshake(
+                process, receiver, args, on_stage
+            )
             client = EngineClient(
                 args,
                 process,
@@ -739,6 +757,7 @@ async def open_engine(
                 tokenizer,
                 ready,
                 max_message_bytes=sender.sync.max_message_size,
+                generation_config=generation_config,
             )
             async with client._serving():
                 yield client

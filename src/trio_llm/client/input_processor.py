@@ -1,8 +1,9 @@
 """Input processing: what a caller asks for becomes engine requests.
 
-What it owns: chat template rendering, tokenization, prompt validation against the model's
-context length and vocabulary, the fan-out of `n > 1` into n engine requests, and the inputs of
-embedding requests (tokenized as one batch, truncated when asked, checked).
+What it owns: chat template rendering, tokenization (of prompts and of bad words), prompt
+validation against the model's context length and vocabulary, the fan-out of `n > 1` into n
+engine requests, and the inputs of embedding requests (tokenized as one batch, truncated when
+asked, checked).
 
 Invariants:
 - Every check runs before anything reaches the engine, and each error names what to fix
@@ -47,6 +48,7 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         size = sum(len(str(message.get("content") or "")) for message in messages)
         return await self.tokenizer.run(
@@ -56,6 +58,18 @@ class InputProcessor:
             add_generation_prompt,
             continue_final_message,
             chat_template_kwargs or {},
+            add_special_tokens,
+        )
+
+    async def with_bad_words_tokenized(self, params: SamplingParams) -> SamplingParams:
+        """`params` with its `bad_words` turned into `bad_words_token_ids` (a copy; the same
+        params when it has no bad words)."""
+        if not params.bad_words:
+            return params
+        words = params.bad_words
+        ids = await self.tokenizer.run(sum(map(len, words)), _bad_words_token_ids, words)
+        return msgspec.structs.replace(
+            params, bad_words=None, bad_words_token_ids=[*(params.bad_words_token_ids or ()), *ids]
         )
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -201,12 +215,28 @@ def _encode_batch(
     return [list(ids) for ids in encoded["input_ids"]]
 
 
+def _bad_words_token_ids(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each word as it would start a text and, when that
+    spells it differently in as many tokens, as it would follow a space (byte-level and
+    SentencePiece tokenizers give a word after a space its own tokens)."""
+    out: list[list[int]] = []
+    for word in words:
+        bare = _encode(tokenizer, word.lstrip(), add_special_tokens=False)
+        spaced = _encode(tokenizer, " " + word.lstrip(), add_special_tokens=False)
+        if bare:
+            out.append(bare)
+        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
+            out.append(spaced)
+    return out
+
+
 def _render_and_encode(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
     add_generation_prompt: bool,
     continue_final_message: bool,
     chat_template_kwargs: dict[str, Any],
+    add_special_tokens: bool,
 ) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(
@@ -218,5 +248,6 @@ def _render_and_encode(
         )
     except (ValueError, jinja2.TemplateError) as exc:
         raise ChatTemplateError(f"cannot render the chat template: {exc}") from exc
-    # The template already wrote the special tokens (BOS and the role markers) as text.
-    return _encode(tokenizer, str(text), add_special_tokens=False)
+    # The template already wrote the special tokens (BOS and the role markers) as text; more
+    # only when asked for (vLLM's add_special_tokens).
+    return _encode(tokenizer, str(text), add_special_tokens=add_special_tokens)

@@ -33,6 +33,7 @@ from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
 from trio_llm.engine.scheduler import ScheduledBatch, Scheduler
 from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.token_bans import TokenBans
 from trio_llm.ipc.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -265,6 +266,7 @@ class EngineCore:
             seq.generator.manual_seed(params.seed)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None]
+        seq.bans = TokenBans.build(params, self.vocab_size, self.device)
         return seq
 
     def abort_requests(self, request_ids: list[str]) -> None:

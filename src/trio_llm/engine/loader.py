@@ -20,13 +20,14 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
@@ -266,6 +267,21 @@ def resolve_task(task: str, source: ModelSource, config: PretrainedConfig) -> st
             "(task embed), not generation"
         )
     return task
+
+
+def read_generation_config(directory: Path) -> dict[str, Any]:
+    """The model's generation_config.json as it is written (its creator's recommended sampling
+    values among other things); empty when there is none or it is not a JSON object. A
+    directory converted from a GGUF has none: GGUF metadata carries no sampling values."""
+    path = directory / "generation_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        log.warning("ignoring %s: %s", path, error)
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:

@@ -25,8 +25,10 @@ from trio_llm.http import (
     serving_chat,
     serving_completions,
     serving_embeddings,
+    serving_invocations,
     serving_models,
     serving_ops,
+    serving_ui,
 )
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
@@ -43,14 +45,19 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/chat/completions", serving_chat.chat_completions),
     ("POST", "/v1/completions", serving_completions.completions),
     ("POST", "/v1/embeddings", serving_embeddings.embeddings),
+    ("POST", "/invocations", serving_invocations.invocations),
     ("GET", "/v1/models", serving_models.list_models),
     ("GET", "/v1/models/<path:model_id>", serving_models.model_card),
     ("POST", "/tokenize", serving_models.tokenize),
     ("POST", "/detokenize", serving_models.detokenize),
     ("GET", "/health", serving_ops.health),
+    ("GET", "/ping", serving_ops.health),
+    ("POST", "/ping", serving_ops.health),
     ("GET", "/version", serving_ops.version),
     ("GET", "/metrics", serving_ops.metrics),
     ("GET", "/openapi.json", serving_ops.openapi_json),
+    ("GET", "/", serving_ui.chat_page),
+    ("GET", "/ui/<name>", serving_ui.asset),
 )
 
 

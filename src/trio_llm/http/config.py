@@ -14,12 +14,14 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
 from trio_llm.http.model_specs import DTYPES, TASKS, ModelSpec, ModelSpecError, model_specs
 from trio_llm.http.plans import RequestLimits
 
 ENV_PREFIX = "TRIO_LLM_"
+GENERATION_CONFIG_MODES = ("auto", "none", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +48,13 @@ class ServerConfig:
     limits: RequestLimits = field(default_factory=RequestLimits)
     restart_engine: bool = True
     """Restart a dead engine (with backoff); False: exit non-zero instead."""
+    generation_config: str = "auto"
+    """Where requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset
+    get them from: `auto` the model's generation_config.json, `vllm` or `none` OpenAI's
+    defaults, or a directory holding a generation_config.json (vLLM's --generation-config)."""
     max_restarts_per_minute: int = 3
+    ui: bool = True
+    """Serve the chat page at / (http/serving_ui.py)."""
 
     @property
     def model_specs(self) -> tuple[ModelSpec, ...]:
@@ -243,12 +251,28 @@ def add_serve_arguments(
         help="(default %(default)s)",
     )
     add(
+        "--generation-config",
+        default=defaults.generation_config,
+        help="sampling defaults for requests that do not set temperature, top_p, top_k, min_p "
+        "or repetition_penalty: 'auto' (the model's generation_config.json), 'none' (OpenAI's "
+        "defaults; 'vllm' is the same), or a directory with a generation_config.json "
+        "(default %(default)s)",
+    )
+    add(
         "--no-engine-restart",
         default=False,
         type=_bool,
         nargs="?",
         const=True,
         help="exit non-zero when the engine dies instead of restarting it",
+    )
+    add(
+        "--no-ui",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="do not serve the chat page at / (404 there)",
     )
 
 
@@ -274,6 +298,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     except ModelSpecError as error:
         raise ValueError(str(error)) from None
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    generation_config = args.generation_config
+    if (
+        generation_config not in GENERATION_CONFIG_MODES
+        and not (Path(generation_config) / "generation_config.json").is_file()
+    ):
+        raise ValueError(
+            f"--generation-config {generation_config!r}: give auto, none, vllm, or a "
+            "directory that holds a generation_config.json"
+        )
     return ServerConfig(
         engine=specs[0].args,
         models=specs,
@@ -290,6 +323,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,
         limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
+        generation_config=generation_config,
+        ui=not args.no_ui,
     )
 
 

@@ -82,9 +82,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def not_supported(param: str, what: str) -> ProtocolError:
-    """A standard OpenAI feature this server does not implement yet: a clear 400, never a 500."""
+    """A feature this server does not implement yet: a clear 400 naming the field, never a
+    500 and never a silent drop."""
     return ProtocolError(
-        400, f"{what} is not supported yet by this server", param=param, code="unsupported"
+        400,
+        f"{param}: {what} is not supported yet by this server",
+        param=param,
+        code="unsupported",
     )
 
 

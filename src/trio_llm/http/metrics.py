@@ -4,12 +4,21 @@ Each app has its own `CollectorRegistry` (never the process-global one), so seve
 one process (tests, embedding) do not collide. Engine gauges are read from every engine's
 `EngineClient.stats()` at scrape time, so they are never stale and cost nothing between
 scrapes: summed over all engines under the plain names, and per replica with `model` and
-`replica` labels. Everything else is counted as requests pass through the HTTP layer.
+`replica` labels. Everything else is counted as requests pass through the HTTP layer, once per
+served model (`ModelMetrics`), and exposed summed over the models under the plain names.
+
+The names dashboards, autoscalers and gateways read from vLLM (`vllm:num_requests_running`,
+`vllm:time_to_first_token_seconds`, ...) are exposed next to the project's own, each model's
+figures under vLLM's `model_name` label with its own served name. They are the same samples
+renamed at scrape time (`_vllm_names`), so every value is counted once and the two spellings
+cannot disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -48,8 +57,9 @@ _ENGINE_GAUGES = (
 
 class _EngineCollector(Collector):
     """Engine gauges, read from the live engines at scrape time: summed over every engine
-    (unlabelled, as with one engine), and per replica (`trio_llm_replica_*`, labelled with
-    `model` and `replica`). A replica that is down has only `trio_llm_replica_alive 0`."""
+    (unlabelled, as with one engine), per replica (`trio_llm_replica_*`, labelled with `model`
+    and `replica`), and per model under vLLM's names. A replica that is down has only
+    `trio_llm_replica_alive 0`."""
 
     def __init__(
         self,
@@ -71,26 +81,14 @@ class _EngineCollector(Collector):
         yield from self._per_replica(replicas)
         if not live:
             return
-        stats = self._aggregate(live)
-        for name, doc, attr in _ENGINE_GAUGES:
-            yield GaugeMetricFamily(f"trio_llm_{name}", doc, value=getattr(stats, attr))
-        queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
-        yield CounterMetricFamily(
-            "trio_llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", queries
-        )
-        yield CounterMetricFamily(
-            "trio_llm_prefix_cache_hits", "Prompt tokens found in the prefix cache", hits
-        )
-        yield GaugeMetricFamily(
-            "trio_llm_prefix_cache_hit_rate",
-            "Prefix cache hits over queries since the engines started",
-            value=hits / queries if queries else 0.0,
-        )
-        yield CounterMetricFamily(
-            "trio_llm_num_preemptions",
-            "Sequences preempted for lack of KV blocks",
-            stats.num_preemptions,
-        )
+        yield from _engine_families([], [([], self._aggregate(live))])
+        by_model: dict[str, list[Any]] = {}
+        for r in replicas:
+            if r.stats is not None:
+                by_model.setdefault(r.model, []).append(r.stats)
+        per_model = [([model], self._aggregate(stats)) for model, stats in by_model.items()]
+        for family in _engine_families(["model"], per_model):
+            yield from _vllm_names(family)
 
     def _per_replica(self, replicas: Sequence[ReplicaStats]) -> Iterator[Metric]:
         labels = ["model", "replica"]
@@ -124,6 +122,122 @@ class _EngineCollector(Collector):
             yield family
 
 
+def _engine_families(labels: list[str], figures: list[tuple[list[str], Any]]) -> Iterator[Metric]:
+    """The engine gauges and counters of each (label values, engine stats) in `figures`."""
+    families: list[tuple[Metric, Callable[[Any], float]]] = [
+        (GaugeMetricFamily(f"trio_llm_{name}", doc, labels=labels), attrgetter(attr))
+        for name, doc, attr in _ENGINE_GAUGES
+    ]
+    families += [
+        (
+            CounterMetricFamily(
+                "trio_llm_prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache",
+                labels=labels,
+            ),
+            attrgetter("prefix_cache_queries"),
+        ),
+        (
+            CounterMetricFamily(
+                "trio_llm_prefix_cache_hits",
+                "Prompt tokens found in the prefix cache",
+                labels=labels,
+            ),
+            attrgetter("prefix_cache_hits"),
+        ),
+        (
+            GaugeMetricFamily(
+                "trio_llm_prefix_cache_hit_rate",
+                "Prefix cache hits over queries since the engines started",
+                labels=labels,
+            ),
+            lambda s: (
+                s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
+            ),
+        ),
+        (
+            CounterMetricFamily(
+                "trio_llm_num_preemptions",
+                "Sequences preempted for lack of KV blocks",
+                labels=labels,
+            ),
+            attrgetter("num_preemptions"),
+        ),
+    ]
+    for family, value in families:
+        for key, stats in figures:
+            family.add_metric(key, value(stats))  # type: ignore[attr-defined]
+        yield family
+
+
+_VLLM_NAMES: dict[str, tuple[str, ...]] = {
+    "trio_llm_num_requests_running": ("vllm:num_requests_running",),
+    "trio_llm_num_requests_waiting": ("vllm:num_requests_waiting",),
+    "trio_llm_kv_cache_usage_perc": ("vllm:kv_cache_usage_perc",),
+    "trio_llm_prefix_cache_queries": ("vllm:prefix_cache_queries",),
+    "trio_llm_prefix_cache_hits": ("vllm:prefix_cache_hits",),
+    "trio_llm_num_preemptions": ("vllm:num_preemptions",),
+    "trio_llm_prompt_tokens": ("vllm:prompt_tokens",),
+    "trio_llm_generation_tokens": ("vllm:generation_tokens",),
+    "trio_llm_request_success": ("vllm:request_success",),
+    "trio_llm_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    # vLLM renamed time_per_output_token to inter_token_latency; dashboards read either.
+    "trio_llm_inter_token_latency_seconds": (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    ),
+    "trio_llm_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+}
+"""The project's metric families and the vLLM names they are also exposed under."""
+
+
+def _vllm_names(family: Metric) -> Iterator[Metric]:
+    """A per-model family (labelled `model`) under its vLLM names, if it has any, the label
+    spelt `model_name` as vLLM spells it."""
+    for alias in _VLLM_NAMES.get(family.name, ()):
+        renamed = Metric(alias, family.documentation, family.type)
+        for sample in family.samples:
+            labels = {("model_name" if k == "model" else k): v for k, v in sample.labels.items()}
+            renamed.add_sample(
+                alias + sample.name[len(family.name) :],
+                labels,
+                sample.value,
+                sample.timestamp,
+                sample.exemplar,
+            )
+        yield renamed
+
+
+def _summed(family: Metric) -> Metric:
+    """A per-model family with the `model` label summed away: the figure over every model
+    (`_created`, a time, is the earliest)."""
+    totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in family.samples:
+        key = (sample.name, tuple((k, v) for k, v in sample.labels.items() if k != "model"))
+        if sample.name.endswith("_created"):
+            totals[key] = min(totals.get(key, sample.value), sample.value)
+        else:
+            totals[key] = totals.get(key, 0.0) + sample.value
+    summed = Metric(family.name, family.documentation, family.type)
+    for (name, labels), value in totals.items():
+        summed.add_sample(name, dict(labels), value)
+    return summed
+
+
+class _PerModel(Collector):
+    """The families counted per model (label `model`): summed over the models under the
+    project's names, and each model's own under vLLM's."""
+
+    def __init__(self, families: list[Counter | Histogram]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for source in self._families:
+            for family in source.collect():
+                yield _summed(family)
+                yield from _vllm_names(family)
+
+
 class Metrics:
     def __init__(
         self,
@@ -141,43 +255,74 @@ class Metrics:
         self.rejected = Counter(
             "trio_llm_requests_rejected", "Requests refused with 503 (queue full)", registry=r
         )
-        self.prompt_tokens = Counter("trio_llm_prompt_tokens", "Prompt tokens", registry=r)
-        self.generation_tokens = Counter(
-            "trio_llm_generation_tokens", "Generated tokens", registry=r
-        )
-        self.finished = Counter(
-            "trio_llm_request_success",
-            "Finished sequences by finish reason",
-            ["finished_reason"],
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "trio_llm_time_to_first_token_seconds",
-            "Arrival to first token",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "trio_llm_inter_token_latency_seconds",
-            "Gap between tokens (mean over each delivered batch of tokens)",
-            buckets=_ITL_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "trio_llm_e2e_request_latency_seconds",
-            "Arrival to finish",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
         self.embedding_inputs = Counter(
             "trio_llm_embedding_inputs",
             "Inputs embedded (each counts its tokens as prompt tokens)",
             registry=r,
         )
+        # Counted per model (ModelMetrics), exposed through _PerModel, not registered alone.
+        model = ["model"]
+        self.prompt_tokens = Counter(
+            "trio_llm_prompt_tokens", "Prompt tokens", model, registry=None
+        )
+        self.generation_tokens = Counter(
+            "trio_llm_generation_tokens", "Generated tokens", model, registry=None
+        )
+        self.finished = Counter(
+            "trio_llm_request_success",
+            "Finished sequences by finish reason",
+            [*model, "finished_reason"],
+            registry=None,
+        )
+        self.ttft = Histogram(
+            "trio_llm_time_to_first_token_seconds",
+            "Arrival to first token",
+            model,
+            buckets=_LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.itl = Histogram(
+            "trio_llm_inter_token_latency_seconds",
+            "Gap between tokens (mean over each delivered batch of tokens)",
+            model,
+            buckets=_ITL_BUCKETS,
+            registry=None,
+        )
+        self.e2e = Histogram(
+            "trio_llm_e2e_request_latency_seconds",
+            "Arrival to finish",
+            model,
+            buckets=_LATENCY_BUCKETS,
+            registry=None,
+        )
         r.register(_EngineCollector(replicas, aggregate))
+        per_model = [self.prompt_tokens, self.generation_tokens, self.finished]
+        r.register(_PerModel([*per_model, self.ttft, self.itl, self.e2e]))
+        self._models: dict[str, ModelMetrics] = {}
+
+    def for_model(self, name: str) -> ModelMetrics:
+        """The figures of requests to the model served as `name` (its counters exist, at
+        zero, from the first call on)."""
+        model = self._models.get(name)
+        if model is None:
+            model = self._models[name] = ModelMetrics(self, name)
+        return model
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class ModelMetrics:
+    """One served model's children of the per-model families."""
+
+    def __init__(self, metrics: Metrics, name: str) -> None:
+        self.prompt_tokens = metrics.prompt_tokens.labels(name)
+        self.generation_tokens = metrics.generation_tokens.labels(name)
+        self.finished = partial(metrics.finished.labels, name)
+        """The counter of sequences of this model that finished for a reason (its argument)."""
+        self.ttft = metrics.ttft.labels(name)
+        self.itl = metrics.itl.labels(name)
+        self.e2e = metrics.e2e.labels(name)
 
     def recorder(self) -> RequestRecorder:
         return RequestRecorder(self)
@@ -186,7 +331,7 @@ class Metrics:
 class RequestRecorder:
     """Feeds one engine request's outputs (DELTA or FINAL_ONLY) into the metrics."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: ModelMetrics) -> None:
         self._m = metrics
         self._seen = False
         self._last_token_time: float | None = None
@@ -207,6 +352,6 @@ class RequestRecorder:
         self._last_token_time = t.last_token_time
         for o in output.outputs:
             if o.finish_reason is not None:
-                m.finished.labels(o.finish_reason).inc()
+                m.finished(o.finish_reason).inc()
         if output.finished and t.finished_time is not None:
             m.e2e.observe(max(0.0, t.finished_time - t.arrival_time))

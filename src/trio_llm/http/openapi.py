@@ -107,6 +107,26 @@ def openapi_document(version: str) -> dict[str, Any]:
                 responses.EmbeddingResponse,
                 streams=False,
             ),
+            "/invocations": {
+                "post": {
+                    "summary": "Chat completion (a body with messages) or text completion (a "
+                    "body with prompt), as vLLM's SageMaker-style route",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "oneOf": [
+                                        _ref(protocol.ChatCompletionRequest.__name__),
+                                        _ref(protocol.CompletionRequest.__name__),
+                                    ]
+                                }
+                            }
+                        },
+                    },
+                    "responses": {"200": {"description": "OK"}, **_errors()},
+                }
+            },
             "/tokenize": _post(
                 "Tokenize a prompt or chat messages",
                 protocol.TokenizeRequest,
@@ -127,6 +147,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "200 while every model has a live engine ('degraded' when a replica is down), "
                 "503 otherwise"
             ),
+            "/ping": _get("The same as /health (SageMaker's and vLLM's name)"),
             "/version": _get("Server version"),
             "/metrics": _get("Prometheus metrics"),
         },

@@ -45,7 +45,7 @@ async def embeddings() -> Response:
         priority=req.priority,
     )
     tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    state.metrics.prompt_tokens.inc(tokens)
+    state.metrics.for_model(model.name).prompt_tokens.inc(tokens)
     state.metrics.embedding_inputs.inc(len(outputs))
     return json_response(
         EmbeddingResponse(

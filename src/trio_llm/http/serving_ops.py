@@ -1,6 +1,6 @@
-"""What operators and tools ask of the server itself: GET /health (200 while every model has a
-live engine, with "degraded" when some replica is down; 503 when some model has none),
-/version, /metrics (Prometheus), /openapi.json."""
+"""What operators and tools ask of the server itself: GET /health and /ping (SageMaker's and
+vLLM's name for it; 200 while every model has a live engine, with "degraded" when some replica
+is down; 503 when some model has none), /version, /metrics (Prometheus), /openapi.json."""
 
 from __future__ import annotations
 

@@ -13,12 +13,15 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 from quart import current_app
 
+from trio_llm import __version__
 from trio_llm.client.router import (
     ModelNotServedError,
     NoLiveReplicaError,
@@ -26,17 +29,21 @@ from trio_llm.client.router import (
     ServedModel,
     aggregate,
 )
+from trio_llm.engine.loader import read_generation_config
 from trio_llm.http.admission import Admission
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.metrics import Metrics
 from trio_llm.http.middleware import on_request_end
-from trio_llm.http.responses import now
+from trio_llm.http.plans import SamplingDefaults
+from trio_llm.http.responses import now, system_fingerprint
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from trio_llm.client import EngineClient
+
+log = logging.getLogger(__name__)
 
 _EXTENSION = "trio_llm"
 
@@ -51,6 +58,10 @@ class ModelInfo:
     created: int
     task: str = "generate"
     embedding_size: int = 0
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    """What requests that leave sampling fields unset get (`--generation-config`)."""
+    fingerprint: str | None = None
+    """`system_fingerprint` of every response."""
 
 
 @dataclass
@@ -82,7 +93,39 @@ class AppState:
                 now(),
                 mc.task,
                 mc.embedding_size,
+                self._sampling_defaults(engine) if mc.task == "generate" else SamplingDefaults(),
+                system_fingerprint(mc.model, mc.dtype, __version__),
             )
+            self.metrics.for_model(mc.model)  # its figures exist, at zero, from now on
+
+    def _sampling_defaults(self, engine: EngineClient) -> SamplingDefaults:
+        """The defaults `--generation-config` says for this engine's model (with `auto`, its
+        own generation_config.json), logged when the model first comes up."""
+        name = engine.model_config.model
+        setting = self.config.generation_config
+        if setting in ("none", "vllm"):
+            log.info("%s: sampling defaults: OpenAI's (--generation-config %s)", name, setting)
+            return SamplingDefaults()
+        if setting == "auto":
+            source, config = "the model's generation_config.json", engine.generation_config
+        else:
+            source, config = (
+                f"{setting}/generation_config.json",
+                read_generation_config(Path(setting)),
+            )
+        defaults = SamplingDefaults.from_generation_config(config)
+        if overrides := defaults.overrides():
+            given = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            log.info(
+                "%s: sampling defaults from %s for requests that do not set them: %s "
+                "(--generation-config none turns them off)",
+                name,
+                source,
+                given,
+            )
+        else:
+            log.info("%s: sampling defaults: OpenAI's (%s recommends none)", name, source)
+        return defaults
 
     # -- what handlers ask --------------------------------------------------------------
 
