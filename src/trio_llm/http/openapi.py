@@ -109,8 +109,9 @@ def openapi_document(version: str) -> dict[str, Any]:
             ),
             "/invocations": {
                 "post": {
-                    "summary": "Chat completion (a body with messages) or text completion (a "
-                    "body with prompt), as vLLM's SageMaker-style route",
+                    "summary": "Chat completion (a body with messages), text completion (a "
+                    "body with prompt) or embeddings (a body with input), as vLLM's "
+                    "SageMaker-style route",
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -119,6 +120,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                                     "oneOf": [
                                         _ref(protocol.ChatCompletionRequest.__name__),
                                         _ref(protocol.CompletionRequest.__name__),
+                                        _ref(protocol.EmbeddingRequest.__name__),
                                     ]
                                 }
                             }

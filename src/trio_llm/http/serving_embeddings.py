@@ -15,7 +15,7 @@ import base64
 from quart import Response
 
 from trio_llm.http.plans import plan_embedding
-from trio_llm.http.protocol import EmbeddingRequest
+from trio_llm.http.protocol import EmbeddingRequest, decode_request
 from trio_llm.http.responses import (
     EmbeddingData,
     EmbeddingResponse,
@@ -23,14 +23,15 @@ from trio_llm.http.responses import (
     new_response_id,
     now,
 )
-from trio_llm.http.serving import admit, decode_body, json_response
+from trio_llm.http.serving import admit, json_response, read_body
 from trio_llm.http.state import current_state
 from trio_llm.outputs import EmbeddingRequestOutput
 
 
-async def embeddings() -> Response:
+async def embeddings(raw: bytes | None = None) -> Response:
+    """`raw`: the body, when the caller has read it already (/invocations)."""
     state = current_state()
-    req = await decode_body(EmbeddingRequest)
+    req = decode_request(await read_body() if raw is None else raw, EmbeddingRequest)
     state.model_for(req.model, task="embed")  # 404 or 400 before anything else
     plan = plan_embedding(req, state.config.limits)
     admit(state, len(plan.inputs))

@@ -1,6 +1,7 @@
-"""POST /invocations: the SageMaker-style route vLLM serves, one URL for both generating
-endpoints. A body with `messages` is a chat completion, one with `prompt` a text completion;
-everything else about the request is that endpoint's own."""
+"""POST /invocations: the SageMaker-style route vLLM serves, one URL for the model endpoints.
+A body with `messages` is a chat completion, one with `prompt` a text completion, one with
+`input` an embeddings request (as vLLM dispatches); everything else about the request,
+routing by its `model` included, is that endpoint's own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trio_llm.http.errors import bad_request
 from trio_llm.http.serving import read_body, serve_generation
 from trio_llm.http.serving_chat import ChatCompletion
 from trio_llm.http.serving_completions import Completion
+from trio_llm.http.serving_embeddings import embeddings
 
 
 class _Kind(msgspec.Struct):
@@ -18,6 +20,7 @@ class _Kind(msgspec.Struct):
 
     messages: msgspec.Raw = msgspec.Raw()
     prompt: msgspec.Raw = msgspec.Raw()
+    input: msgspec.Raw = msgspec.Raw()
 
 
 async def invocations() -> Response:
@@ -30,8 +33,10 @@ async def invocations() -> Response:
         return await serve_generation(ChatCompletion, raw)
     if kind.prompt:
         return await serve_generation(Completion, raw)
+    if kind.input:
+        return await embeddings(raw)
     raise bad_request(
-        "messages: /invocations needs `messages` (a chat completion) or `prompt` (a text "
-        "completion)",
+        "messages: /invocations needs `messages` (a chat completion), `prompt` (a text "
+        "completion) or `input` (embeddings)",
         param="messages",
     )
