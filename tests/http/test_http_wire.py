@@ -315,6 +315,46 @@ async def test_the_models_generation_config_sets_the_defaults(
     assert (params.temperature, params.top_k) == (1.0, 0)
 
 
+async def test_several_models_each_get_their_own_defaults_metrics_and_invocations(
+    engine: FakeEngine, serve_app
+) -> None:  # type: ignore[no-untyped-def]
+    """Behind one server: each model's sampling defaults are its own generation config, its
+    vLLM-named figures carry its own `model_name`, and /invocations (an `input` body: embeddings)
+    and /tokenize reach the model the body names."""
+    other = FakeEngine(name="other-model", generation_config={"temperature": 0.75})
+    embedder = FakeEngine(name="embedder", task="embed")
+    url = await serve_app(build_app(engine, other, embedder, config=ServerConfig()))
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+        for model in ("fake-model", "other-model"):
+            body = {"model": model, "messages": HI, "max_tokens": 3}
+            assert (await c.post("/invocations", json=body)).json()["model"] == model
+        await c.post(
+            "/v1/completions", json={"model": "other-model", "prompt": "x", "max_tokens": 8}
+        )
+        embedded = (await c.post("/invocations", json={"model": "embedder", "input": "ab"})).json()
+        assert embedded["object"] == "list" and embedded["model"] == "embedder"
+        assert embedded["data"][0]["embedding"] == [97.0, 98.0, 0.0, 0.0]
+        wrong = await c.post("/invocations", json={"model": "fake-model", "input": "ab"})
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "model"
+        tokens = await c.post("/tokenize", json={"model": "embedder", "prompt": "ab"})
+        assert tokens.json()["tokens"] == [97, 98]
+        text = (await c.get("/metrics")).text
+    [mine] = engine.params.values()
+    theirs = list(other.params.values())
+    assert (mine.temperature, mine.top_k) == (0.25, 7)
+    assert [(p.temperature, p.top_k) for p in theirs] == [(0.75, 0), (0.75, 0)]
+    # 3 + 3 + 8 tokens in all; 3 for the first model, 11 for the second (its completion: 8).
+    assert "trio_llm_generation_tokens_total 14.0" in text
+    assert 'vllm:generation_tokens_total{model_name="fake-model"} 3.0' in text
+    assert 'vllm:generation_tokens_total{model_name="other-model"} 11.0' in text
+    assert 'vllm:prompt_tokens_total{model_name="embedder"} 2.0' in text
+    assert 'vllm:generation_tokens_total{model_name="embedder"} 0.0' in text
+    for model in ("fake-model", "other-model", "embedder"):
+        assert f'vllm:num_requests_running{{model_name="{model}"}} 0.0' in text
+    assert 'vllm:e2e_request_latency_seconds_count{model_name="other-model"} 2.0' in text
+    assert "trio_llm_e2e_request_latency_seconds_count 3.0" in text
+
+
 async def test_cors_preflight_from_openai_node(engine: FakeEngine, serve_app) -> None:  # type: ignore[no-untyped-def]
     url = await serve_app(
         build_app(engine, config=ServerConfig(allowed_origins=("https://app.example",)))
