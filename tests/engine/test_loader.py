@@ -157,3 +157,20 @@ def test_the_measured_choice_needs_bf16_no_slower_alone_and_faster_batched(
         # Remembered: the same machine does not measure again (and so cannot flip on noise).
         monkeypatch.setattr(dtype_policy, "_timings", lambda w, dtype: pytest.fail("measured"))
         assert dtype_policy.choose_cpu_dtype(weights, flags) is expected
+
+
+def test_generation_config_is_read_as_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert loader.read_generation_config(tmp_path) == {}
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.9}')
+    assert loader.read_generation_config(tmp_path) == {"temperature": 0.6, "top_p": 0.9}
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert loader.read_generation_config(tmp_path) == {}
+    assert "ignoring" in caplog.text
+
+
+def test_a_converted_gguf_has_no_sampling_defaults(default_model: loader.ModelSource) -> None:
+    """GGUF metadata carries no sampling values, so the default model has none to apply."""
+    config = loader.read_generation_config(default_model.path)
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} & set(config)

@@ -22,6 +22,8 @@ from trio_llm.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from trio_llm.engine.token_bans import TokenBans
+
 
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()
@@ -55,6 +57,8 @@ class Sequence:
     stop_reason: int | None = None
     generator: torch.Generator | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    bans: TokenBans | None = None
+    """allowed_token_ids and bad_words, built once when the request arrived."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
