@@ -3,6 +3,7 @@ requests to completion and collects what each one produced."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +72,11 @@ def run(
         core.add_request(req)
     for _ in range(max_steps):
         if not core.has_work():
-            break
+            wait = core.idle_timeout()  # a grammar compiling
+            if wait is None:
+                break
+            time.sleep(wait)
+            continue
         for out in core.step().outputs:
             results[out.request_id].take(out)
     else:
