@@ -23,6 +23,7 @@ FIELDS = [
     "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
     "include_stop_str_in_output", "add_generation_prompt", "continue_final_message",
     "chat_template_kwargs", "priority", "request_id", "tokens", "suffix", "best_of",
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
 ]  # fmt: skip
 
 scalars = (

@@ -205,7 +205,8 @@ class EngineClient:
         Raises here, before anything is sent: `EngineDeadError`, `SamplingParamsError`, and for
         a prompt given as token ids `InvalidPromptError`/`PromptTooLongError`. A text prompt is
         tokenized when iteration starts (large ones on a worker thread) and its errors raise
-        from the first `__anext__()`, still before anything is sent.
+        from the first `__anext__()`, still before anything is sent; so does the
+        `SamplingParamsError` of a constraint the grammar engine cannot enforce.
 
         Leaving the iteration early (break, `aclose()`, an exception or cancellation, including
         KeyboardInterrupt) aborts the request in the engine. `abort(request_id)` from elsewhere
@@ -303,6 +304,8 @@ class EngineClient:
             assert prompt_text is not None
             prompt_ids = await self._inputs.encode(prompt_text)
             self._inputs.check_request(prompt_ids, params)
+        if params.constraint is not None:
+            await self._inputs.check_constraint(params.constraint)
         self._check_alive()
         arrival_time = time.time()
         engine_requests = InputProcessor.engine_requests(

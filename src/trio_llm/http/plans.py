@@ -23,6 +23,7 @@ from trio_llm.http.protocol import (
     SamplingFields,
     TextPart,
 )
+from trio_llm.http.structured import constraint_of
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 
@@ -181,6 +182,8 @@ def _sampling_params(
     def given(value: float | None, default: float) -> float:
         return default if value is None else value
 
+    constraint = constraint_of(request)
+
     params = SamplingParams(
         n=request.n,
         max_tokens=max_tokens,
@@ -202,6 +205,7 @@ def _sampling_params(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+        constraint=None if constraint is None else constraint[0],
     )
     try:
         params.validate()
@@ -227,8 +231,6 @@ class ChatPlan:
 
 
 def plan_chat(request: ChatCompletionRequest, limits: RequestLimits) -> ChatPlan:
-    if request.response_format is not None and request.response_format.type != "text":
-        raise not_supported("response_format", f"response_format {request.response_format.type}")
     if request.tools or request.functions:
         raise not_supported("tools" if request.tools else "functions", "Tool calling")
     for name in ("tool_choice", "function_call"):

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from trio_llm.http.errors import bad_request
+from trio_llm.http.structured import StructuredFields
 from trio_llm.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,9 @@ class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
 
 
-class ResponseFormat(Struct, kw_only=True):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
-class SamplingFields(Struct, kw_only=True):
-    """Fields /v1/chat/completions and /v1/completions share (OpenAI's, then vLLM's)."""
+class SamplingFields(StructuredFields, kw_only=True):
+    """Fields /v1/chat/completions and /v1/completions share (OpenAI's, then vLLM's; the
+    structured-output ones are http/structured.py's)."""
 
     model: str | None = None
     temperature: float | None = None
@@ -106,7 +103,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
