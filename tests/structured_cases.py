@@ -280,3 +280,19 @@ root ::= "The answer is " digit "."
 digit ::= [0-9]
 """
 """The same idea in llama.cpp's GBNF, which the engine also accepts."""
+
+
+def assert_valid(schema: dict[str, Any], instance: object) -> None:
+    """`instance` satisfies `schema` (JSON Schema draft 2020-12), formats included."""
+    try:
+        import jsonschema
+    except ImportError:  # the Rust implementation, which schemathesis brings
+        import jsonschema_rs
+
+        validator = jsonschema_rs.validator_for(schema, validate_formats=True)
+        errors = [e.message for e in validator.iter_errors(instance)]
+        assert not errors, f"{instance!r}: {errors}"
+    else:
+        jsonschema.validate(
+            instance, schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )

@@ -13,6 +13,7 @@ from trio_llm.client import (
     open_engine,
 )
 from trio_llm.config import DEFAULT_MODEL, EngineArgs
+from trio_llm.constraint import Constraint, ConstraintKind
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
     CompletionOutput,
@@ -30,6 +31,8 @@ __all__ = [
     "LLM",
     "ChatTemplateError",
     "CompletionOutput",
+    "Constraint",
+    "ConstraintKind",
     "EngineArgs",
     "EngineClient",
     "EngineDeadError",

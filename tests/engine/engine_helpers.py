@@ -65,12 +65,15 @@ def request(
 def run(
     core: EngineCore, requests: Iterable[EngineCoreRequest], max_steps: int = 10_000
 ) -> dict[str, Finished]:
-    """Submit all requests at once and step until the engine has no work."""
+    """Submit all requests at once and step until they have finished (or the engine has no
+    work)."""
     results: dict[str, Finished] = {}
     for req in requests:
         results[req.request_id] = Finished()
         core.add_request(req)
     for _ in range(max_steps):
+        if all(r.finish_reason is not None for r in results.values()):
+            break
         if not core.has_work():
             wait = core.idle_timeout()  # a grammar compiling
             if wait is None:

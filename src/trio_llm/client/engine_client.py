@@ -148,7 +148,7 @@ class EngineClient:
         self._inputs = InputProcessor(
             self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
         )
-        self._outputs = OutputProcessor(tokenizer)
+        self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._scheduler_stats = SchedulerStats(
             num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
         )
