@@ -64,6 +64,16 @@ def libraries(args: argparse.Namespace) -> str:
     )
 
 
+def engine(args: argparse.Namespace) -> str:
+    from structured_engine import measure
+
+    return (
+        f"## The engine on the default model\n\n{hostinfo.describe()}; "
+        f"`python bench/structured.py engine --rounds {args.rounds} --steps {args.steps}`.\n\n"
+        + measure(args.model, args.rounds, args.steps, uptime)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("section", choices=["libraries", "engine", "serving"])
@@ -71,8 +81,9 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--wheels", default=None, help="a folder of `pip download`ed wheels")
+    parser.add_argument("--steps", type=int, default=20, help="engine: timed steps per round")
     args = parser.parse_args()
-    body = {"libraries": libraries}[args.section](args)
+    body = {"libraries": libraries, "engine": engine}[args.section](args)
     print(body)
     write_section(Path(args.out), args.section, body)
 

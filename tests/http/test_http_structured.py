@@ -157,3 +157,24 @@ def test_constraint_kinds_round_trip_through_sampling_params() -> None:
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
     assert back.constraint == params.constraint
     assert back.constraint is not None and back.constraint.kind is ConstraintKind.CHOICE
+
+
+def test_openapi_shows_the_structured_output_fields() -> None:
+    from trio_llm.http.openapi import openapi_document
+
+    schemas = openapi_document("x")["components"]["schemas"]
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        fields = schemas[request]["properties"]
+        assert {"response_format", "structured_outputs", "guided_json", "guided_regex"} <= set(
+            fields
+        )
+        assert {"guided_choice", "guided_grammar", "guided_whitespace_pattern"} <= set(fields)
+    assert set(schemas["StructuredOutputs"]["properties"]) == {
+        "json",
+        "regex",
+        "choice",
+        "grammar",
+        "json_object",
+        "whitespace_pattern",
+    }
+    assert schemas["JsonSchemaFormat"]["required"] == ["name"]

@@ -178,6 +178,15 @@ def add_serve_arguments(
         "steps (default %(default)s: every step)",
     )
     add(
+        "--no-jump-forward",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="structured outputs: decode the tokens a grammar forces one step each, instead of "
+        "proposing them all at once (the output is the same either way)",
+    )
+    add(
         "--allowed-origins",
         default="",
         help="comma-separated CORS origins, or '*'; CORS is off unless given",
@@ -231,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         num_threads=args.num_threads,
         stream_interval=args.stream_interval,
         single_token_dtype=args.single_token_dtype,
+        jump_forward=not args.no_jump_forward,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())

@@ -5,7 +5,7 @@ The bitmask is llguidance's layout: int32 words, bit `t % 32` of word `t // 32` 
 `t` is allowed; a token past the mask's width is not allowed. `rows[r]` is the logits row that
 bitmask row `r` masks. On CUDA the Triton kernel writes -inf in place; elsewhere the bits are
 unpacked with numpy (a byte-wise table lookup, far cheaper than shifting every word 32 times)
-and one masked fill covers the rows. `apply_token_bitmask_ref` is the definition both are
+and one masked write covers the rows. `apply_token_bitmask_ref` is the definition both are
 tested against.
 """
 
@@ -37,21 +37,26 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor, rows: Tensor) -> None:
     if logits.device.type == "cuda":
         load_triton().apply_token_bitmask(logits, bitmask.contiguous(), rows)
         return
-    allowed = _unpack(bitmask, logits.shape[1])
-    if rows.shape[0] == logits.shape[0] and bool((rows == torch.arange(len(rows))).all()):
-        logits.masked_fill_(~allowed, _NEG_INF)
-        return
-    sub = logits.index_select(0, rows).masked_fill_(~allowed, _NEG_INF)
-    logits.index_copy_(0, rows, sub)
+    every_row = rows.shape[0] == logits.shape[0] and bool((rows == torch.arange(len(rows))).all())
+    target = logits if every_row else logits.index_select(0, rows)
+    disallowed = _disallowed(bitmask, logits.shape[1])
+    if target.dtype == torch.float32 and target.is_contiguous():
+        # numpy's putmask: one thread, no torch dispatch; measured 2 ms for 32 rows of 49152
+        # on a busy 2-core machine, where torch's masked_fill_ took 3 to 13.
+        np.putmask(target.numpy(), disallowed, np.float32(_NEG_INF))
+    else:
+        target.masked_fill_(torch.from_numpy(disallowed), _NEG_INF)
+    if not every_row:
+        logits.index_copy_(0, rows, target)
 
 
-def _unpack(bitmask: Tensor, vocab: int) -> Tensor:
-    """[R, vocab] bool from a CPU bitmask."""
-    words = bitmask.contiguous().numpy()
-    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+def _disallowed(bitmask: Tensor, vocab: int) -> np.ndarray:
+    """[R, vocab] bool, True where a token is not allowed, from a CPU bitmask."""
+    inverted = ~bitmask.contiguous().numpy()
+    bits = np.unpackbits(inverted.view(np.uint8), axis=1, bitorder="little").view(bool)
     if bits.shape[1] < vocab:
-        bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])))
-    return torch.from_numpy(bits[:, :vocab]).view(torch.bool)
+        bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])), constant_values=True)
+    return bits[:, :vocab]
 
 
 def apply_token_bitmask_ref(logits: Tensor, bitmask: Tensor, rows: Tensor) -> None:
