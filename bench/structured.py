@@ -7,11 +7,14 @@ Sections, each run on its own and written into its own part of --out (the others
   engine     EngineCore in this process on the default model: the step time at 32 running
              sequences, all constrained against none (interleaved pairs), and engine steps per
              output token over the schema set with jump-forward and without.
-  serving    constrained chat completions (response_format json_schema) at c=1 and c=8 against a
-             running trio-llm server and, when given, llama-cpp-python's server.
+  serving    constrained chat completions (response_format json_schema) at c=1 and c=8, trio-llm
+             (with jump-forward and without) against llama-cpp-python's server
+             (bench/structured_serving.py).
 
 Usage: python bench/structured.py libraries|engine|serving [--out bench/results/structured.md]
-       serving: --url http://127.0.0.1:8000 [--peer-url http://127.0.0.1:8001 --peer-model M]
+       libraries: [--rounds 4] [--wheels DIR]   engine: [--rounds 4] [--steps 20]
+       serving: [--concurrency 1,8] [--trio-llm-args FLAGS ...]; llama-cpp-python from
+       bench/setup_peers.sh (ONLY=llama), found in $TRIO_LLM_PEERS_DIR or ../peers
 """
 
 from __future__ import annotations
@@ -74,6 +77,18 @@ def engine(args: argparse.Namespace) -> str:
     )
 
 
+def serving(args: argparse.Namespace) -> str:
+    from structured_serving import measure
+
+    peers = Path(os.environ.get("TRIO_LLM_PEERS_DIR") or BENCH.parent.parent / "peers")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    return (
+        f"## Constrained serving\n\n{hostinfo.describe()}; `python bench/structured.py serving "
+        f"--concurrency {args.concurrency}` (peers from {peers}).\n\n"
+        + measure(peers, args.trio_llm_args, levels, uptime)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("section", choices=["libraries", "engine", "serving"])
@@ -82,8 +97,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--wheels", default=None, help="a folder of `pip download`ed wheels")
     parser.add_argument("--steps", type=int, default=20, help="engine: timed steps per round")
+    parser.add_argument("--concurrency", default="1,8", help="serving: client counts")
+    parser.add_argument(
+        "--trio-llm-args",
+        nargs="+",
+        default=["--max-num-seqs 64", "--max-num-seqs 64 --no-jump-forward"],
+        help="serving: one trio-llm server per string of flags",
+    )
     args = parser.parse_args()
-    body = {"libraries": libraries, "engine": engine}[args.section](args)
+    sections = {"libraries": libraries, "engine": engine, "serving": serving}
+    body = sections[args.section](args)
     print(body)
     write_section(Path(args.out), args.section, body)
 
