@@ -47,14 +47,7 @@ class Result:
 def one_request(client: httpx.Client, url: str, model: str, case_index: int) -> Result:
     case = SCHEMAS[case_index % len(SCHEMAS)]
     body = {
-        "model": model,
-        "messages": [{"role": "user", "content": case.prompt}],
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": case.name, "schema": case.schema, "strict": True},
-        },
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
+        **case.chat_body(model, MAX_TOKENS),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

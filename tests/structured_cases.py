@@ -19,6 +19,19 @@ class SchemaCase:
     prompt: str
     schema: dict[str, Any]
 
+    def chat_body(self, model: str, max_tokens: int) -> dict[str, Any]:
+        """A greedy chat completion of the prompt, the schema as OpenAI's response_format."""
+        return {
+            "model": model,
+            "messages": [{"role": "user", "content": self.prompt}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": self.name, "schema": self.schema, "strict": True},
+            },
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+
 
 def _object(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
     return {

@@ -57,16 +57,7 @@ def test_sdk_parse_returns_a_parsed_instance(sdk: openai.OpenAI) -> None:
 
 
 def ask_schema(sdk: openai.OpenAI, case: SchemaCase, stream: bool) -> tuple[str, str | None]:
-    fields = {
-        "model": DEFAULT_MODEL,
-        "messages": [{"role": "user", "content": case.prompt}],
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": case.name, "schema": case.schema, "strict": True},
-        },
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-    }
+    fields = case.chat_body(DEFAULT_MODEL, MAX_TOKENS)
     if not stream:
         reply = sdk.chat.completions.create(**fields)  # type: ignore[call-overload]
         return reply.choices[0].message.content or "", reply.choices[0].finish_reason

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import anyio.to_thread
 from msgspec import Struct
 
+from trio_llm.client.input_processor import InputProcessor
 from trio_llm.constraint import Constraint
-from trio_llm.engine import grammar
 from trio_llm.http.errors import bad_request
+from trio_llm.sampling_params import SamplingParamsError
 
 
 class JsonSchemaFormat(Struct, kw_only=True):
@@ -142,11 +142,8 @@ async def check_constraint(constraint: Constraint | None, param: str | None) -> 
     if constraint is None:
         return
     try:
-        if grammar.is_checked(constraint):
-            grammar.check(constraint)
-        else:
-            await anyio.to_thread.run_sync(grammar.check, constraint, abandon_on_cancel=True)
-    except grammar.ConstraintError as error:
+        await InputProcessor.check_constraint(constraint)
+    except SamplingParamsError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
 
 
