@@ -72,8 +72,9 @@ def engine(args: argparse.Namespace) -> str:
 
     return (
         f"## The engine on the default model\n\n{hostinfo.describe()}; "
-        f"`python bench/structured.py engine --rounds {args.rounds} --steps {args.steps}`.\n\n"
-        + measure(args.model, args.rounds, args.steps, uptime)
+        f"`python bench/structured.py engine --dtype {args.dtype} --rounds {args.rounds} "
+        f"--steps {args.steps}`.\n\n"
+        + measure(args.model, args.dtype, args.rounds, args.steps, uptime)
     )
 
 
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--wheels", default=None, help="a folder of `pip download`ed wheels")
     parser.add_argument("--steps", type=int, default=20, help="engine: timed steps per round")
+    parser.add_argument("--dtype", default="auto", help="engine: the engine's dtype")
     parser.add_argument("--concurrency", default="1,8", help="serving: client counts")
     parser.add_argument(
         "--trio-llm-args",

@@ -161,11 +161,13 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def measure(model: str | None, rounds: int, steps: int, uptime: Any) -> str:
+def measure(model: str | None, dtype: str, rounds: int, steps: int, uptime: Any) -> str:
     source = loader.resolve_model(model)
     tokenizer = loader.load_tokenizer(source)
     prompts = chat_prompts(tokenizer)
-    args = dict(model=model or source.origin, kv_cache_memory="512MiB", jump_forward=False)
+    args = dict(
+        model=model or source.origin, dtype=dtype, kv_cache_memory="512MiB", jump_forward=False
+    )
     core = EngineCore(EngineArgs(**args))  # type: ignore[arg-type]
     probe = Probe(core)
     constrained, plain = StepTimes(), StepTimes()
