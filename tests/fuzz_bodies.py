@@ -23,7 +23,10 @@ FIELDS = [
     "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens",
     "include_stop_str_in_output", "add_generation_prompt", "continue_final_message",
     "chat_template_kwargs", "priority", "request_id", "tokens", "suffix", "best_of",
+    "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "truncation_side",
+    "prompt_logprobs", "return_token_ids", "add_special_tokens", "use_beam_search",
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "response_format", "reasoning_effort",
 ]  # fmt: skip
 
 scalars = (
@@ -47,6 +50,7 @@ def base_bodies(model: str) -> dict[str, dict[str, Any]]:
     return {
         "/v1/chat/completions": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
         "/v1/completions": {"model": model, "prompt": "hi"},
+        "/invocations": {"model": model, "prompt": "hi"},
         "/tokenize": {"prompt": "hi"},
         "/detokenize": {"tokens": [104]},
     }

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,9 +54,24 @@ class ServerProcess:
 
     def engine_pid(self) -> int:
         """The engine process: the server's only child."""
+        [child] = self.engine_pids()
+        return child
+
+    def engine_pids(self) -> list[int]:
+        """The engine processes: the server's children."""
         tasks = Path(f"/proc/{self.process.pid}/task").iterdir()
-        [child] = [c for task in tasks for c in (task / "children").read_text().split()]
-        return int(child)
+        return sorted(int(c) for task in tasks for c in (task / "children").read_text().split())
+
+    def labelled(self, name: str) -> dict[tuple[str, ...], float]:
+        """The samples of one labelled metric of /metrics, by their label values in order."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        samples = {}
+        for line in text.splitlines():
+            if line.startswith(name + "{"):
+                labels, value = line[len(name) + 1 :].rsplit("} ", 1)
+                key = tuple(part.split("=", 1)[1].strip('"') for part in labels.split(","))
+                samples[key] = float(value)
+        return samples
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -111,6 +126,19 @@ def run_server(*args: str, startup_timeout: float = 180.0) -> Iterator[ServerPro
             raise
         reader.join(timeout=5)
     assert code == server.expected_exit, "".join(server.log[-40:])
+
+
+def run_small_server(model_dir: Path, *args: str) -> AbstractContextManager[ServerProcess]:
+    """`run_server` on a model directory with a small engine (4 sequences, a 32 MiB KV cache,
+    float32) that stops quickly: for tests that drive the server as a user would."""
+    return run_server(
+        str(model_dir),
+        "--max-num-seqs", "4",
+        "--kv-cache-memory", "32MiB",
+        "--dtype", "float32",
+        "--shutdown-timeout", "2",
+        *args,
+    )  # fmt: skip
 
 
 def rss_kib(pid: int) -> int:

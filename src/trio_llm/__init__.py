@@ -10,13 +10,18 @@ from trio_llm.client import (
     InvalidPromptError,
     ModelConfig,
     PromptTooLongError,
+    Router,
+    UnsupportedTaskError,
     open_engine,
+    open_router,
 )
-from trio_llm.config import DEFAULT_MODEL, EngineArgs
+from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
 from trio_llm.constraint import Constraint, ConstraintKind
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
     CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
     Logprob,
     PositionLogprobs,
     RequestMetrics,
@@ -27,12 +32,15 @@ from trio_llm.sampling_params import RequestOutputKind, SamplingParams, Sampling
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
     "LLM",
     "ChatTemplateError",
     "CompletionOutput",
     "Constraint",
     "ConstraintKind",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "EngineClient",
     "EngineDeadError",
@@ -47,8 +55,11 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "RequestOutputKind",
+    "Router",
     "SamplingParams",
     "SamplingParamsError",
+    "UnsupportedTaskError",
     "__version__",
     "open_engine",
+    "open_router",
 ]

@@ -1,7 +1,8 @@
-"""The `trio-llm` command: `trio-llm serve [MODEL] [flags]`.
+"""The `trio-llm` command: `trio-llm serve [MODEL] [flags]` and `trio-llm chat [--url URL | MODEL]`.
 
 Owns argv only: it parses, sets up logging, and hands a checked `ServerConfig` to the server;
-the flags themselves are defined once, in `trio_llm.http.config`.
+the serve flags themselves are defined once, in `trio_llm.http.config`, the chat's in
+`trio_llm.chat`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from trio_llm import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from trio_llm.chat import add_chat_arguments
     from trio_llm.http.config import add_serve_arguments
 
     parser = argparse.ArgumentParser(
@@ -27,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
         "from the environment as TRIO_LLM_<FLAG>, e.g. TRIO_LLM_API_KEY.",
     )
     add_serve_arguments(serve)
+    chat = commands.add_parser(
+        "chat",
+        help="chat in the terminal, with a running server (--url) or a model run in-process",
+        description="Chat in the terminal: with the server at --url, or with MODEL run in this "
+        "process (no server). Replies stream as they are written; Ctrl-C stops one.",
+    )
+    add_chat_arguments(chat)
     return parser
 
 
@@ -42,5 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             parser.error(str(error))
         return run(config)
+    if args.command == "chat":
+        from trio_llm import chat
+
+        return chat.run(args)
     parser.error(f"unknown command {args.command}")
     return 2

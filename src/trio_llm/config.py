@@ -8,6 +8,7 @@ import re
 import msgspec
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
@@ -28,6 +29,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A name the loader resolves: the default model, a local HF directory, a .gguf file, or a
     hub id already in the local cache."""
     served_model_name: str | None = None
+    task: str = "auto"
+    """auto | generate | embed: auto serves embeddings from an encoder (BERT family) and
+    generation from a decoder; embed makes a decoder serve embeddings (last-token pooling)."""
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16"""
     device: str = "auto"
@@ -43,6 +47,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 512
     """Token budget of one step: decodes first, then prefill chunks fill the rest."""
+    max_num_pooled_tokens: int = 8192
+    """A pooling (embedding) engine's token budget of one step, and so its limit on inputs per
+    step: no decode waits on its steps, and fewer, larger steps cost less per input."""
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"
     enable_prefix_caching: bool = True

@@ -3,7 +3,8 @@
 What it owns: one background thread running a Trio event loop that holds `open_engine` open for
 the object's lifetime, so the engine (and its model) is loaded once, not per call. Each
 `generate()` call runs its prompts concurrently in a nursery on that loop (the engine batches
-them) and blocks the calling thread until all are done.
+them) and blocks the calling thread until all are done; `embed()` does the same for
+embeddings.
 
 Invariants: the engine lives exactly as long as the `LLM`: `close()` (or leaving the `with`
 block, or garbage collection, or interpreter exit) stops it. A KeyboardInterrupt in the calling
@@ -18,6 +19,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from contextlib import aclosing
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.client.engine_client import ModelConfig
-    from trio_llm.outputs import RequestOutput
+    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
 
 Prompt = str | list[int]
 _T = TypeVar("_T")
@@ -156,12 +158,35 @@ class LLM:
             msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params
         ]
         future, scope = self._loop.submit(self._run_batch, batch, final)
+        return self._wait(future, scope)
+
+    def _wait(self, future: Future[_T], scope: trio.CancelScope) -> _T:
         try:
             # Future.result() waits on a lock, which a KeyboardInterrupt interrupts.
             return future.result()
         except KeyboardInterrupt:
             self._loop.cancel(scope)  # aborts the batch's requests in the engine
             raise
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        dimensions: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (text or token ids), in order, from a model served for
+        embeddings; the options are `EngineClient.embed_batch`'s."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM is closed")
+        batch = _as_prompt_list(prompts)
+        embed = partial(
+            self._client.embed_batch,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            dimensions=dimensions,
+        )
+        future, scope = self._loop.submit(embed, batch)
+        return self._wait(future, scope)
 
     def close(self) -> None:
         """Stop the engine; idempotent."""

@@ -1,8 +1,11 @@
-"""What `EngineClient.generate` yields: the user-facing view of a request's progress."""
+"""What `EngineClient.generate` yields, the user-facing view of a request's progress, and what
+`EngineClient.embed` returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(slots=True)
@@ -61,3 +64,28 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    data: np.ndarray
+    """The embedding, float32, as the engine pooled it (normalised when the model says so)."""
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.data.tolist()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.data.shape[0])
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """What `EngineClient.embed` returns: one input's embedding."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    """The input as the model saw it (after any truncation)."""
+    outputs: EmbeddingOutput
+    finished: bool = True

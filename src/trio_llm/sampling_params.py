@@ -70,6 +70,15 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     """Structured output: what the output must match (a JSON schema, a regex, a choice, a
     grammar); the engine masks every step's logits with it and ends the request with 'stop'
     when the grammar is complete."""
+    allowed_token_ids: list[int] | None = None
+    """Sample only among these tokens (vLLM's); None: all of the vocabulary."""
+    bad_words: list[str] | None = None
+    """Words never to generate (vLLM's): the frontend tokenizes each into
+    `bad_words_token_ids`, with and without a leading space."""
+    bad_words_token_ids: list[list[int]] | None = None
+    """What the engine bans: a sequence's last token is masked whenever the output ends with
+    the tokens before it (a one-token word is masked always). Filled from `bad_words` by the
+    frontend; may also be given directly."""
 
     @property
     def greedy(self) -> bool:
@@ -150,12 +159,26 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
                 self.constraint.validate()
             except ValueError as error:
                 raise SamplingParamsError("constraint", str(error)) from None
+        need(
+            self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+            "allowed_token_ids",
+            "allowed_token_ids must not be empty",
+        )
+        need(all(self.bad_words or ()), "bad_words", "bad_words must not be empty strings")
+        need(
+            all(self.bad_words_token_ids or ()),
+            "bad_words",
+            "bad_words_token_ids must not hold an empty sequence",
+        )
 
     def validate_vocab(self, vocab_size: int) -> None:
         """Token ids the request names must exist in the model's vocabulary."""
+        bad_words = [t for word in self.bad_words_token_ids or () for t in word]
         for param, ids in (
             ("logit_bias", self.logit_bias or ()),
             ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("bad_words", bad_words),
         ):
             for token in ids:
                 if not 0 <= token < vocab_size:

@@ -83,6 +83,9 @@ async def test_model_config_and_tokenizer(client: EngineClient, tiny_model_dir: 
     text = await client.decode(chat, skip_special_tokens=False)
     assert text.endswith("<|im_start|>assistant\n")
     assert client.is_alive
+    # The model's generation_config.json as written (save_pretrained wrote token ids only).
+    assert client.generation_config["eos_token_id"] == client.tokenizer.eos_token_id
+    assert "temperature" not in client.generation_config
 
 
 async def test_delta_stream(client: EngineClient) -> None:

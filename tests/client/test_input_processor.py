@@ -108,3 +108,22 @@ def test_single_choice_keeps_its_request_id_and_params() -> None:
     (request,) = InputProcessor.engine_requests("abc", [1, 2], params, arrival_time=5.0, priority=2)
     assert (request.request_id, request.sampling_params, request.priority) == ("abc", params, 2)
     assert request.arrival_time == 5.0
+
+
+async def test_bad_words_become_token_ids_at_a_text_start_and_after_a_space(
+    inputs: InputProcessor, tokenizer: Any
+) -> None:
+    params = SamplingParams(bad_words=["hello", "  New York"], bad_words_token_ids=[[7]])
+    resolved = await inputs.with_bad_words_tokenized(params)
+    assert resolved.bad_words is None and params.bad_words is not None  # a copy
+    words = resolved.bad_words_token_ids
+    assert words is not None and words[0] == [7]
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    assert ids("hello") in words and ids(" hello") in words
+    assert ids("New York") in words and ids(" New York") in words
+    assert {tokenizer.decode(w).strip() for w in words[1:]} == {"hello", "New York"}
+    plain = SamplingParams()
+    assert await inputs.with_bad_words_tokenized(plain) is plain

@@ -7,7 +7,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 
 from trio_llm.client import output_processor
 from trio_llm.client.output_text import OutputText
@@ -29,6 +29,7 @@ _ops = st.lists(
 
 
 @given(_ops)
+@example([("append", "00"), ("slice", (0, -1))])  # a negative end counts from the end
 def test_output_text_is_the_string_it_stands_for(ops: list[tuple[str, Any]]) -> None:
     text, model = OutputText(), ""
     for op, arg in ops:

@@ -116,3 +116,20 @@ def test_an_auto_engine_reports_the_dtype_its_machine_gets(
     core = EngineCore(EngineArgs(model=str(tiny_model_dir), kv_cache_memory="1MiB"))
     assert core.ready.dtype == expected
     assert next(core.runner.model.parameters()).dtype is getattr(torch, expected)
+
+
+def test_generation_config_is_read_as_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert loader.read_generation_config(tmp_path) == {}
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.9}')
+    assert loader.read_generation_config(tmp_path) == {"temperature": 0.6, "top_p": 0.9}
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert loader.read_generation_config(tmp_path) == {}
+    assert "ignoring" in caplog.text
+
+
+def test_a_converted_gguf_has_no_sampling_defaults(default_model: loader.ModelSource) -> None:
+    """GGUF metadata carries no sampling values, so the default model has none to apply."""
+    config = loader.read_generation_config(default_model.path)
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} & set(config)

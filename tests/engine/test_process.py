@@ -25,6 +25,7 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineFailure,
+    EngineLoading,
     EngineReady,
     Shutdown,
 )
@@ -43,7 +44,11 @@ class Engine:
         self.requests.sender().send(encode(msg), timeout=TIMEOUT)
 
     def receive(self) -> object:
-        return decode_engine_message(self.outputs.receiver().receive(timeout=TIMEOUT))
+        """The next message, past the start-up progress ones."""
+        while True:
+            msg = decode_engine_message(self.outputs.receiver().receive(timeout=TIMEOUT))
+            if not isinstance(msg, EngineLoading):
+                return msg
 
 
 def launch(args: EngineArgs) -> Engine:

@@ -10,6 +10,7 @@ import torch
 
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.token_bans import TokenBans
 from trio_llm.sampling_params import SamplingParams
 
 EOS = 2
@@ -192,3 +193,55 @@ def test_sampler_returns_logprobs_of_the_raw_distribution() -> None:
     assert out.logprobs[0].token_ids == [0]
     assert out.logprobs[0].logprobs == pytest.approx([logits.log_softmax(-1)[0, 0].item()])
     assert out.logprobs[0].rank == 3
+
+
+def banned(*params: SamplingParams, outputs: list[int] | None = None, vocab: int = 5) -> list:
+    """Sequences whose bans are built as the engine builds them when a request arrives."""
+    seqs = seqs_for(*params, outputs=outputs)
+    for seq in seqs:
+        seq.bans = TokenBans.build(seq.params, vocab, CPU)
+    return seqs
+
+
+def test_requests_without_bans_build_none() -> None:
+    assert TokenBans.build(SamplingParams(), 5, CPU) is None
+
+
+def test_allowed_token_ids_restrict_only_the_rows_that_ask() -> None:
+    logits = probs_logits(0.4, 0.3, 0.2, 0.05, 0.05, rows=400)
+    params = [
+        SamplingParams(allowed_token_ids=[2, 3]) if i % 2 else SamplingParams() for i in range(400)
+    ]
+    tokens = sample(logits, banned(*params))
+    assert set(tokens[1::2]) == {2, 3}
+    assert set(tokens[0::2]) == {0, 1, 2, 3, 4}
+    greedy = SamplingParams(temperature=0, allowed_token_ids=[4, 3])
+    assert sample(probs_logits(0.4, 0.3, 0.2, 0.06, 0.04), banned(greedy)) == [3]
+
+
+def test_one_token_bad_words_are_never_sampled() -> None:
+    logits = probs_logits(0.4, 0.3, 0.2, 0.05, 0.05, rows=400)
+    params = [SamplingParams(bad_words_token_ids=[[0], [3]])] * 400
+    assert set(sample(logits, banned(*params))) == {1, 2, 4}
+
+
+def test_longer_bad_words_ban_their_last_token_after_their_prefix_in_the_output() -> None:
+    greedy = SamplingParams(temperature=0, bad_words_token_ids=[[1, 2, 0], [4, 0]])
+    logits = probs_logits(0.4, 0.3, 0.2, 0.06, 0.04, rows=1)
+    # The output ends with [1, 2]: token 0 would complete the first word.
+    assert sample(logits, banned(greedy, outputs=[3, 1, 2])) == [1]
+    assert sample(logits, banned(greedy, outputs=[4])) == [1]
+    # Only the output's own tokens count (vLLM's rule); elsewhere 0 is free.
+    assert sample(logits, banned(greedy, outputs=[2])) == [0]
+    seqs = seqs_for(greedy, prompt=(1, 2))
+    seqs[0].bans = TokenBans.build(greedy, 5, CPU)
+    assert sample(logits, seqs) == [0]
+    # A batch mixing rows with and without bans, and min_tokens.
+    rows = probs_logits(0.4, 0.3, 0.2, 0.06, 0.04, rows=3)
+    mixed = banned(
+        greedy,
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, min_tokens=5, allowed_token_ids=[0, EOS]),
+        outputs=[4],
+    )
+    assert sample(rows, mixed) == [1, 0, 0]

@@ -3,7 +3,8 @@ cancellation), so those tests need no model. It keeps the contract that matters 
 request cancelled while `generate()` is suspended is recorded as aborted, exactly as the real
 client aborts it in the engine, and a prompt of token ids is checked (by the real
 `InputProcessor.check_request`) before `generate()` returns. Tokens are characters:
-id = ord(char)."""
+id = ord(char). With `task="embed"` it embeds instead: an input's embedding is its token ids
+as floats."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import trio
 
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import EngineDeadError
 from trio_llm.client.input_processor import InputProcessor
-from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from trio_llm.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestMetrics,
+    RequestOutput,
+)
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -31,19 +39,27 @@ class FakeEngine:
     """Block after the first token until cancelled: a generation that never ends by itself."""
     die_after_first: bool = False
     is_alive: bool = True
+    task: str = "generate"
+    name: str = "fake-model"
+    pid: int = 0
     running: set[str] = field(default_factory=set)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     prompts: dict[str, list[int]] = field(default_factory=dict)
+    params: dict[str, SamplingParams] = field(default_factory=dict)
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    """What the real client reads from the model's generation_config.json."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
     def __post_init__(self) -> None:
         self.model_config = SimpleNamespace(
-            model="fake-model",
+            model=self.name,
             max_model_len=self.max_model_len,
             vocab_size=self.vocab_size,
             dtype="float32",
             device="cpu",
+            task=self.task,
+            embedding_size=4 if self.task == "embed" else 0,
         )
         self._inputs = InputProcessor(
             ConfinedTokenizer(SimpleNamespace()),  # type: ignore[arg-type]
@@ -65,6 +81,7 @@ class FakeEngine:
             prefix_cache_queries=0,
             prefix_cache_hits=0,
             num_preemptions=0,
+            num_steps=0,
             num_requests_in_flight=len(self.running),
         )
 
@@ -80,9 +97,24 @@ class FakeEngine:
         await trio.lowlevel.checkpoint()
         return [chr(t) for t in token_ids]
 
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        return [chr(t) for t in token_ids]
+
     async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
         return await self.encode(text)
+
+    async def embed_batch(
+        self, prompts: list[str | list[int]], *, request_id: str | None = None, **_: Any
+    ) -> list[EmbeddingRequestOutput]:
+        outputs = []
+        for prompt in prompts:
+            ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
+            vector = np.array((ids + [0] * 4)[:4], dtype=np.float32)
+            outputs.append(
+                EmbeddingRequestOutput(request_id or "embd", ids, EmbeddingOutput(vector))
+            )
+        return outputs
 
     def generate(
         self,
@@ -102,6 +134,7 @@ class FakeEngine:
     ) -> AsyncGenerator[RequestOutput, None]:
         ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
         self.prompts[request_id] = ids
+        self.params[request_id] = params
         total = params.max_tokens or 8
         metrics = RequestMetrics(arrival_time=trio.current_time())
         texts = [""] * params.n

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,7 @@ def test_environment_supplies_defaults_and_flags_win() -> None:
         (["--dtype", "int3"], {}),
         (["--certfile", "c.pem"], {}),
         (["--shutdown-timeout", "-1"], {}),
+        (["--generation-config", "/no/such/dir"], {}),
         ([], {"TRIO_LLM_DTYPE": "int3"}),
         ([], {"TRIO_LLM_PORT": "x"}),
     ],
@@ -110,6 +112,16 @@ def test_bad_flags_exit_2_with_a_message(
         parse_serve_args(argv, env)
     assert info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_generation_config_flag(tmp_path: Path) -> None:
+    assert parse_serve_args([], {}).generation_config == "auto"
+    assert parse_serve_args(["--generation-config", "none"], {}).generation_config == "none"
+    env = {"TRIO_LLM_GENERATION_CONFIG": "vllm"}
+    assert parse_serve_args([], env).generation_config == "vllm"
+    (tmp_path / "generation_config.json").write_text("{}")
+    config = parse_serve_args(["--generation-config", str(tmp_path)], {})
+    assert config.generation_config == str(tmp_path)
 
 
 def test_cli_has_serve() -> None:
@@ -127,3 +139,57 @@ def test_python_dash_m_serve_help() -> None:
     )
     for flag in ("--max-queued-requests", "--certfile", "--api-key", "--shutdown-timeout"):
         assert flag in result.stdout
+
+
+def test_several_models_with_their_own_options() -> None:
+    config = parse_serve_args(
+        [
+            "SmolLM2-135M-Instruct",
+            "all-MiniLM-L6-v2:dtype=float32,dp=2,name=minilm",
+            "/models/with:colon",
+            "--data-parallel-size", "3",
+            "--kv-cache-memory", "256MiB",
+            "--num-threads", "1",
+        ],
+        {},
+    )  # fmt: skip
+    chat, embed, path = config.models
+    assert (chat.args.model, chat.replicas, chat.args.kv_cache_memory) == (
+        "SmolLM2-135M-Instruct",
+        3,
+        "256MiB",
+    )
+    assert (embed.args.model, embed.args.served_model_name, embed.args.dtype) == (
+        "all-MiniLM-L6-v2",
+        "minilm",
+        "float32",
+    )
+    assert embed.replicas == 2 and path.args.model == "/models/with:colon"
+    assert config.engine == chat.args
+    assert config.capacity is None
+    assert parse_serve_args(["a", "b", "--max-queued-requests", "1"], {}).capacity == 257
+
+
+def test_models_from_the_environment_and_threads_shared_between_engines() -> None:
+    config = parse_serve_args([], {"TRIO_LLM_MODEL": "a:kv=1GiB b:task=embed,threads=3"})
+    a, b = config.models
+    assert a.args.kv_cache_memory == "1GiB" and b.args.task == "embed"
+    assert b.args.num_threads == 3 and a.args.num_threads is not None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["m:colour=red"],
+        ["m:dtype=int3"],
+        ["m:task=chat"],
+        ["m:dp=0"],
+        ["m:kv=lots"],
+        ["a", "a"],
+        ["a", "b", "--served-model-name", "x"],
+    ],
+)
+def test_bad_model_entries_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_serve_args(argv, {})
+    assert "error:" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import pytest
 from trio_llm.http.builders import (
     ChatStream,
     CompletionStream,
+    Shape,
     chat_response,
     completion_response,
     merge_final,
@@ -17,6 +18,8 @@ from trio_llm.http.builders import (
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.plans import (
     RequestLimits,
+    SamplingDefaults,
+    Truncation,
     check_model,
     check_token_ids,
     plan_chat,
@@ -89,10 +92,10 @@ def lp(text: str, value: float, *top: tuple[str, float]) -> PositionLogprobs:
         (b'{"messages": [], "max_tokens": 99999999999999999999}', "max_tokens", "<="),
         (b'{"messages": [], "n": 0}', "n", ">= 1"),
         (b'{"messages": [], "temperature": 1e999}', "temperature", "out of range"),
-        (b'{"messages": [{"role": "robot", "content": "x"}]}', "messages[0].role", "robot"),
+        (b'{"messages": [{"role": "", "content": "x"}]}', "messages[0].role", "length >= 1"),
         (b'{"messages": [], "logit_bias": {"abc": 1}}', "logit_bias", "int"),
         (b'{"messages": [], "top_logprobs": 21}', "top_logprobs", "<= 20"),
-        (b"{}", None, "missing required field `messages`"),
+        (b"{}", "messages", "messages: this field is required"),
         (b"[" * 50000 + b"]" * 50000, None, "Invalid"),
     ],
 )
@@ -102,6 +105,17 @@ def test_bad_bodies_are_400_naming_the_param(body: bytes, param: str | None, fra
     assert error.type == "invalid_request_error"
     assert error.param == param
     assert fragment in error.message
+    if param is not None:  # the message names the field too, first
+        assert error.message.startswith(f"Invalid request: {param}: ")
+
+
+def test_a_bad_key_is_named_as_a_key() -> None:
+    body = b'{"messages": [], "logit_bias": {"not_a_token_id": 1}}'
+    error = error_of(decode_request, body, ChatCompletionRequest)
+    assert error.param == "logit_bias"
+    assert error.message.startswith("Invalid request: logit_bias: keys must be token ids")
+    body = b'{"messages": [], "chat_template_kwargs": {"a": 1}, "logit_bias": {"-1": 1}}'
+    assert "keys must be token ids" in error_of(decode_request, body, ChatCompletionRequest).message
 
 
 def test_deeply_nested_values_are_a_400_not_a_crash() -> None:
@@ -311,13 +325,8 @@ def test_chat_response_shape() -> None:
         ),
         finished=True,
     )
-    body = json.loads(
-        sse_event(
-            chat_response(
-                response_id="chatcmpl-1", model="m", created=5, output=out, top_logprobs=1
-            )
-        )[6:]
-    )
+    shape = Shape(response_id="chatcmpl-1", model="m", created=5, logprobs=1, n=2)
+    body = json.loads(sse_event(chat_response(shape, out))[6:])
     assert body["id"] == "chatcmpl-1" and body["object"] == "chat.completion"
     assert (body["created"], body["model"]) == (5, "m")
     assert [c["index"] for c in body["choices"]] == [0, 1]
@@ -333,7 +342,12 @@ def test_chat_response_shape() -> None:
     assert body["choices"][1]["logprobs"] is None or body["choices"][1]["logprobs"] == {
         "content": []
     }
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_completion_response_choice_indices_span_prompts() -> None:
@@ -345,19 +359,8 @@ def test_completion_response_choice_indices_span_prompts() -> None:
             prompt=[1, 2],
         ),
     ]
-    body = json.loads(
-        sse_event(
-            completion_response(
-                response_id="cmpl-1",
-                model="m",
-                created=1,
-                outputs=outs,
-                n=2,
-                logprobs=None,
-                echo_texts=["P0", "P1"],
-            )
-        )[6:]
-    )
+    shape = Shape(response_id="cmpl-1", model="m", created=1, n=2)
+    body = json.loads(sse_event(completion_response(shape, outs, echo_texts=["P0", "P1"]))[6:])
     assert body["object"] == "text_completion"
     assert [(c["index"], c["text"]) for c in body["choices"]] == [
         (0, "P0x"),
@@ -365,12 +368,12 @@ def test_completion_response_choice_indices_span_prompts() -> None:
         (2, "P1z"),
         (3, "P1w"),
     ]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["completion_tokens"] == 5
 
 
 def test_chat_stream_lifecycle_with_usage() -> None:
     stream = ChatStream(
-        response_id="chatcmpl-s", model="m", created=1, n=2, top_logprobs=None, include_usage=True
+        Shape(response_id="chatcmpl-s", model="m", created=1, n=2, include_usage=True)
     )
     events = [*stream.begin()]
     events += stream.feed(0, output(CompletionOutput(0, "He", [1]), CompletionOutput(1, "", [])))
@@ -389,6 +392,7 @@ def test_chat_stream_lifecycle_with_usage() -> None:
         "delta": {"content": "llo"},
         "logprobs": None,
         "finish_reason": "stop",
+        "stop_reason": None,
     }
     assert (
         bodies[4]["choices"][0]["delta"] == {}
@@ -396,13 +400,16 @@ def test_chat_stream_lifecycle_with_usage() -> None:
     )
     assert all(b["usage"] is None for b in bodies[:-1])
     assert bodies[-1]["choices"] == []
-    assert bodies[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert bodies[-1]["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_chat_stream_without_usage_has_no_usage_key() -> None:
-    stream = ChatStream(
-        response_id="c", model="m", created=1, n=1, top_logprobs=None, include_usage=False
-    )
+    stream = ChatStream(Shape(response_id="c", model="m", created=1))
     [chunk] = stream.begin()
     assert "usage" not in json.loads(sse_event(chunk)[6:])
     assert stream.end() == []
@@ -410,13 +417,9 @@ def test_chat_stream_without_usage_has_no_usage_key() -> None:
 
 def test_completion_stream_echo_and_logprob_offsets() -> None:
     stream = CompletionStream(
-        response_id="cmpl-s",
-        model="m",
-        created=1,
-        n=1,
-        logprobs=1,
-        include_usage=False,
+        Shape(response_id="cmpl-s", model="m", created=1, logprobs=1),
         echo_texts=["Hi"],
+        first_tokens=["H"],
     )
     first = stream.feed(
         0,
@@ -431,10 +434,12 @@ def test_completion_stream_echo_and_logprob_offsets() -> None:
     a = json.loads(sse_event(first[0])[6:])["choices"][0]
     b = json.loads(sse_event(second[0])[6:])["choices"][0]
     assert a["text"] == "Hiab"
-    assert a["logprobs"]["tokens"] == ["i", "a", "b"]
-    assert a["logprobs"]["token_logprobs"] == [-3.0, -1.0, -2.0]
-    assert a["logprobs"]["top_logprobs"][1] == {"b": -0.1, "a": -1.0}
-    assert a["logprobs"]["text_offset"] == [1, 2, 3]  # "i" ends the echoed "Hi"
+    # The first prompt token has no context: listed, with null logprobs, as OpenAI does.
+    assert a["logprobs"]["tokens"] == ["H", "i", "a", "b"]
+    assert a["logprobs"]["token_logprobs"] == [None, -3.0, -1.0, -2.0]
+    assert a["logprobs"]["top_logprobs"][0] is None
+    assert a["logprobs"]["top_logprobs"][2] == {"b": -0.1, "a": -1.0}
+    assert a["logprobs"]["text_offset"] == [0, 1, 2, 3]  # "i" ends the echoed "Hi"
     assert b["logprobs"]["text_offset"] == [4]  # after "Hiab"
     assert b["finish_reason"] == "stop"
 
@@ -452,7 +457,7 @@ def test_impossible_logprobs_are_finite_and_partial_bytes_decode() -> None:
     out = output(
         CompletionOutput(0, "x", [1], logprobs=[lp("x", float("-inf"))], finish_reason="stop")
     )
-    body = chat_response(response_id="c", model="m", created=1, output=out, top_logprobs=0)
+    body = chat_response(Shape(response_id="c", model="m", created=1, logprobs=0), out)
     assert body.choices[0].logprobs.content[0].logprob == -9999.0  # type: ignore[union-attr]
     assert token_bytes("bytes:\\xe2\\x80") == [0xE2, 0x80]
     assert token_bytes("é") == [0xC3, 0xA9]
@@ -468,3 +473,74 @@ def test_merge_final_keeps_the_last_output_of_each_choice() -> None:
     assert [o.text for o in merged.outputs] == ["a", "b"]
     with pytest.raises(ValueError):
         merge_final([])
+
+
+# -- vLLM's extensions ------------------------------------------------------------------------
+
+
+def test_generation_config_defaults_fill_only_unset_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "do_sample": False, "max_length": 9}
+    defaults = SamplingDefaults.from_generation_config(config)
+    assert defaults.overrides() == {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
+    params = plan_chat(chat(), LIMITS, defaults).params
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.6, 0.9, 20, 0.0)
+    params = plan_completion(completion(temperature=0, top_k=-1), LIMITS, defaults).params
+    assert (params.temperature, params.top_p, params.top_k) == (0, 0.9, -1)
+    odd = SamplingDefaults.from_generation_config({"top_p": 0, "temperature": "hot", "min_p": 0.1})
+    assert odd.overrides() == {"min_p": 0.1}
+    assert "ignoring top_p" in caplog.text and "ignoring temperature" in caplog.text
+    assert SamplingDefaults.from_generation_config({}).overrides() == {}
+
+
+def test_truncation_keeps_the_last_tokens_unless_told_right() -> None:
+    assert Truncation(2).apply([1, 2, 3], 10, 4) == [2, 3]
+    assert Truncation(2, "right").apply([1, 2, 3], 10, 4) == [1, 2]
+    assert Truncation(-1).apply(list(range(20)), 10, 4) == list(range(14, 20))
+    assert Truncation(5).apply([1, 2], 10, 4) == [1, 2]
+    error = error_of(Truncation(7).apply, [1], 10, 4)
+    assert error.param == "truncate_prompt_tokens" and "10 - 4 = 6" in error.message
+    assert error_of(plan_chat, chat(truncate_prompt_tokens=0), LIMITS).param == (
+        "truncate_prompt_tokens"
+    )
+
+
+def test_vllm_sampling_fields_reach_the_params() -> None:
+    plan = plan_chat(
+        chat(bad_words=["x"], allowed_token_ids=[3, 4], prompt_logprobs=2, echo=True), LIMITS
+    )
+    p = plan.params
+    assert (p.bad_words, p.allowed_token_ids, p.prompt_logprobs) == (["x"], [3, 4], 2)
+    assert plan.echo_text is None  # the last message is the user's
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A: "}]
+    assert plan_chat(chat(messages=messages, echo=True), LIMITS).echo_text == "A: "
+    # Echoed completions score the prompt with as many alternatives as either field asks.
+    plan = plan_completion(completion(echo=True, logprobs=1, prompt_logprobs=3), LIMITS)
+    assert (plan.params.prompt_logprobs, plan.prompt_logprobs) == (3, 3)
+    assert error_of(plan_chat, chat(allowed_token_ids=[]), LIMITS).param == "allowed_token_ids"
+    assert error_of(plan_chat, chat(bad_words=["x"] * 129), LIMITS).param == "bad_words"
+
+
+def test_prompt_logprobs_shape_and_stop_reason_and_token_ids() -> None:
+    position = PositionLogprobs(Logprob(7, -2.0, 3, "a"), [Logprob(8, -0.5, 1, "b")])
+    out = output(
+        CompletionOutput(0, "x", [9], finish_reason="stop", stop_reason="\n"),
+        prompt=[6, 7],
+        prompt_logprobs=[None, position],
+    )
+    shape = Shape(response_id="c", model="m", created=1, prompt_logprobs=1, return_token_ids=True)
+    body = json.loads(sse_event(completion_response(shape, [out]))[6:])
+    [choice] = body["choices"]
+    assert choice["stop_reason"] == "\n"
+    assert (choice["prompt_token_ids"], choice["token_ids"]) == ([6, 7], [9])
+    assert choice["prompt_logprobs"] == [
+        None,
+        {
+            "7": {"logprob": -2.0, "rank": 3, "decoded_token": "a"},
+            "8": {"logprob": -0.5, "rank": 1, "decoded_token": "b"},
+        },
+    ]
+    body = json.loads(sse_event(chat_response(shape, out))[6:])
+    assert body["prompt_token_ids"] == [6, 7] and body["choices"][0]["token_ids"] == [9]
+    assert body["prompt_logprobs"][1]["8"]["rank"] == 1

@@ -56,6 +56,11 @@ def test_chat_with_usage(sdk: openai.OpenAI) -> None:
     usage = reply.usage
     assert usage is not None and usage.prompt_tokens > 5
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert reply.system_fingerprint and reply.system_fingerprint.startswith("fp_")
+    again = greedy(sdk)  # the same prompt: its full blocks come from the prefix cache
+    assert again.system_fingerprint == reply.system_fingerprint
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16
 
 
 def test_max_tokens_gives_length(sdk: openai.OpenAI) -> None:
@@ -124,6 +129,69 @@ def test_completion_stop_and_logprobs(sdk: openai.OpenAI) -> None:
     assert choice.finish_reason == "stop"
     assert choice.text == text[: text.index(stop)]
     assert choice.logprobs is not None and choice.logprobs.token_logprobs
+    assert choice.model_extra["stop_reason"] == stop  # vLLM's: what ended it
+    assert full.choices[0].model_extra["stop_reason"] is None
+
+
+def _greedy_ids(sdk: openai.OpenAI, **extra: object) -> list[int]:
+    reply = sdk.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
+    )  # fmt: skip
+    return reply.choices[0].model_extra["token_ids"]
+
+
+def test_bad_words_and_allowed_token_ids(server: ServerProcess, sdk: openai.OpenAI) -> None:
+    ids = _greedy_ids(sdk)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=server.url, headers=headers) as c:
+
+        def tokens(text: str) -> list[int]:
+            body = {"prompt": text, "add_special_tokens": False}
+            return c.post("/tokenize", json=body).json()["tokens"]
+
+        def word_of(token: int) -> str | None:
+            """A bad word that is `token` alone: bare, or after a space where the bare word is
+            one token too (vLLM's rule for the spaced form)."""
+            word = c.post("/detokenize", json={"tokens": [token]}).json()["prompt"].strip()
+            if not word:
+                return None
+            bare, spaced = tokens(word), tokens(" " + word)
+            if bare == [token] or (spaced == [token] and len(bare) == 1):
+                return word
+            return None
+
+        banned, word = next((t, w) for t in ids if (w := word_of(t)) is not None)
+    without = _greedy_ids(sdk, bad_words=[word])
+    assert banned not in without and without != ids
+    allowed = sorted(set(ids[:2]))
+    assert set(_greedy_ids(sdk, allowed_token_ids=allowed)) <= set(allowed)
+    assert _greedy_ids(sdk, allowed_token_ids=ids[:1]) == ids[:1] * 6
+
+
+def test_prompt_logprobs_and_echoed_logprobs(sdk: openai.OpenAI) -> None:
+    reply = sdk.completions.create(
+        model="tiny", prompt="Once upon a time", max_tokens=2, temperature=0, echo=True,
+        logprobs=1, extra_body={"prompt_logprobs": 2, "return_token_ids": True},
+    )  # fmt: skip
+    choice = reply.choices[0]
+    prompt_ids = choice.model_extra["prompt_token_ids"]
+    positions = choice.model_extra["prompt_logprobs"]
+    assert reply.usage is not None and len(positions) == reply.usage.prompt_tokens
+    assert positions[0] is None  # the first token has no context
+    for token, position in zip(prompt_ids[1:], positions[1:], strict=True):
+        assert str(token) in position and 2 <= len(position) <= 3
+        assert {"logprob", "rank", "decoded_token"} == set(position[str(token)])
+    # Echoed legacy logprobs list the first prompt token with a null logprob, as OpenAI does.
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None  # type: ignore[index]
+    assert len(logprobs.tokens) == len(prompt_ids) + 2
+    assert all(lp is not None for lp in logprobs.token_logprobs[1:])
+    assert "".join(logprobs.tokens) == choice.text
+    chat = greedy(sdk, max_tokens=2, extra_body={"prompt_logprobs": 0})
+    assert chat.usage is not None
+    assert len(chat.model_extra["prompt_logprobs"]) == chat.usage.prompt_tokens
 
 
 def test_sdk_typed_errors(server: ServerProcess, sdk: openai.OpenAI) -> None:
@@ -246,6 +314,8 @@ def test_metrics_count_requests_and_tokens(server: ServerProcess) -> None:
     m = server.metrics()
     assert m["trio_llm_generation_tokens_total"] > 0 and m["trio_llm_prompt_tokens_total"] > 0
     assert m["trio_llm_engine_alive"] == 1
+    assert 'vllm:num_requests_running{model_name="tiny"}' in text
+    assert 'vllm:generation_tokens_total{model_name="tiny"}' in text
 
 
 async def test_engine_crash_fails_in_flight_requests_then_restarts(server: ServerProcess) -> None:

@@ -159,4 +159,4 @@ async def test_with_restarts_off_an_engine_death_ends_the_server(server: ServerP
     await trio.to_thread.run_sync(server.process.wait, 30)
     assert time.monotonic() - start < 30
     log = "".join(server.log)
-    assert "the engine died and restarts are off" in log
+    assert "engine tiny[0] died and restarts are off" in log

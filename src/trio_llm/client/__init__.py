@@ -1,4 +1,5 @@
-"""The nursery-based engine client (the frontend): `open_engine` yields an `EngineClient`."""
+"""The nursery-based engine client (the frontend): `open_engine` yields an `EngineClient`;
+`open_router` starts several engines (models, replicas) behind one `Router`."""
 
 from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig, open_engine
 from trio_llm.client.errors import (
@@ -8,6 +9,13 @@ from trio_llm.client.errors import (
     EngineStartError,
     InvalidPromptError,
     PromptTooLongError,
+    UnsupportedTaskError,
+)
+from trio_llm.client.router import (
+    ModelNotServedError,
+    NoLiveReplicaError,
+    Router,
+    open_router,
 )
 
 __all__ = [
@@ -19,6 +27,11 @@ __all__ = [
     "EngineStats",
     "InvalidPromptError",
     "ModelConfig",
+    "ModelNotServedError",
+    "NoLiveReplicaError",
     "PromptTooLongError",
+    "Router",
+    "UnsupportedTaskError",
     "open_engine",
+    "open_router",
 ]

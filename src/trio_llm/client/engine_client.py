@@ -31,10 +31,11 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,19 +45,22 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 import msgspec
+import numpy as np
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
+from trio_llm.client.embeddings import PendingEmbeddings
 from trio_llm.client.errors import (
     EngineDeadError,
     EngineStartError,
     InvalidPromptError,
+    UnsupportedTaskError,
 )
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.config import EngineArgs
 from trio_llm.engine.launch import EngineLaunch
-from trio_llm.engine.loader import load_tokenizer, resolve_model
+from trio_llm.engine.loader import load_tokenizer, read_generation_config, resolve_model
 from trio_llm.ipc import (
     AsyncRingReceiver,
     AsyncRingSender,
@@ -68,17 +72,20 @@ from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (
     AbortRequests,
     EngineCoreOutputs,
+    EngineCoreRequest,
     EngineFailure,
+    EngineLoading,
     EngineReady,
     SchedulerStats,
     Shutdown,
 )
+from trio_llm.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.outputs import RequestOutput
-    from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +100,14 @@ before it fails the requests in flight itself (a bound, should the handler be st
 
 ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
-the served model name (`served_model_name`, else the resolved model's name)."""
+the served model name (`served_model_name`, else the resolved model's name), and `task` what
+it serves (generate or embed)."""
+
+OnStage = Callable[[str], None]
+"""Hears each start-up stage of the engine as it begins ('loading the weights', ...)."""
+
+_POOLING_PARAMS = SamplingParams()
+"""What an embedding request carries as its (unused) sampling parameters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +125,13 @@ class EngineStats:
     num_preemptions: int
     num_steps: int
     num_requests_in_flight: int
-    """`generate()` calls in this client with an unfinished choice."""
+    """`generate()` calls in this client with an unfinished choice, and embedding inputs
+    waiting for their embedding."""
 
 
 class EngineClient:
-    """A running engine: generate text, tokenize, read its statistics.
+    """A running engine: generate text (or embeddings, from a pooling engine), tokenize, read
+    its statistics.
 
     Made by `open_engine`, valid inside its `async with` block. Every method may be called from
     any task of the event loop that opened it.
@@ -131,6 +147,7 @@ class EngineClient:
         ready: EngineReady,
         *,
         max_message_bytes: int,
+        generation_config: dict[str, Any] | None = None,
     ) -> None:
         self._tokenizer = ConfinedTokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -140,6 +157,9 @@ class EngineClient:
         self.model_config: ModelConfig = msgspec.structs.replace(
             ready, model=args.served_model_name or ready.model
         )
+        self.generation_config: dict[str, Any] = generation_config or {}
+        """The model's generation_config.json as written (empty when it has none): its
+        creator's recommended sampling values, which the server applies as defaults."""
         self._process = process
         self._sender = sender
         self._receiver = receiver
@@ -149,6 +169,12 @@ class EngineClient:
             self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
         )
         self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
+        self._embeddings = PendingEmbeddings()
+        self._process_outputs = (
+            self._embeddings.process_outputs
+            if ready.task == "embed"
+            else self._outputs.process_outputs
+        )
         self._scheduler_stats = SchedulerStats(
             num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
         )
@@ -188,8 +214,13 @@ class EngineClient:
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
             num_steps=s.num_steps,
-            num_requests_in_flight=self._outputs.num_requests,
+            num_requests_in_flight=self._outputs.num_requests + self._embeddings.num_requests,
         )
+
+    @property
+    def task(self) -> str:
+        """What the engine serves: 'generate' or 'embed'."""
+        return self.model_config.task
 
     def generate(
         self,
@@ -214,6 +245,7 @@ class EngineClient:
         request raises `EngineRequestError`.
         """
         self._check_alive()
+        self._check_task("generate")
         if isinstance(prompt, str):
             params.validate()
             params.validate_vocab(self.model_config.vocab_size)
@@ -232,8 +264,110 @@ class EngineClient:
         are ignored."""
         await anyio.lowlevel.checkpoint()
         engine_ids = self._outputs.abort_request(request_id, time.time())
+        engine_ids += self._embeddings.abort_request(request_id)
         if engine_ids:
             self._post(encode(AbortRequests(request_ids=engine_ids)))
+
+    async def embed(
+        self,
+        prompt: str | list[int],
+        **kwargs: Any,
+    ) -> EmbeddingRequestOutput:
+        """The embedding of one input (text or token ids), from a pooling engine; the keyword
+        arguments are `embed_batch`'s."""
+        [output] = await self.embed_batch([prompt], **kwargs)
+        return output
+
+    async def embed_batch(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        dimensions: int | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per input, in order: the texts are tokenized together, every input is
+        checked before any is sent (`PromptTooLongError` for one longer than the model takes,
+        unless `truncate_prompt_tokens` cuts it: -1 for the model's length), then the engine
+        packs them into its steps. `dimensions` cuts each embedding to its first that many
+        (normalised again when the model normalises), for a model trained for it (Matryoshka:
+        `model_config.matryoshka_dimensions`; `InvalidPromptError` otherwise). Raises
+        `UnsupportedTaskError` on a generating engine.
+        Cancellation (or any exception) aborts the inputs still in the engine; request i's
+        engine id is `request_id-i` (just `request_id` for one input)."""
+        self._check_alive()
+        self._check_task("embed")
+        cut = self._check_dimensions(dimensions)
+        inputs = await self._inputs.embedding_inputs(
+            prompts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            add_special_tokens=add_special_tokens,
+        )
+        self._check_alive()
+        base = request_id or uuid.uuid4().hex
+        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
+        if any(map(self._embeddings.has_request, ids)):
+            raise ValueError(f"request id {base!r} is already in flight")
+        arrival_time = time.time()
+        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
+        try:
+            for engine_id, token_ids in zip(ids, inputs, strict=True):
+                self._post(
+                    encode(
+                        EngineCoreRequest(
+                            request_id=engine_id,
+                            prompt_token_ids=token_ids,
+                            sampling_params=_POOLING_PARAMS,
+                            arrival_time=arrival_time,
+                            priority=priority,
+                            pooling=True,
+                        )
+                    )
+                )
+            embeddings = [await waiter.wait() for waiter in waiters]
+        finally:
+            # No await here, as in generate(): this runs when the scope is cancelled too.
+            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
+            if unfinished:
+                self._post(encode(AbortRequests(request_ids=unfinished)))
+        if cut is not None:
+            embeddings = [self._cut(embedding, cut) for embedding in embeddings]
+        return [
+            EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
+            for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
+        ]
+
+    def _check_dimensions(self, dimensions: int | None) -> int | None:
+        """The size to cut embeddings to, None for none; `InvalidPromptError` (param
+        `dimensions`) for one the model was not trained for."""
+        mc = self.model_config
+        if dimensions is None or dimensions == mc.embedding_size:
+            return None
+        allowed = mc.matryoshka_dimensions
+        if (
+            allowed is None
+            or not 1 <= dimensions <= mc.embedding_size
+            or (allowed and dimensions not in allowed)
+        ):
+            sizes = (
+                "it was not trained to be cut shorter"
+                if allowed is None
+                else f"it can be cut to {', '.join(map(str, allowed)) or 'any size'}"
+            )
+            raise InvalidPromptError(
+                f"the model {mc.model!r} cannot give embeddings of {dimensions} dimensions: "
+                f"its own have {mc.embedding_size}, and {sizes}",
+                param="dimensions",
+            )
+        return dimensions
+
+    def _cut(self, embedding: np.ndarray, size: int) -> np.ndarray:
+        cut = embedding[:size]
+        if self.model_config.normalized:
+            cut = cut / max(float(np.linalg.norm(cut)), 1e-12)
+        return cut.astype(np.float32, copy=False)
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
@@ -255,14 +389,22 @@ class EngineClient:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        """Render `messages` with the model's chat template and tokenize the result."""
+        """Render `messages` with the model's chat template and tokenize the result (with
+        `add_special_tokens`, the tokenizer's special tokens on top of the template's)."""
         return await self._inputs.apply_chat_template(
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
+            add_special_tokens=add_special_tokens,
         )
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """The text logprobs show for each token (a partial UTF-8 character as `bytes:\\xNN`).
+        On the event loop's thread only."""
+        return [self._outputs.token_text(t) for t in token_ids]
 
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,
@@ -304,6 +446,9 @@ class EngineClient:
             assert prompt_text is not None
             prompt_ids = await self._inputs.encode(prompt_text)
             self._inputs.check_request(prompt_ids, params)
+        if params.bad_words:
+            params = await self._inputs.with_bad_words_tokenized(params)
+            params.validate_vocab(self.model_config.vocab_size)
         if params.constraint is not None:
             await self._inputs.check_constraint(params.constraint)
         self._check_alive()
@@ -341,6 +486,15 @@ class EngineClient:
             unfinished = self._outputs.remove_request(request_id)
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
+
+    def _check_task(self, task: str) -> None:
+        if self.task != task:
+            name = self.model_config.model
+            raise UnsupportedTaskError(
+                f"the model {name!r} serves embeddings, not generation"
+                if task == "generate"
+                else f"the model {name!r} is generative: it does not serve embeddings"
+            )
 
     def _check_alive(self) -> None:
         if self._closed:
@@ -408,7 +562,7 @@ class EngineClient:
                                 since_checkpoint = 0
                             chunk = outputs[start : start + OUTPUT_CHUNK]
                             since_checkpoint += len(chunk)
-                            to_abort = self._outputs.process_outputs(chunk, now)
+                            to_abort = self._process_outputs(chunk, now)
                             if to_abort:
                                 self._post(encode(AbortRequests(request_ids=to_abort)))
                         self._scheduler_stats = message.stats
@@ -451,6 +605,7 @@ class EngineClient:
             return
         reason = self._dead_reason()
         self._outputs.fail_all(lambda: EngineDeadError(reason))
+        self._embeddings.fail_all(lambda: EngineDeadError(reason))
         self._drained.set()
 
 
@@ -469,18 +624,27 @@ def _engine_args(model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
     return EngineArgs(**engine_args)
 
 
-def _load_tokenizer(model: str) -> PreTrainedTokenizerBase:
-    return load_tokenizer(resolve_model(model))
+_TOKENIZER_LOADING = threading.Lock()
+"""Engines started at once load their tokenizers on worker threads, one at a time:
+transformers' lazy imports are not thread-safe (two first imports at once raised "cannot
+import name 'AutoTokenizer'")."""
+
+
+def _load_tokenizer(model: str) -> tuple[PreTrainedTokenizerBase, dict[str, Any]]:
+    with _TOKENIZER_LOADING:
+        source = resolve_model(model)
+        return load_tokenizer(source), read_generation_config(source.path)
 
 
 async def _handshake(
-    process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs
-) -> tuple[EngineReady, PreTrainedTokenizerBase]:
-    """Load the tokenizer while the engine loads the model; then wait for its ready message."""
+    process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs, on_stage: OnStage
+) -> tuple[EngineReady, PreTrainedTokenizerBase, dict[str, Any]]:
+    """Load the tokenizer (and read the generation config) while the engine loads the model;
+    then wait for its ready message, passing on its progress."""
     try:
         with anyio.fail_after(args.startup_timeout):
             try:
-                tokenizer = await anyio.to_thread.run_sync(
+                tokenizer, generation_config = await anyio.to_thread.run_sync(
                     _load_tokenizer, args.model, abandon_on_cancel=True
                 )
             except Exception as exc:
@@ -489,6 +653,9 @@ async def _handshake(
                 ) from exc
             try:
                 message = decode_engine_message(await receiver.receive())
+                while isinstance(message, EngineLoading):
+                    on_stage(message.stage)
+                    message = decode_engine_message(await receiver.receive())
             except RingClosedError:
                 code = await process.wait()
                 raise EngineStartError(
@@ -503,7 +670,7 @@ async def _handshake(
         raise EngineStartError(message.message, engine_traceback=message.traceback)
     if not isinstance(message, EngineReady):
         raise EngineStartError(f"the engine sent {type(message).__name__} before it was ready")
-    return message, tokenizer
+    return message, tokenizer, generation_config
 
 
 async def _stop_process(
@@ -537,15 +704,23 @@ async def _exits_within(process: anyio.abc.Process, seconds: float) -> bool:
     return False
 
 
+def _log_stage(model: str) -> OnStage:
+    return lambda stage: log.info("engine %s: %s", model, stage)
+
+
 @asynccontextmanager
-async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIterator[EngineClient]:
+async def open_engine(
+    model: str | None = None, *, on_stage: OnStage | None = None, **engine_args: Any
+) -> AsyncIterator[EngineClient]:
     """Start an engine process and yield a client for it; stop the engine on the way out.
 
-    `engine_args` are `EngineArgs` fields. Raises `EngineStartError` with the engine's own
-    message when the model cannot be loaded, or when it is not ready within
+    `engine_args` are `EngineArgs` fields. `on_stage` hears each start-up stage as the engine
+    begins it (by default they are logged at info level). Raises `EngineStartError` with the
+    engine's own message when the model cannot be loaded, or when it is not ready within
     `startup_timeout` seconds.
     """
     args = _engine_args(model, engine_args)
+    on_stage = on_stage or _log_stage(args.served_model_name or args.model)
     with (
         ShmRing.create(args.ring_capacity) as request_ring,
         ShmRing.create(args.ring_capacity) as output_ring,
@@ -574,7 +749,9 @@ async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIter
                 await process.stdin.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass  # it died already; the handshake says how
-            ready, tokenizer = await _handshake(process, receiver, args)
+            ready, tokenizer, generation_config = await _handshake(
+                process, receiver, args, on_stage
+            )
             client = EngineClient(
                 args,
                 process,
@@ -583,6 +760,7 @@ async def open_engine(model: str | None = None, **engine_args: Any) -> AsyncIter
                 tokenizer,
                 ready,
                 max_message_bytes=sender.sync.max_message_size,
+                generation_config=generation_config,
             )
             async with client._serving():
                 yield client

@@ -51,5 +51,10 @@ class PromptTooLongError(InvalidPromptError):
         self.max_model_len = max_model_len
 
 
+class UnsupportedTaskError(ValueError):
+    """The model does not serve what was asked: embeddings from a generative model, or
+    generation from an embedding model."""
+
+
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: no chat template, or the template rejected them."""

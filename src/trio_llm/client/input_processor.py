@@ -1,7 +1,9 @@
 """Input processing: what a caller asks for becomes engine requests.
 
-What it owns: chat template rendering, tokenization, prompt validation against the model's
-context length and vocabulary, and the fan-out of `n > 1` into n engine requests.
+What it owns: chat template rendering, tokenization (of prompts and of bad words), prompt
+validation against the model's context length and vocabulary, the fan-out of `n > 1` into n
+engine requests, and the inputs of embedding requests (tokenized as one batch, truncated when
+asked, checked).
 
 Invariants:
 - Every check runs before anything reaches the engine, and each error names what to fix
@@ -51,6 +53,7 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         size = sum(len(str(message.get("content") or "")) for message in messages)
         return await self.tokenizer.run(
@@ -60,6 +63,18 @@ class InputProcessor:
             add_generation_prompt,
             continue_final_message,
             chat_template_kwargs or {},
+            add_special_tokens,
+        )
+
+    async def with_bad_words_tokenized(self, params: SamplingParams) -> SamplingParams:
+        """`params` with its `bad_words` turned into `bad_words_token_ids` (a copy; the same
+        params when it has no bad words)."""
+        if not params.bad_words:
+            return params
+        words = params.bad_words
+        ids = await self.tokenizer.run(sum(map(len, words)), _bad_words_token_ids, words)
+        return msgspec.structs.replace(
+            params, bad_words=None, bad_words_token_ids=[*(params.bad_words_token_ids or ()), *ids]
         )
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -95,6 +110,61 @@ class InputProcessor:
                 max_tokens=max_tokens,
                 max_model_len=limit,
             )
+
+    async def embedding_inputs(
+        self,
+        inputs: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+    ) -> list[list[int]]:
+        """Each input's token ids, checked: texts are tokenized together (one call), and with
+        `truncate_prompt_tokens` (-1: the model's length) cut to that many tokens the way the
+        tokenizer truncates (sentence-transformers' way); without it, an input longer than the
+        model's length raises `PromptTooLongError` naming it (`input`, `input[i]`)."""
+        limit = self.max_model_len
+        truncate = truncate_prompt_tokens
+        if truncate == -1:
+            truncate = limit
+        elif truncate is not None and not 1 <= truncate <= limit:
+            raise InvalidPromptError(
+                f"truncate_prompt_tokens must be -1 or between 1 and {limit} (the model's "
+                f"maximum input length), got {truncate}",
+                param="truncate_prompt_tokens",
+            )
+        texts = [text for text in inputs if isinstance(text, str)]
+        encoded = iter(
+            await self.tokenizer.run(
+                sum(map(len, texts)), _encode_batch, texts, add_special_tokens, truncate
+            )
+            if texts
+            else ()
+        )
+        left = self.tokenizer.loop.truncation_side == "left"
+        result = []
+        for i, given in enumerate(inputs):
+            param = "input" if len(inputs) == 1 else f"input[{i}]"
+            ids = next(encoded) if isinstance(given, str) else list(given)
+            if truncate is not None and len(ids) > truncate:
+                ids = ids[-truncate:] if left else ids[:truncate]
+            if not ids:
+                raise InvalidPromptError(f"{param} is empty: give at least one token", param=param)
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise InvalidPromptError(
+                    f"{param} holds token ids outside the vocabulary (size {self.vocab_size})",
+                    param=param,
+                )
+            if len(ids) > limit:
+                raise PromptTooLongError(
+                    f"This model's maximum context length is {limit} tokens, but {param} has "
+                    f"{len(ids)} tokens; shorten it, or set truncate_prompt_tokens to cut it",
+                    param=param,
+                    prompt_tokens=len(ids),
+                    max_tokens=None,
+                    max_model_len=limit,
+                )
+            result.append(ids)
+        return result
 
     @staticmethod
     async def check_constraint(constraint: Constraint) -> None:
@@ -146,12 +216,43 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: b
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
+def _encode_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    add_special_tokens: bool,
+    truncate: int | None,
+) -> list[list[int]]:
+    encoded = tokenizer(
+        texts,
+        add_special_tokens=add_special_tokens,
+        truncation=truncate is not None,
+        max_length=truncate,
+    )
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
+def _bad_words_token_ids(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each word as it would start a text and, when that
+    spells it differently in as many tokens, as it would follow a space (byte-level and
+    SentencePiece tokenizers give a word after a space its own tokens)."""
+    out: list[list[int]] = []
+    for word in words:
+        bare = _encode(tokenizer, word.lstrip(), add_special_tokens=False)
+        spaced = _encode(tokenizer, " " + word.lstrip(), add_special_tokens=False)
+        if bare:
+            out.append(bare)
+        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
+            out.append(spaced)
+    return out
+
+
 def _render_and_encode(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
     add_generation_prompt: bool,
     continue_final_message: bool,
     chat_template_kwargs: dict[str, Any],
+    add_special_tokens: bool,
 ) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(
@@ -163,5 +264,6 @@ def _render_and_encode(
         )
     except (ValueError, jinja2.TemplateError) as exc:
         raise ChatTemplateError(f"cannot render the chat template: {exc}") from exc
-    # The template already wrote the special tokens (BOS and the role markers) as text.
-    return _encode(tokenizer, str(text), add_special_tokens=False)
+    # The template already wrote the special tokens (BOS and the role markers) as text; more
+    # only when asked for (vLLM's add_special_tokens).
+    return _encode(tokenizer, str(text), add_special_tokens=add_special_tokens)

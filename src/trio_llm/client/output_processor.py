@@ -82,6 +82,10 @@ class OutputProcessor:
         """`generate()` calls with at least one unfinished choice."""
         return len(self._requests)
 
+    def token_text(self, token_id: int) -> str:
+        """The text logprobs show for `token_id`."""
+        return self._token_text(token_id)
+
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
 

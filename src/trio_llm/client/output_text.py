@@ -33,7 +33,12 @@ class OutputText:
 
     def slice(self, start: int, end: int | None = None) -> str:
         """`str(self)[start:end]`, in time proportional to what lies from `start` to the end."""
-        end = self._length if end is None else min(end, self._length)
+        if end is None:
+            end = self._length
+        elif end < 0:
+            end = max(self._length + end, 0)
+        else:
+            end = min(end, self._length)
         if start >= end:
             return ""
         if start <= 0 and end == self._length:

@@ -23,18 +23,24 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import msgspec
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import loader
+from trio_llm.engine import loader, pooling
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
+from trio_llm.engine.pooling_runner import PoolingRunner
 from trio_llm.engine.scheduler import ScheduledBatch, Scheduler
 from trio_llm.engine.sequence import Sequence
 from trio_llm.engine.structured import Grammar, StructuredOutputs
+from trio_llm.engine.token_bans import TokenBans
 from trio_llm.ipc.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -42,6 +48,9 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
 )
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,54 +69,58 @@ GRAMMAR_POLL_SECONDS = 0.002
 about a millisecond; the ring's doorbell cannot tell the loop that one has finished)."""
 
 
+@dataclass(slots=True)
+class _Parts:
+    """What differs between a generating and a pooling engine."""
+
+    runner: ModelRunner | PoolingRunner
+    num_blocks: int
+    kv_cache_bytes: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    attention_backend: str
+    embedding_size: int = 0
+    normalized: bool = False
+    matryoshka_dimensions: list[int] | None = None
+
+
 class EngineCore:
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, on_stage: Callable[[str], None] | None = None) -> None:
+        """`on_stage` hears the start-up stages as they begin (the process sends them on as
+        EngineLoading progress)."""
+        stage = on_stage or (lambda _: None)
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        stage("resolving the model")
         source = loader.resolve_model(args.model)
         device = loader.resolve_device(args.device)
         dtype = loader.resolve_dtype(args.dtype, device)
-        backend = resolve_backend(args.attention_backend, device)
         config = loader.load_config(source)
-        model = loader.load_model(source, dtype, device)
-
-        spec = kv_cache_spec(model, args.block_size, dtype)
-        num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
-        if num_blocks < 1:
-            raise EngineConfigError(
-                f"kv_cache_memory {args.kv_cache_memory} holds no block of "
-                f"{spec.bytes_per_block} bytes; give at least that"
-            )
-        capacity = num_blocks * args.block_size
-        max_model_len = _max_model_len(args, config, capacity)
-
+        self.task = loader.resolve_task(args.task, source, config)
+        self.pooling = self.task == "embed"
         self.args = args
         self.device = torch.device(device)
         self.vocab_size = int(config.vocab_size)
-        self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(loader.eos_token_ids(source, config))
-        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        stage("loading the weights")
+        if self.pooling:
+            parts = self._pooling_parts(source, config, dtype, device)
+        else:
+            parts = self._generation_parts(source, config, dtype, device, stage)
+        self.max_model_len = parts.max_model_len
+        self.block_manager = BlockManager(
+            parts.num_blocks, args.block_size, args.enable_prefix_caching and not self.pooling
+        )
         self.scheduler = Scheduler(
             self.block_manager,
-            # More running sequences than tokens per step would leave some never decoding.
-            max_num_seqs=min(args.max_num_seqs, args.max_num_batched_tokens),
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=parts.max_num_seqs,
+            max_num_batched_tokens=parts.max_num_batched_tokens,
             eos_token_ids=self.eos_token_ids,
-            max_model_len=max_model_len,
+            max_model_len=parts.max_model_len,
+            chunked_prefill=not self.pooling,
         )
-        self.runner = ModelRunner(
-            model,
-            spec,
-            num_blocks,
-            device=self.device,
-            backend=backend,
-            seed=args.seed,
-            single_token_dtype=(
-                None
-                if args.single_token_dtype == "none"
-                else loader.resolve_dtype(args.single_token_dtype, device)
-            ),
-        )
+        self.runner = parts.runner
         self.structured = StructuredOutputs(
             lambda: loader.load_tokenizer(source),
             self.vocab_size,
@@ -122,17 +135,94 @@ class EngineCore:
         """Outputs decided outside a step (errors at add, aborts), sent with the next step."""
         self.ready = EngineReady(
             model=args.served_model_name or source.name,
-            max_model_len=max_model_len,
+            max_model_len=parts.max_model_len,
             vocab_size=self.vocab_size,
             eos_token_ids=sorted(self.eos_token_ids),
             dtype=str(dtype).removeprefix("torch."),
             device=device,
             block_size=args.block_size,
-            num_blocks=num_blocks,
-            kv_capacity_tokens=capacity,
-            kv_cache_bytes=num_blocks * spec.bytes_per_block,
-            attention_backend=backend,
+            num_blocks=parts.num_blocks,
+            kv_capacity_tokens=parts.num_blocks * args.block_size,
+            kv_cache_bytes=parts.kv_cache_bytes,
+            attention_backend=parts.attention_backend,
             pid=os.getpid(),
+            task=self.task,
+            embedding_size=parts.embedding_size,
+            normalized=parts.normalized,
+            matryoshka_dimensions=parts.matryoshka_dimensions,
+        )
+
+    def _generation_parts(
+        self,
+        source: loader.ModelSource,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        device: str,
+        stage: Callable[[str], None],
+    ) -> _Parts:
+        args = self.args
+        backend = resolve_backend(args.attention_backend, device)
+        model = loader.load_model(source, dtype, device)
+        spec = kv_cache_spec(model, args.block_size, dtype)
+        num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
+        if num_blocks < 1:
+            raise EngineConfigError(
+                f"kv_cache_memory {args.kv_cache_memory} holds no block of "
+                f"{spec.bytes_per_block} bytes; give at least that"
+            )
+        max_model_len = _max_model_len(args, config, num_blocks * args.block_size)
+        stage("allocating the KV cache")
+        runner = ModelRunner(
+            model,
+            spec,
+            num_blocks,
+            device=self.device,
+            backend=backend,
+            seed=args.seed,
+            single_token_dtype=(
+                None
+                if args.single_token_dtype == "none"
+                else loader.resolve_dtype(args.single_token_dtype, device)
+            ),
+        )
+        return _Parts(
+            runner=runner,
+            num_blocks=num_blocks,
+            kv_cache_bytes=num_blocks * spec.bytes_per_block,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            # More running sequences than tokens per step would leave some never decoding.
+            max_num_seqs=min(args.max_num_seqs, args.max_num_batched_tokens),
+            attention_backend=backend,
+        )
+
+    def _pooling_parts(
+        self, source: loader.ModelSource, config: PretrainedConfig, dtype: torch.dtype, device: str
+    ) -> _Parts:
+        """No KV cache: the block manager only does the scheduler's bookkeeping, with blocks
+        for one step's tokens; a step holds whole prompts, so it holds at least the longest,
+        and as many inputs as its tokens allow (each finishes within its step)."""
+        args = self.args
+        pooling_config = pooling.pooling_config(source.path, is_encoder=loader.is_encoder(config))
+        model = loader.load_model(source, dtype, device, pooling=True)
+        positions = int(config.max_position_embeddings)
+        limit = min(args.max_model_len or pooling_config.max_seq_length or positions, positions)
+        max_model_len = _max_model_len(
+            msgspec.structs.replace(args, max_model_len=limit), config, positions
+        )
+        budget = max(args.max_num_pooled_tokens, max_model_len)
+        num_blocks = -(-budget // args.block_size) + budget  # a partial block per input
+        return _Parts(
+            runner=PoolingRunner(model, pooling_config, self.device),
+            num_blocks=num_blocks,
+            kv_cache_bytes=0,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=budget,
+            max_num_seqs=budget,
+            attention_backend="packed",
+            embedding_size=int(config.hidden_size),
+            normalized=pooling_config.normalize,
+            matryoshka_dimensions=_matryoshka(config),
         )
 
     # -- requests -------------------------------------------------------------------------
@@ -158,8 +248,15 @@ class EngineCore:
 
     def _new_sequence(self, req: EngineCoreRequest) -> Sequence:
         params = req.sampling_params
-        params.validate()
-        params.validate_vocab(self.vocab_size)
+        if req.pooling != self.pooling:
+            raise RequestError(
+                "this engine serves embeddings, not generation"
+                if self.pooling
+                else "this engine serves generation, not embeddings"
+            )
+        if not self.pooling:
+            params.validate()
+            params.validate_vocab(self.vocab_size)
         prompt = req.prompt_token_ids
         if req.request_id in self.requests:
             raise RequestError(f"request id {req.request_id!r} is already running")
@@ -167,7 +264,12 @@ class EngineCore:
             raise RequestError("the prompt is empty")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise RequestError(f"the prompt has token ids outside [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
+        if self.pooling and len(prompt) > self.max_model_len:
+            raise RequestError(
+                f"the input has {len(prompt)} tokens, but this model takes at most "
+                f"{self.max_model_len}"
+            )
+        if not self.pooling and len(prompt) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(prompt)} tokens, but this model's context holds "
                 f"{self.max_model_len} (prompt and at least one output token)"
@@ -181,11 +283,14 @@ class EngineCore:
             priority=req.priority,
             arrival=next(self._arrivals),
         )
+        if self.pooling:
+            return seq
         if params.seed is not None and not params.greedy:
             seq.generator = torch.Generator(device=self.device)
             seq.generator.manual_seed(params.seed)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None]
+        seq.bans = TokenBans.build(params, self.vocab_size, self.device)
         return seq
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -250,6 +355,8 @@ class EngineCore:
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(), stats=self.stats())
 
     def _run(self, batch: ScheduledBatch) -> list[EngineCoreOutput]:
+        if isinstance(self.runner, PoolingRunner):
+            return self._pool(batch, self.runner)
         masks = self.structured.start_masks(batch)
         try:
             result = self.runner.execute(batch, self.eos_token_ids, masks)
@@ -269,6 +376,23 @@ class EngineCore:
             if seq.grammar is not None and not seq.is_finished:
                 self.structured.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
+
+    def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:
+        """A pooling step: every sequence of the batch is a whole prompt, done after it."""
+        try:
+            embeddings = runner.execute(batch)
+        except Exception as exc:
+            log.exception("pooling step failed; failing its %d requests", len(batch.seqs))
+            return [self._fail(seq, f"model step failed: {exc!r}") for seq in batch.seqs]
+        self.scheduler.update(batch, [None] * len(batch.seqs))
+        outputs = []
+        for seq, embedding in zip(batch.seqs, embeddings, strict=True):
+            self.scheduler.finish(seq, "stop")
+            del self.requests[seq.request_id]
+            outputs.append(
+                EngineCoreOutput(request_id=seq.request_id, finish_reason="stop", pooled=embedding)
+            )
+        return outputs
 
     def _outputs(
         self, batch: ScheduledBatch, result: StepResult, advanced: list[tuple[Sequence, int]]
@@ -304,6 +428,15 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+
+def _matryoshka(config: PretrainedConfig) -> list[int] | None:
+    """The sizes a Matryoshka model's embeddings may be cut to, as its config says (vLLM's
+    keys); None for any other model."""
+    dimensions = getattr(config, "matryoshka_dimensions", None)
+    if dimensions:
+        return sorted(int(d) for d in dimensions)
+    return [] if getattr(config, "is_matryoshka", False) else None
 
 
 def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:

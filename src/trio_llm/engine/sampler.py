@@ -2,9 +2,10 @@
 
 What it owns: turning per-request sampling parameters into per-row tensors
 (`SamplingTensors.build`), and the batched pipeline over a [B, V] logits tensor:
-logprobs of the raw logits, then logit_bias, min_tokens masking, penalties, then greedy argmax
-or temperature, min-p, top-k, top-p and a draw. Work a batch does not ask for is skipped, so a
-batch of plain greedy requests costs one argmax.
+logprobs of the raw logits, then logit_bias, penalties, the banned tokens (allowed_token_ids
+and bad words, each request's built once in `TokenBans`; EOS and stop tokens before min_tokens),
+then greedy argmax or temperature, min-p, top-k, top-p and a draw. Work a batch does not ask
+for is skipped, so a batch of plain greedy requests costs one argmax.
 
 Invariant: a seeded request's draw uses only its own `torch.Generator`, advanced exactly once
 per step, so its tokens do not depend on what else is in the batch. Unseeded rows share the
@@ -44,8 +45,13 @@ class SamplingTensors:
     bias_cols: torch.Tensor | None = None
     bias_values: torch.Tensor | None = None
     banned_rows: torch.Tensor | None = None
-    """(row, token) pairs masked because min_tokens are not out yet."""
+    """(row, token) pairs masked this step: EOS and stop tokens before min_tokens, the last
+    token of a bad word whose prefix ends the output."""
     banned_cols: torch.Tensor | None = None
+    mask_rows: torch.Tensor | None = None
+    """Rows with a request's own ban row (`TokenBans.row`)."""
+    masks: torch.Tensor | None = None
+    """[M, V] bool, True where row `mask_rows[m]` may not sample."""
     penalty_rows: torch.Tensor | None = None
     """Rows with any penalty; the penalty tensors below are indexed like this list."""
     presence: torch.Tensor | None = None
@@ -71,7 +77,7 @@ class SamplingTensors:
             st._set_sampling(seqs, device)
         if any(p.logit_bias for p in params):
             st._set_logit_bias(params, device)
-        if any(s.num_output_tokens < s.params.min_tokens for s in seqs):
+        if any(s.num_output_tokens < s.params.min_tokens or s.bans is not None for s in seqs):
             st._set_banned(seqs, eos_token_ids, device)
         if any(_penalized(p) for p in params):
             st._set_penalties(seqs, vocab_size, device)
@@ -105,18 +111,31 @@ class SamplingTensors:
     def _set_banned(
         self, seqs: Seq[Sequence], eos_token_ids: frozenset[int], device: torch.device
     ) -> None:
-        """EOS and stop tokens are masked until min_tokens are out (EOS not with ignore_eos)."""
+        """EOS and stop tokens are masked until min_tokens are out (EOS not with ignore_eos);
+        bad words by their `TokenBans`."""
         rows: list[int] = []
         cols: list[int] = []
+        mask_rows: list[int] = []
+        masks: list[torch.Tensor] = []
         for i, s in enumerate(seqs):
+            banned: set[int] = set()
             if s.num_output_tokens < s.params.min_tokens:
-                banned = set(s.params.stop_token_ids)
+                banned.update(s.params.stop_token_ids)
                 if not s.params.ignore_eos:
                     banned |= eos_token_ids
-                rows.extend([i] * len(banned))
-                cols.extend(banned)
-        self.banned_rows = torch.tensor(rows, dtype=torch.long, device=device)
-        self.banned_cols = torch.tensor(cols, dtype=torch.long, device=device)
+            if s.bans is not None:
+                banned.update(s.bans.banned_now(s.token_ids, s.num_output_tokens))
+                if s.bans.row is not None:
+                    mask_rows.append(i)
+                    masks.append(s.bans.row)
+            rows.extend([i] * len(banned))
+            cols.extend(banned)
+        if rows:
+            self.banned_rows = torch.tensor(rows, dtype=torch.long, device=device)
+            self.banned_cols = torch.tensor(cols, dtype=torch.long, device=device)
+        if masks:
+            self.mask_rows = torch.tensor(mask_rows, dtype=torch.long, device=device)
+            self.masks = torch.stack(masks)
 
     def _set_penalties(self, seqs: Seq[Sequence], vocab_size: int, device: torch.device) -> None:
         rows = [i for i, s in enumerate(seqs) if _penalized(s.params)]
@@ -156,12 +175,16 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
         logits = logits.float()
         raw = logits
-        if st.bias_rows is not None or st.banned_rows is not None or st.penalty_rows is not None:
+        if (
+            st.bias_rows is not None
+            or st.banned_rows is not None
+            or st.penalty_rows is not None
+            or st.masks is not None
+        ):
             logits = logits.clone()
             apply_logit_bias(logits, st)
             apply_penalties(logits, st)
-            if st.banned_rows is not None:
-                logits[st.banned_rows, st.banned_cols] = _NEG_INF
+            apply_bans(logits, st)
         tokens = logits.argmax(dim=-1) if st.all_greedy else self._sample(logits, st)
         token_list = tokens.tolist()
         logprobs = None
@@ -197,6 +220,17 @@ def apply_logit_bias(logits: torch.Tensor, st: SamplingTensors) -> None:
     if st.bias_rows is not None:
         assert st.bias_cols is not None and st.bias_values is not None
         logits.index_put_((st.bias_rows, st.bias_cols), st.bias_values, accumulate=True)
+
+
+def apply_bans(logits: torch.Tensor, st: SamplingTensors) -> None:
+    """Each banned request's own row in one masked fill, then this step's (row, token) pairs
+    in one indexed write."""
+    if st.masks is not None:
+        assert st.mask_rows is not None
+        sub = logits.index_select(0, st.mask_rows).masked_fill_(st.masks, _NEG_INF)
+        logits.index_copy_(0, st.mask_rows, sub)
+    if st.banned_rows is not None:
+        logits[st.banned_rows, st.banned_cols] = _NEG_INF
 
 
 def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> None:

@@ -14,6 +14,10 @@ when the budget is short, it drops the drafts that do not fit. After the step, `
 what the samples confirm of the drafts, one token at a time: each is checked for a finish (EOS,
 stop token, length) and fed to the sequence's grammar, whose end finishes it with 'stop'.
 
+Without chunked prefill (a pooling engine, whose prompts run whole in one step since it keeps
+no K/V between steps), a waiting sequence is admitted only when its whole prompt fits the
+step's remaining budget.
+
 Invariants: a sequence is in exactly one of `waiting` and `running` until it finishes; every
 scheduled sequence owns blocks for all the tokens it computes this step; the sum of scheduled
 tokens never exceeds `max_num_batched_tokens`; a block is published to the prefix cache only
@@ -52,8 +56,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         eos_token_ids: frozenset[int],
         max_model_len: int,
+        chunked_prefill: bool = True,
     ) -> None:
         self.block_manager = block_manager
+        self.chunked_prefill = chunked_prefill
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = eos_token_ids
@@ -135,6 +141,8 @@ class Scheduler:
             cached = self.block_manager.cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
             n = min(seq.num_tokens - num_cached, budget)
+            if n < seq.num_tokens - num_cached and not self.chunked_prefill:
+                break  # the whole prompt waits for a step with room for it
             if not self.block_manager.can_allocate(seq, n, cached):
                 break
             heapq.heappop(self.waiting)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from trio_llm.engine.structured import Grammar
+    from trio_llm.engine.token_bans import TokenBans
 
 
 class SequenceStatus(enum.Enum):
@@ -70,6 +71,8 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
     """With finish_reason 'error': why."""
+    bans: TokenBans | None = None
+    """allowed_token_ids and bad_words, built once when the request arrived."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

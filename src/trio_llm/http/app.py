@@ -13,6 +13,7 @@ through `generate()` is what aborts the request in the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -20,11 +21,20 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from trio_llm.http import serving_chat, serving_completions, serving_models, serving_ops
+from trio_llm.http import (
+    serving_chat,
+    serving_completions,
+    serving_embeddings,
+    serving_invocations,
+    serving_models,
+    serving_ops,
+    serving_ui,
+)
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
-from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engine, setup_logging
+from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
 from trio_llm.http.middleware import install_middleware
+from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.serving import error_response
 from trio_llm.http.state import AppState, install_state
 
@@ -34,14 +44,20 @@ if TYPE_CHECKING:
 _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/chat/completions", serving_chat.chat_completions),
     ("POST", "/v1/completions", serving_completions.completions),
+    ("POST", "/v1/embeddings", serving_embeddings.embeddings),
+    ("POST", "/invocations", serving_invocations.invocations),
     ("GET", "/v1/models", serving_models.list_models),
     ("GET", "/v1/models/<path:model_id>", serving_models.model_card),
     ("POST", "/tokenize", serving_models.tokenize),
     ("POST", "/detokenize", serving_models.detokenize),
     ("GET", "/health", serving_ops.health),
+    ("GET", "/ping", serving_ops.health),
+    ("POST", "/ping", serving_ops.health),
     ("GET", "/version", serving_ops.version),
     ("GET", "/metrics", serving_ops.metrics),
     ("GET", "/openapi.json", serving_ops.openapi_json),
+    ("GET", "/", serving_ui.chat_page),
+    ("GET", "/ui/<name>", serving_ui.asset),
 )
 
 
@@ -79,10 +95,14 @@ def _handle_errors(app: QuartTrio, config: ServerConfig) -> None:
         return error_response(translate_error(error))
 
 
-def build_app(engine_client: EngineClient, *, config: ServerConfig | None = None) -> QuartTrio:
-    """The app over an engine the caller owns (and keeps open while the app serves)."""
-    state = AppState(config or ServerConfig())
-    state.attach(engine_client)
+def build_app(*engine_clients: EngineClient, config: ServerConfig | None = None) -> QuartTrio:
+    """The app over engines the caller owns (and keeps open while the app serves): one model
+    each, served under its name; the first is the default."""
+    config = config or ServerConfig()
+    specs = tuple(ModelSpec(config.engine) for _ in engine_clients)
+    state = AppState(dataclasses.replace(config, models=specs))
+    for group, client in enumerate(engine_clients):
+        state.attach(group, 0, client)
     return _make_app(state)
 
 
@@ -92,5 +112,5 @@ def create_app(config: ServerConfig | None = None) -> QuartTrio:
     state = AppState(config or config_from_env())
     setup_logging(state.config.log_level, root=False)
     app = _make_app(state)
-    own_engine(app, state)
+    own_engines(app, state)
     return app

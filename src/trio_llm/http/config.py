@@ -3,8 +3,9 @@
 One argparse definition is the single source of truth: the CLI parses argv with it, and
 `create_app()` (for people who run Hypercorn themselves) parses an empty argv, so every flag
 also reads its default from the environment as `TRIO_LLM_<FLAG>` (e.g. TRIO_LLM_API_KEY,
-TRIO_LLM_MAX_QUEUED_REQUESTS). Invariant: a ServerConfig is complete and checked; nothing
-downstream reads the environment again.
+TRIO_LLM_MAX_QUEUED_REQUESTS). The models to serve are the positional arguments (or
+TRIO_LLM_MODEL, whitespace-separated), each with its own options (model_specs.py). Invariant:
+a ServerConfig is complete and checked; nothing downstream reads the environment again.
 """
 
 from __future__ import annotations
@@ -13,16 +14,22 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
+from trio_llm.http.model_specs import DTYPES, TASKS, ModelSpec, ModelSpecError, model_specs
 from trio_llm.http.plans import RequestLimits
 
 ENV_PREFIX = "TRIO_LLM_"
+GENERATION_CONFIG_MODES = ("auto", "none", "vllm")
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     engine: EngineArgs = field(default_factory=EngineArgs)
+    """The one model's engine (the first model's, when several are served)."""
+    models: tuple[ModelSpec, ...] = ()
+    """Every served model with its replicas, in order; empty: `engine`, once."""
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -41,14 +48,26 @@ class ServerConfig:
     limits: RequestLimits = field(default_factory=RequestLimits)
     restart_engine: bool = True
     """Restart a dead engine (with backoff); False: exit non-zero instead."""
+    generation_config: str = "auto"
+    """Where requests that leave temperature, top_p, top_k, min_p or repetition_penalty unset
+    get them from: `auto` the model's generation_config.json, `vllm` or `none` OpenAI's
+    defaults, or a directory holding a generation_config.json (vLLM's --generation-config)."""
     max_restarts_per_minute: int = 3
+    ui: bool = True
+    """Serve the chat page at / (http/serving_ui.py)."""
+
+    @property
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        return self.models or (ModelSpec(self.engine),)
 
     @property
     def capacity(self) -> int | None:
-        """Sequences admitted at once (running plus queued) before requests get 503."""
+        """Sequences admitted at once (running plus queued, over every engine) before requests
+        get 503."""
         if self.max_queued_requests is None:
             return None
-        return self.engine.max_num_seqs + self.max_queued_requests
+        running = sum(s.args.max_num_seqs * s.replicas for s in self.model_specs)
+        return running + self.max_queued_requests
 
     @property
     def tls(self) -> bool:
@@ -119,14 +138,32 @@ def add_serve_arguments(
 
     parser.add_argument(
         "model",
-        nargs="?",
-        default=_env("model", env) or DEFAULT_MODEL,
-        help=f"model to serve: {DEFAULT_MODEL} (default), a Hugging Face directory, a .gguf "
-        "file, or a hub id already in the local cache",
+        nargs="*",
+        metavar="MODEL[:OPTION=VALUE,...]",
+        default=(_env("model", env) or DEFAULT_MODEL).split(),
+        help=f"models to serve, each its own engine: {DEFAULT_MODEL} (default), "
+        "all-MiniLM-L6-v2 (embeddings), a Hugging Face directory, a .gguf file, or a hub id "
+        "already in the local cache; options after a colon apply to that model only: name, "
+        "task, dtype, device, kv, max-len, seqs, threads, dp (e.g. "
+        "all-MiniLM-L6-v2:dtype=float32,dp=2)",
     )
     add("--host", default=defaults.host, help="address to listen on (default %(default)s)")
     add("--port", default=defaults.port, type=int, help="port (default %(default)s)")
     add("--served-model-name", help="the name clients use as `model` (default: the model's name)")
+    add(
+        "--task",
+        default=engine.task,
+        choices=list(TASKS),
+        help="auto (embeddings from an encoder, generation from a decoder), generate, or "
+        "embed (a decoder serves embeddings, last-token pooling) (default %(default)s)",
+    )
+    add(
+        "--data-parallel-size",
+        default=1,
+        type=_positive_int,
+        help="engine processes (replicas) per model; each request goes to the one with the "
+        "fewest sequences in flight (default %(default)s)",
+    )
     add("--api-key", help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes")
     add(
         "--protect-all-routes",
@@ -153,7 +190,7 @@ def add_serve_arguments(
     add(
         "--dtype",
         default=engine.dtype,
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=list(DTYPES),
         help="weights and activations (default %(default)s)",
     )
     add("--device", default=engine.device, help="auto, cpu, cuda or cuda:N (default %(default)s)")
@@ -198,6 +235,12 @@ def add_serve_arguments(
         "(default: no limit)",
     )
     add(
+        "--max-embedding-inputs",
+        default=RequestLimits().max_embedding_inputs,
+        type=_positive_int,
+        help="inputs one /v1/embeddings request may hold (default %(default)s)",
+    )
+    add(
         "--max-body-size",
         default=defaults.max_body_size,
         type=_size,
@@ -217,6 +260,14 @@ def add_serve_arguments(
         help="(default %(default)s)",
     )
     add(
+        "--generation-config",
+        default=defaults.generation_config,
+        help="sampling defaults for requests that do not set temperature, top_p, top_k, min_p "
+        "or repetition_penalty: 'auto' (the model's generation_config.json), 'none' (OpenAI's "
+        "defaults; 'vllm' is the same), or a directory with a generation_config.json "
+        "(default %(default)s)",
+    )
+    add(
         "--no-engine-restart",
         default=False,
         type=_bool,
@@ -224,14 +275,23 @@ def add_serve_arguments(
         const=True,
         help="exit non-zero when the engine dies instead of restarting it",
     )
+    add(
+        "--no-ui",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="do not serve the chat page at / (404 there)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if (args.certfile is None) != (args.keyfile is None):
         raise ValueError("--certfile and --keyfile go together")
     engine = EngineArgs(
-        model=args.model,
+        model=args.model[0] if args.model else DEFAULT_MODEL,
         served_model_name=args.served_model_name,
+        task=args.task,
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.max_model_len,
@@ -243,9 +303,23 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         jump_forward=not args.no_jump_forward,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
+    try:
+        specs = model_specs(args.model or [DEFAULT_MODEL], engine, replicas=args.data_parallel_size)
+    except ModelSpecError as error:
+        raise ValueError(str(error)) from None
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    generation_config = args.generation_config
+    if (
+        generation_config not in GENERATION_CONFIG_MODES
+        and not (Path(generation_config) / "generation_config.json").is_file()
+    ):
+        raise ValueError(
+            f"--generation-config {generation_config!r}: give auto, none, vllm, or a "
+            "directory that holds a generation_config.json"
+        )
     return ServerConfig(
-        engine=engine,
+        engine=specs[0].args,
+        models=specs,
         host=args.host,
         port=args.port,
         api_key=args.api_key or None,
@@ -258,6 +332,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,
+        limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
+        generation_config=generation_config,
+        ui=not args.no_ui,
     )
 
 

@@ -22,6 +22,7 @@ from trio_llm.client.errors import (
     EngineRequestError,
     InvalidPromptError,
     PromptTooLongError,
+    UnsupportedTaskError,
 )
 from trio_llm.sampling_params import SamplingParamsError
 
@@ -81,9 +82,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def not_supported(param: str, what: str) -> ProtocolError:
-    """A standard OpenAI feature this server does not implement yet: a clear 400, never a 500."""
+    """A feature this server does not implement yet: a clear 400 naming the field, never a
+    500 and never a silent drop."""
     return ProtocolError(
-        400, f"{what} is not supported yet by this server", param=param, code="unsupported"
+        400,
+        f"{param}: {what} is not supported yet by this server",
+        param=param,
+        code="unsupported",
     )
 
 
@@ -109,6 +114,8 @@ def translate_error(error: BaseException) -> ProtocolError:
         return bad_request(str(error), param=error.param)
     if isinstance(error, ChatTemplateError):
         return bad_request(str(error), param="messages")
+    if isinstance(error, UnsupportedTaskError):
+        return bad_request(str(error), param="model", code="wrong_model_task")
     if isinstance(error, EngineDeadError):
         return ProtocolError(500, f"The engine died: {error}", code="engine_dead")
     if isinstance(error, EngineRequestError):

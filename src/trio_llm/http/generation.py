@@ -26,7 +26,7 @@ from quart.wrappers.response import ResponseBody
 
 from trio_llm.http.builders import merge_final
 from trio_llm.http.errors import translate_error
-from trio_llm.http.metrics import Metrics, RequestRecorder
+from trio_llm.http.metrics import ModelMetrics, RequestRecorder
 from trio_llm.http.responses import SSE_DONE, sse_error, sse_event
 from trio_llm.outputs import RequestOutput
 
@@ -60,7 +60,7 @@ async def _indexed(
 
 @asynccontextmanager
 async def merged(
-    generations: Generations, metrics: Metrics
+    generations: Generations, metrics: ModelMetrics
 ) -> AsyncIterator[AsyncIterator[tuple[int, RequestOutput]]]:
     """Outputs of all of a request's prompts as (prompt index, output), as they arrive.
 
@@ -107,7 +107,7 @@ async def merged(
             nursery.cancel_scope.cancel()
 
 
-async def collect(generations: Generations, metrics: Metrics) -> list[RequestOutput]:
+async def collect(generations: Generations, metrics: ModelMetrics) -> list[RequestOutput]:
     """Each prompt's finished output (FINAL_ONLY), in prompt order."""
     per_prompt: list[list[RequestOutput]] = [[] for _ in generations]
     async with merged(generations, metrics) as outputs:
@@ -154,7 +154,7 @@ async def _sse_events(
 
 @asynccontextmanager
 async def _sse_stream(
-    generations: Generations, builder: Builder, metrics: Metrics
+    generations: Generations, builder: Builder, metrics: ModelMetrics
 ) -> AsyncIterator[AsyncIterator[bytes]]:
     async with (
         merged(generations, metrics) as outputs,
@@ -163,7 +163,7 @@ async def _sse_stream(
         yield events
 
 
-def sse_response(generations: Generations, builder: Builder, metrics: Metrics) -> Response:
+def sse_response(generations: Generations, builder: Builder, metrics: ModelMetrics) -> Response:
     """The generations as one SSE stream of `builder`'s chunks."""
     response = Response(
         _ContextBody(_sse_stream(generations, builder, metrics)),

@@ -5,8 +5,12 @@ Invariants:
 - A request's cleanups (`on_request_end`) run when its ASGI call ends, which is the only point
   that comes after both the handler and the response body, whatever happened: a handler that
   raised, a stream the client dropped, a body never started.
-- With an API key, every route under `/v1/`, `/tokenize` and `/detokenize` needs it (all routes
-  with `protect_all_routes`); CORS preflights (OPTIONS) never do.
+- With an API key, every route under `/v1/`, `/tokenize`, `/detokenize` and `/invocations`
+  needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's
+  static files never do (a browser cannot send the key when it opens a page; the page sends it
+  on its API calls).
+- CORS, when origins are configured, allows any header a preflight asks for: the openai-node
+  SDK sends its own (`X-Stainless-*`), and the API key decides who may call, not CORS.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from trio_llm.http.errors import ProtocolError
 from trio_llm.http.metrics import Metrics
 
 _CLEANUP = "trio_llm.cleanup"
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
 
 
 class _CleanupMiddleware:
@@ -58,7 +62,7 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
         app = cors(
             app,
             allow_origin="*" if "*" in origins else origins,
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],
             allow_methods=["GET", "POST", "OPTIONS"],
         )
     key = config.api_key.encode("utf-8") if config.api_key else None
@@ -69,6 +73,8 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
             return
         path = request.path
         if not config.protect_all_routes and not path.startswith(_PROTECTED_PREFIXES):
+            return
+        if path == "/" or path.startswith("/ui/"):
             return
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         given = token.strip().encode("latin-1")

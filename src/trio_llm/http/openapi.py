@@ -101,6 +101,34 @@ def openapi_document(version: str) -> dict[str, Any]:
                 responses.CompletionResponse,
                 streams=True,
             ),
+            "/v1/embeddings": _post(
+                "Embeddings of texts or token ids",
+                protocol.EmbeddingRequest,
+                responses.EmbeddingResponse,
+                streams=False,
+            ),
+            "/invocations": {
+                "post": {
+                    "summary": "Chat completion (a body with messages), text completion (a "
+                    "body with prompt) or embeddings (a body with input), as vLLM's "
+                    "SageMaker-style route",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "oneOf": [
+                                        _ref(protocol.ChatCompletionRequest.__name__),
+                                        _ref(protocol.CompletionRequest.__name__),
+                                        _ref(protocol.EmbeddingRequest.__name__),
+                                    ]
+                                }
+                            }
+                        },
+                    },
+                    "responses": {"200": {"description": "OK"}, **_errors()},
+                }
+            },
             "/tokenize": _post(
                 "Tokenize a prompt or chat messages",
                 protocol.TokenizeRequest,
@@ -117,7 +145,11 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/models/{model}": _get(
                 "One served model", responses.ModelCard, parameters=[model_param]
             ),
-            "/health": _get("200 while the engine is alive, 503 otherwise"),
+            "/health": _get(
+                "200 while every model has a live engine ('degraded' when a replica is down), "
+                "503 otherwise"
+            ),
+            "/ping": _get("The same as /health (SageMaker's and vLLM's name)"),
             "/version": _get("Server version"),
             "/metrics": _get("Prometheus metrics"),
         },

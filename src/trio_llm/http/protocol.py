@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
-from trio_llm.http.errors import bad_request
+from trio_llm.http.errors import ProtocolError, bad_request
 from trio_llm.http.structured import StructuredFields
+from trio_llm.http.unsupported import refuse_unbuilt
 from trio_llm.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,21 @@ class RefusalPart(Struct, tag="refusal", tag_field="type"):
     refusal: str
 
 
-ContentPart = TextPart | ImageUrlPart | InputAudioPart | RefusalPart
+class VideoUrlPart(Struct, tag="video_url", tag_field="type"):
+    video_url: dict[str, Any] | str
+
+
+class FilePart(Struct, tag="file", tag_field="type"):
+    file: dict[str, Any]
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart | RefusalPart | VideoUrlPart | FilePart
 
 
 class ChatMessage(Struct, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Annotated[str, Meta(min_length=1, max_length=64)]
+    """Any role the chat template understands (vLLM passes custom roles to the template);
+    `developer` is rendered as `system`, `tool` messages are refused until tools are built."""
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -62,11 +73,14 @@ class ChatMessage(Struct, kw_only=True):
 
 class StreamOptions(Struct, kw_only=True):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's: with include_usage, every chunk carries the usage so far."""
 
 
 class SamplingFields(StructuredFields, kw_only=True):
     """Fields /v1/chat/completions and /v1/completions share (OpenAI's, then vLLM's; the
-    structured-output ones are http/structured.py's)."""
+    structured-output ones are http/structured.py's). Those that would change the output but
+    are not built yet are refused by unsupported.py."""
 
     model: str | None = None
     temperature: float | None = None
@@ -87,14 +101,27 @@ class SamplingFields(StructuredFields, kw_only=True):
     min_tokens: NonNegativeInt = 0
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    """Keep this many prompt tokens (-1: as many as fit the context beside max_tokens)."""
+    truncation_side: Literal["left", "right"] | None = None
+    """`left` (the default) drops the prompt's start and keeps its last tokens."""
+    prompt_logprobs: TopLogprobs | None = None
+    return_token_ids: bool = False
     priority: Int32 = 0
     request_id: RequestId | None = None
 
     @property
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk (vLLM's `continuous_usage_stats`, which needs include_usage)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats  # type: ignore[union-attr]
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -103,13 +130,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    functions: list[dict[str, Any]] | None = None
-    function_call: str | dict[str, Any] | None = None
+    echo: bool = False
+    """vLLM's: the answer starts with the last message's content when that message is the
+    assistant's (with continue_final_message, the text the model continues)."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    add_special_tokens: bool = False
+    """Special tokens (BOS) on top of what the chat template writes."""
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -118,8 +145,22 @@ class CompletionRequest(SamplingFields, kw_only=True):
     max_tokens: PositiveInt | None = 16
     logprobs: TopLogprobs | None = None
     echo: bool = False
-    suffix: str | None = None
     best_of: PositiveInt | None = None
+    add_special_tokens: bool = True
+
+
+class EmbeddingRequest(Struct, kw_only=True):
+    input: str | list[str | TokenId | list[TokenId]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: PositiveInt | None = None
+    user: str | None = None
+    # vLLM's extensions, same names and meaning.
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
+    """Cut longer inputs to this many tokens (-1: the model's length) instead of a 400."""
+    add_special_tokens: bool = True
+    priority: Int32 = 0
+    request_id: RequestId | None = None
 
 
 class TokenizeRequest(Struct, kw_only=True):
@@ -144,6 +185,7 @@ class DetokenizeRequest(Struct, kw_only=True):
 REQUEST_TYPES: tuple[type[Struct], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     TokenizeRequest,
     DetokenizeRequest,
 )
@@ -155,23 +197,43 @@ R = TypeVar("R", bound=Struct)
 
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _KEY_IN = re.compile(r" - at `key` in `\$\.?([^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+_KEYS_ARE = {"logit_bias": "token ids"}
+"""What the keys of a mapping field must be, for its error message."""
+
+
+def _validation_error(message: str) -> ProtocolError:
+    """msgspec's message names the path at its end (`- at `$.messages[0].role``); the 400
+    names it first, as `param` and at the start of the message."""
+    if match := _KEY_IN.search(message):
+        param = match.group(1) or None
+        detail = message[: match.start()]
+        what = _KEYS_ARE.get(param or "")
+        detail = f"keys must be {what} ({detail})" if what else f"invalid key ({detail})"
+    elif match := _AT_PATH.search(message):
+        param = match.group(1) or None
+        detail = message[: match.start()]
+    elif match := _MISSING.search(message):
+        param, detail = match.group(1), "this field is required"
+    else:
+        param, detail = None, message
+    named = f"{param}: {detail}" if param else detail
+    return bad_request(f"Invalid request: {named}", param=param)
 
 
 def decode_request(body: bytes, kind: type[R]) -> R:
-    """Decode and type-check a JSON body; unknown fields are ignored (logged at debug level)."""
+    """Decode and type-check a JSON body; unknown fields are ignored (logged at debug level),
+    known ones this server does not build yet are refused (unsupported.py)."""
     try:
         request = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as error:
-        message = str(error)
-        param = None
-        if match := _KEY_IN.search(message) or _AT_PATH.search(message):
-            param = match.group(1) or None
-            message = message[: match.start()]
-        raise bad_request(f"Invalid request: {message}", param=param) from None
+        raise _validation_error(str(error)) from None
     except msgspec.DecodeError as error:
         raise bad_request(f"Invalid JSON body: {error}") from None
     except RecursionError:
         raise bad_request("Invalid JSON body: nested too deeply") from None
+    if issubclass(kind, SamplingFields):
+        refuse_unbuilt(body)
     if log.isEnabledFor(logging.DEBUG):
         _log_unknown_fields(body, kind)
     return request

@@ -9,6 +9,7 @@ object names, choices, finish_reason, usage).
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from typing import Any
@@ -41,14 +42,26 @@ def now() -> int:
     return int(time.time())
 
 
+def system_fingerprint(*parts: str) -> str:
+    """OpenAI's `system_fingerprint`: the same for as long as what decides the outputs (the
+    model, its dtype, the server's version) stays the same."""
+    return "fp_" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
+
+
 # ---------------------------------------------------------------------------------------------
 # Types
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int
+    """Prompt tokens served from the prefix cache."""
 
 
 class Usage(Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class TopLogprob(Struct):
@@ -68,27 +81,46 @@ class ChatLogprobs(Struct):
     content: list[ChatTokenLogprob] | None
 
 
+class PromptLogprob(Struct):
+    """vLLM's shape for one candidate at one prompt position (`prompt_logprobs`)."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+"""Per prompt position, the prompt's own token and the top alternatives, by token id; the
+first position is null (no context)."""
+
+
 class ChatMessageOut(Struct):
     role: str
     content: str | None
     refusal: None = None
 
 
-class ChatChoice(Struct):
+class ChatChoice(Struct, kw_only=True):
     index: int
     message: ChatMessageOut
     logprobs: ChatLogprobs | None
     finish_reason: str | None
+    stop_reason: int | str | None = None
+    """vLLM's: the stop string or stop token id that ended the choice (null for EOS)."""
+    token_ids: list[int] | UnsetType = UNSET
+    """With return_token_ids."""
 
 
-class ChatCompletionResponse(Struct):
+class ChatCompletionResponse(Struct, kw_only=True):
     id: str
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
-    system_fingerprint: None = None
+    system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
+    prompt_token_ids: list[int] | UnsetType = UNSET
 
 
 class ChatDelta(Struct):
@@ -96,22 +128,26 @@ class ChatDelta(Struct):
     content: str | UnsetType = UNSET
 
 
-class ChatChunkChoice(Struct):
+class ChatChunkChoice(Struct, kw_only=True):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | UnsetType = UNSET
 
 
-class ChatCompletionChunk(Struct):
+class ChatCompletionChunk(Struct, kw_only=True):
     id: str
     created: int
     model: str
     choices: list[ChatChunkChoice]
     object: str = "chat.completion.chunk"
-    system_fingerprint: None = None
+    system_fingerprint: str | None = None
     usage: Usage | UnsetType | None = UNSET
     """Present (null until the last chunk) only when stream_options.include_usage is set."""
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    """With return_token_ids, on the first chunk."""
 
 
 class CompletionLogprobs(Struct):
@@ -121,21 +157,25 @@ class CompletionLogprobs(Struct):
     text_offset: list[int]
 
 
-class CompletionChoice(Struct):
+class CompletionChoice(Struct, kw_only=True):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    token_ids: list[int] | UnsetType = UNSET
 
 
-class CompletionResponse(Struct):
+class CompletionResponse(Struct, kw_only=True):
     id: str
     created: int
     model: str
     choices: list[CompletionChoice]
     usage: Usage | UnsetType | None = UNSET
     object: str = "text_completion"
-    system_fingerprint: None = None
+    system_fingerprint: str | None = None
 
 
 class ModelCard(Struct):
@@ -149,6 +189,27 @@ class ModelCard(Struct):
 class ModelList(Struct):
     data: list[ModelCard]
     object: str = "list"
+
+
+class EmbeddingData(Struct, kw_only=True):
+    object: str = "embedding"
+    index: int
+    embedding: list[float] | str
+    """Floats, or with encoding_format base64 the little-endian float32 bytes in base64."""
+
+
+class EmbeddingUsage(Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(Struct, kw_only=True):
+    object: str = "list"
+    id: str
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage
 
 
 class TokenizeResponse(Struct):
@@ -166,6 +227,7 @@ RESPONSE_TYPES: tuple[type[Struct], ...] = (
     ChatCompletionResponse,
     ChatCompletionChunk,
     CompletionResponse,
+    EmbeddingResponse,
     ModelList,
     ModelCard,
     TokenizeResponse,

@@ -109,16 +109,21 @@ async def serve(
 
 
 def _log_serving(state: AppState, config: ServerConfig, binds: list[str]) -> None:
-    model, engine = state.model, state.engine
     protocols = "HTTP/1.1 and HTTP/2 (ALPN)" if config.tls else "HTTP/1.1 and h2c"
-    details = ""
-    if engine is not None:
-        mc = engine.model_config
-        details = f" ({mc.dtype}, {mc.device}, max_model_len={mc.max_model_len})"
+    models = []
+    for served in state.router.models:
+        mc = served.config
+        if mc is None:
+            continue
+        details = [mc.dtype, mc.device, f"max_model_len={mc.max_model_len}"]
+        if mc.task == "embed":
+            details.insert(0, f"embeddings of {mc.embedding_size}")
+        if len(served.replicas) > 1:
+            details.append(f"{len(served.replicas)} replicas")
+        models.append(f"{mc.model} ({', '.join(details)})")
     log.info(
-        "serving %s%s on %s, %s%s",
-        model.name if model else config.engine.model,
-        details,
+        "serving %s on %s, %s%s",
+        " and ".join(models) or config.engine.model,
         ", ".join(binds),
         protocols,
         "; API key required" if config.api_key else "",

@@ -2,9 +2,10 @@
 
 An endpoint that generates is a `GenerationEndpoint`: it plans the request (its constructor),
 builds the prompts' token ids, and shapes the stream or the response. `serve_generation` does
-the rest, in this order: decode the body, find the engine serving the model, plan, admit, build
-the prompts, make the ids, generate, then stream or collect. Endpoints that do not generate
-(models, tokenization) use the same pieces: `decode_body`, `json_response`, `admit`.
+the rest, in this order: decode the body, check the model, plan, admit, route to the model's
+least-loaded engine, build the prompts, make the ids, generate, then stream or collect.
+Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
+`decode_body`, `json_response`, `admit`.
 
 Invariants:
 - Nothing reaches the engine before every check has passed. A structured-output constraint is
@@ -35,10 +36,11 @@ from msgspec import Struct
 from quart import Response, request
 
 from trio_llm.client.errors import InvalidPromptError
+from trio_llm.http.builders import Shape
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.generation import Builder, collect, engine_request_ids, sse_response
 from trio_llm.http.middleware import on_request_end
-from trio_llm.http.plans import RequestLimits
+from trio_llm.http.plans import RequestLimits, SamplingDefaults
 from trio_llm.http.protocol import decode_request
 from trio_llm.http.responses import new_response_id, now
 from trio_llm.http.state import AppState, ModelInfo, current_state
@@ -56,9 +58,8 @@ R = TypeVar("R", bound=Struct)
 # The pieces
 
 
-async def decode_body(kind: type[R]) -> R:
-    """The request's JSON body as a `kind`: 415 for another content type, 413 past the size
-    limit, 400 naming the parameter for a body that does not decode."""
+async def read_body() -> bytes:
+    """The request's JSON body: 415 for another content type, 413 past the size limit."""
     mimetype = request.mimetype
     if mimetype and mimetype != "application/json" and not mimetype.endswith("+json"):
         raise ProtocolError(
@@ -66,8 +67,12 @@ async def decode_body(kind: type[R]) -> R:
             f"Content-Type must be application/json, got {mimetype}",
             code="unsupported_media_type",
         )
-    body = await request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
-    return decode_request(body, kind)
+    return await request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
+
+
+async def decode_body(kind: type[R]) -> R:
+    """The request's JSON body as a `kind` (`read_body`), or a 400 naming the parameter."""
+    return decode_request(await read_body(), kind)
 
 
 def json_response(
@@ -110,6 +115,7 @@ class ResponseHead:
     response_id: str
     model: str
     created: int
+    system_fingerprint: str | None = None
 
 
 class GenerationRequest(Protocol):
@@ -119,6 +125,12 @@ class GenerationRequest(Protocol):
     stream: bool
     request_id: str | None
     priority: int
+    return_token_ids: bool
+
+    @property
+    def include_usage(self) -> bool: ...
+    @property
+    def continuous_usage(self) -> bool: ...
 
 
 class GenerationPlan(Protocol):
@@ -130,6 +142,8 @@ class GenerationPlan(Protocol):
     def max_tokens_param(self) -> str: ...
     @property
     def sequences(self) -> int: ...
+    @property
+    def prompt_logprobs(self) -> int | None: ...
 
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
@@ -146,9 +160,29 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
     """Of the response id: `chatcmpl-...`, `cmpl-...`."""
     plan: GenerationPlan
 
-    def __init__(self, request: RequestT, limits: RequestLimits) -> None:
-        """Plan `request` within `limits`: a subclass sets `plan`, or raises `ProtocolError`."""
+    def __init__(
+        self, request: RequestT, limits: RequestLimits, defaults: SamplingDefaults
+    ) -> None:
+        """Plan `request` within `limits`, unset sampling fields taking `defaults`: a subclass
+        sets `plan`, or raises `ProtocolError`."""
         self.request = request
+
+    def shape(self, head: ResponseHead, *, logprobs: int | None) -> Shape:
+        """What the responses and chunks carry beyond the text; `logprobs`: alternatives per
+        generated token (None: no logprobs)."""
+        req, plan = self.request, self.plan
+        return Shape(
+            response_id=head.response_id,
+            model=head.model,
+            created=head.created,
+            system_fingerprint=head.system_fingerprint,
+            n=plan.params.n,
+            logprobs=logprobs,
+            prompt_logprobs=plan.prompt_logprobs,
+            return_token_ids=req.return_token_ids,
+            include_usage=req.include_usage,
+            continuous_usage=req.continuous_usage,
+        )
 
     @abstractmethod
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
@@ -163,15 +197,21 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
         """The complete response from each prompt's finished output, when it does not."""
 
 
-async def serve_generation(endpoint_type: type[GenerationEndpoint[Any]]) -> Response:
-    """The whole of a generating request, around the endpoint's own steps."""
+async def serve_generation(
+    endpoint_type: type[GenerationEndpoint[Any]], raw: bytes | None = None
+) -> Response:
+    """The whole of a generating request, around the endpoint's own steps. `raw`: the body,
+    when the caller has read it already."""
     state = current_state()
-    body = await decode_body(endpoint_type.request_type)
-    engine, model = state.engine_for(body.model)
-    endpoint = endpoint_type(body, state.config.limits)
+    if raw is None:
+        raw = await read_body()
+    body = decode_request(raw, endpoint_type.request_type)
+    _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
+    endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
     req, plan = endpoint.request, endpoint.plan
     await check_request(body)
     admit(state, plan.sequences)
+    engine, model = state.engine_for(body.model, sequences=plan.sequences)
     prompts = await endpoint.prompts(engine, model)
     response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
     ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
@@ -179,10 +219,11 @@ async def serve_generation(endpoint_type: type[GenerationEndpoint[Any]]) -> Resp
         _generate(engine, prompt, plan, engine_id, req.priority)
         for prompt, engine_id in zip(prompts, ids, strict=True)
     ]
-    head = ResponseHead(response_id, model.name, now())
+    head = ResponseHead(response_id, model.name, now(), model.fingerprint)
+    metrics = state.metrics.for_model(model.name)
     if req.stream:
-        return sse_response(generations, endpoint.stream(head), state.metrics)
-    outputs = await collect(generations, state.metrics)
+        return sse_response(generations, endpoint.stream(head), metrics)
+    outputs = await collect(generations, metrics)
     return json_response(endpoint.response(head, outputs))
 
 

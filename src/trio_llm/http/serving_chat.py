@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 from quart import Response
 
 from trio_llm.http.builders import ChatStream, chat_response
-from trio_llm.http.plans import ChatPlan, RequestLimits, check_template_kwargs, plan_chat
+from trio_llm.http.plans import (
+    ChatPlan,
+    RequestLimits,
+    SamplingDefaults,
+    check_template_kwargs,
+    plan_chat,
+)
 from trio_llm.http.protocol import ChatCompletionRequest
 from trio_llm.http.responses import ChatCompletionResponse
 from trio_llm.http.serving import (
@@ -29,39 +35,41 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
     id_prefix = "chatcmpl"
     plan: ChatPlan
 
-    def __init__(self, request: ChatCompletionRequest, limits: RequestLimits) -> None:
-        super().__init__(request, limits)
-        self.plan = plan_chat(request, limits)
+    def __init__(
+        self, request: ChatCompletionRequest, limits: RequestLimits, defaults: SamplingDefaults
+    ) -> None:
+        super().__init__(request, limits, defaults)
+        self.plan = plan_chat(request, limits, defaults)
         check_template_kwargs(request.chat_template_kwargs)
+        self._prompt_token_ids: list[int] = []
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        req = self.request
+        req, plan = self.request, self.plan
         token_ids = await engine.apply_chat_template(
-            self.plan.messages,
+            plan.messages,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             chat_template_kwargs=req.chat_template_kwargs,
+            add_special_tokens=req.add_special_tokens,
         )
+        if plan.truncation is not None:
+            token_ids = plan.truncation.apply(
+                token_ids, model.max_model_len, plan.params.max_tokens
+            )
+        self._prompt_token_ids = token_ids
         return [Prompt(token_ids, "messages")]
 
     def stream(self, head: ResponseHead) -> ChatStream:
         return ChatStream(
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
-            n=self.plan.params.n,
-            top_logprobs=self.plan.top_logprobs,
-            include_usage=self.request.include_usage,
+            self.shape(head, logprobs=self.plan.top_logprobs),
+            prompt_token_ids=self._prompt_token_ids,
+            echo_text=self.plan.echo_text,
         )
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ChatCompletionResponse:
         [output] = outputs
         return chat_response(
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
-            output=output,
-            top_logprobs=self.plan.top_logprobs,
+            self.shape(head, logprobs=self.plan.top_logprobs), output, echo_text=self.plan.echo_text
         )
 
 

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 from quart import Response
 
 from trio_llm.http.builders import CompletionStream, completion_response
-from trio_llm.http.plans import CompletionPlan, RequestLimits, check_token_ids, plan_completion
+from trio_llm.http.plans import (
+    CompletionPlan,
+    RequestLimits,
+    SamplingDefaults,
+    check_token_ids,
+    plan_completion,
+)
 from trio_llm.http.protocol import CompletionRequest
 from trio_llm.http.responses import CompletionResponse
 from trio_llm.http.serving import (
@@ -30,46 +36,54 @@ class Completion(GenerationEndpoint[CompletionRequest]):
     id_prefix = "cmpl"
     plan: CompletionPlan
 
-    def __init__(self, request: CompletionRequest, limits: RequestLimits) -> None:
-        super().__init__(request, limits)
-        self.plan = plan_completion(request, limits)
+    def __init__(
+        self, request: CompletionRequest, limits: RequestLimits, defaults: SamplingDefaults
+    ) -> None:
+        super().__init__(request, limits, defaults)
+        self.plan = plan_completion(request, limits, defaults)
         self._echo_texts: list[str] | None = None
+        self._first_tokens: list[str] | None = None
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        given = self.plan.prompts
+        plan = self.plan
+        given = plan.prompts
         prompts = []
         for i, prompt in enumerate(given):
             param = "prompt" if len(given) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
-                token_ids = await engine.encode(prompt)
+                token_ids = await engine.encode(
+                    prompt, add_special_tokens=self.request.add_special_tokens
+                )
             else:
                 check_token_ids(prompt, model.vocab_size, param)
                 token_ids = prompt
+            if plan.truncation is not None:
+                token_ids = plan.truncation.apply(
+                    token_ids, model.max_model_len, plan.params.max_tokens
+                )
             prompts.append(Prompt(token_ids, param))
-        if self.plan.echo:  # each prompt as text, for the choices that echo it
-            self._echo_texts = [p if isinstance(p, str) else await engine.decode(p) for p in given]
+        if plan.echo:  # each prompt as text, for the choices that echo it
+            self._echo_texts = [
+                p if isinstance(p, str) and plan.truncation is None else await engine.decode(ids)
+                for p, (ids, _) in zip(given, prompts, strict=True)
+            ]
+            if plan.logprobs is not None:
+                self._first_tokens = [engine.token_texts(ids[:1])[0] for ids, _ in prompts]
         return prompts
 
     def stream(self, head: ResponseHead) -> CompletionStream:
         return CompletionStream(
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
-            n=self.plan.params.n,
-            logprobs=self.plan.logprobs,
-            include_usage=self.request.include_usage,
+            self.shape(head, logprobs=self.plan.logprobs),
             echo_texts=self._echo_texts,
+            first_tokens=self._first_tokens,
         )
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> CompletionResponse:
         return completion_response(
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
-            outputs=outputs,
-            n=self.plan.params.n,
-            logprobs=self.plan.logprobs,
+            self.shape(head, logprobs=self.plan.logprobs),
+            outputs,
             echo_texts=self._echo_texts,
+            first_tokens=self._first_tokens,
         )
 
 

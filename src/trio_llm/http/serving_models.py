@@ -1,20 +1,26 @@
-"""What a client asks about the served model without generating: GET /v1/models and
+"""What a client asks about the served models without generating: GET /v1/models and
 /v1/models/{id} (OpenAI's), POST /tokenize and /detokenize (vLLM's, same bodies and answers).
 
-The model list answers from what the model was when its engine last came up, so it keeps
-answering while a dead engine restarts; tokenization needs the live engine's tokenizer.
+The model list answers from what each model was when its engine first came up, so it keeps
+answering while a dead engine restarts; tokenization needs a live engine's tokenizer (any
+replica of the model: they share it).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from quart import Response
 
 from trio_llm.http.errors import bad_request
-from trio_llm.http.plans import chat_messages, check_model, check_template_kwargs, check_token_ids
+from trio_llm.http.plans import chat_messages, check_template_kwargs, check_token_ids
 from trio_llm.http.protocol import DetokenizeRequest, TokenizeRequest
 from trio_llm.http.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from trio_llm.http.serving import decode_body, json_response
 from trio_llm.http.state import ModelInfo, current_state
+
+if TYPE_CHECKING:
+    from trio_llm.client import EngineClient
 
 
 def _card(model: ModelInfo) -> ModelCard:
@@ -22,18 +28,21 @@ def _card(model: ModelInfo) -> ModelCard:
 
 
 async def list_models() -> Response:
-    return json_response(ModelList([_card(current_state().require_model())]))
+    return json_response(ModelList([_card(card) for card in current_state().cards()]))
 
 
 async def model_card(model_id: str) -> Response:
-    model = current_state().require_model()
-    check_model(model_id, model.name)
-    return json_response(_card(model))
+    return json_response(_card(current_state().card(model_id)))
+
+
+def _engine_for(model: str | None) -> tuple[EngineClient, ModelInfo]:
+    """Any model tokenizes, whatever endpoint it serves."""
+    return current_state().engine_for(model, task=None)
 
 
 async def tokenize() -> Response:
     req = await decode_body(TokenizeRequest)
-    engine, model = current_state().engine_for(req.model)
+    engine, model = _engine_for(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if req.prompt is not None:
@@ -56,6 +65,6 @@ async def tokenize() -> Response:
 
 async def detokenize() -> Response:
     req = await decode_body(DetokenizeRequest)
-    engine, model = current_state().engine_for(req.model)
+    engine, model = _engine_for(req.model)
     check_token_ids(req.tokens, model.vocab_size, "tokens")
     return json_response(DetokenizeResponse(await engine.decode(req.tokens)))

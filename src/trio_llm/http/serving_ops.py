@@ -1,5 +1,6 @@
-"""What operators and tools ask of the server itself: GET /health (200 while the engine is
-alive, else the engine's 503), /version, /metrics (Prometheus), /openapi.json."""
+"""What operators and tools ask of the server itself: GET /health and /ping (SageMaker's and
+vLLM's name for it; 200 while every model has a live engine, with "degraded" when some replica
+is down; 503 when some model has none), /version, /metrics (Prometheus), /openapi.json."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import msgspec
 from quart import Response
 
 from trio_llm import __version__
+from trio_llm.http.errors import engine_unavailable
 from trio_llm.http.openapi import openapi_document
 from trio_llm.http.serving import json_response
 from trio_llm.http.state import current_state
 
 
 async def health() -> Response:
-    current_state().require_engine()
-    return json_response({"status": "ok"})
+    report = current_state().health()
+    if report["status"] == "unavailable":
+        error = engine_unavailable()
+        return json_response({**error.to_dict(), **report}, error.status, error.headers)
+    return json_response(report)
 
 
 async def version() -> Response:

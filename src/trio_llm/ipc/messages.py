@@ -5,7 +5,8 @@ reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and
 output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`.
 
 Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
-frontend needs them as Python ints anyway.
+frontend needs them as Python ints anyway. Embeddings travel as raw little-endian float32 bytes
+(msgpack bin): what the HTTP edge sends on as base64 as it is.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class EngineCoreRequest(_Msg, tag="add"):
     """time.time() when the frontend accepted the request (for metrics)."""
     priority: int = 0
     """Lower runs first; FCFS among equals."""
+    pooling: bool = False
+    """An embedding request: the engine pools the prompt's hidden states instead of generating
+    (only a pooling engine serves it; `sampling_params` is then unused)."""
 
 
 class AbortRequests(_Msg, tag="abort"):
@@ -56,6 +60,21 @@ class EngineReady(_Msg, tag="ready"):
     kv_cache_bytes: int
     attention_backend: str = "torch"
     pid: int = 0
+    task: str = "generate"
+    """generate | embed: what the engine serves."""
+    embedding_size: int = 0
+    """With task embed: the length of each embedding."""
+    normalized: bool = False
+    """With task embed: the embeddings have unit length."""
+    matryoshka_dimensions: list[int] | None = None
+    """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
+    ([]: any); None when it may not be."""
+
+
+class EngineLoading(_Msg, tag="loading"):
+    """Start-up progress, sent before EngineReady: the stage the engine is entering."""
+
+    stage: str
 
 
 class EngineFailure(_Msg, tag="failure"):
@@ -88,6 +107,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     """Prompt tokens served from the prefix cache (sent with the first output)."""
     error: str | None = None
     """With finish_reason 'error': what went wrong with this request."""
+    pooled: bytes | None = None
+    """A pooling request's embedding (raw float32), with finish_reason 'stop'."""
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
@@ -116,4 +137,4 @@ class EngineCoreOutputs(_Msg, tag="outputs"):
 
 
 FrontendMessage = EngineCoreRequest | AbortRequests | Shutdown
-EngineMessage = EngineReady | EngineCoreOutputs | EngineFailure
+EngineMessage = EngineReady | EngineLoading | EngineCoreOutputs | EngineFailure

@@ -1,0 +1,92 @@
+"""The embedding requests in flight on the frontend side of a pooling engine.
+
+What it owns: one waiter per engine request, which the output handler completes with the
+engine's pooled output (or fails) and `EngineClient.embed` awaits. A pooling request gets
+exactly one output from the engine, so there is nothing to detokenize and nothing to merge.
+
+Invariants: like the output processor, everything here is synchronous and never waits; a
+waiter is completed at most once, and a request is forgotten as soon as it is (or as soon as
+its caller leaves), so a late output for it is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import anyio
+import numpy as np
+
+from trio_llm.client.errors import EngineRequestError
+from trio_llm.ipc.messages import EngineCoreOutput
+
+
+class EmbeddingWaiter:
+    __slots__ = ("_done", "error", "result")
+
+    def __init__(self) -> None:
+        self._done = anyio.Event()
+        self.result: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+    def set(self, result: np.ndarray | None, error: BaseException | None) -> None:
+        self.result, self.error = result, error
+        self._done.set()
+
+    async def wait(self) -> np.ndarray:
+        await self._done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+class PendingEmbeddings:
+    def __init__(self) -> None:
+        self._waiters: dict[str, EmbeddingWaiter] = {}
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._waiters)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._waiters
+
+    def add(self, request_id: str) -> EmbeddingWaiter:
+        """Track a request before it is sent, so no output can arrive for an unknown id."""
+        if request_id in self._waiters:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        waiter = self._waiters[request_id] = EmbeddingWaiter()
+        return waiter
+
+    def remove(self, request_id: str) -> bool:
+        """Forget a request whose caller has gone; True if the engine still has it."""
+        return self._waiters.pop(request_id, None) is not None
+
+    def process_outputs(self, outputs: Sequence[EngineCoreOutput], now: float) -> list[str]:
+        """Complete the waiters of one engine step's outputs; nothing to abort (the signature
+        is the output processor's)."""
+        for output in outputs:
+            waiter = self._waiters.pop(output.request_id, None)
+            if waiter is None:
+                continue
+            if output.pooled is not None:
+                waiter.set(np.frombuffer(output.pooled, dtype=np.float32), None)
+            elif output.finish_reason == "abort":
+                waiter.set(None, EngineRequestError("the request was aborted"))
+            else:
+                message = output.error or "the engine returned no embedding"
+                waiter.set(None, EngineRequestError(message))
+        return []
+
+    def abort_request(self, request_id: str) -> list[str]:
+        """Fail a request from elsewhere (`EngineClient.abort`); its engine id to abort."""
+        waiter = self._waiters.pop(request_id, None)
+        if waiter is None:
+            return []
+        waiter.set(None, EngineRequestError("the request was aborted"))
+        return [request_id]
+
+    def fail_all(self, make_error: Callable[[], BaseException]) -> None:
+        for waiter in self._waiters.values():
+            waiter.set(None, make_error())
+        self._waiters.clear()

@@ -1,0 +1,401 @@
+"""The router: several engines behind one frontend, by model and by replica.
+
+What it owns: the routing table (each served model and its replica slots, each slot holding the
+replica's live `EngineClient` or None while it is down), each replica's load, and which replica
+holds each request routed through `generate`/`embed`. `open_router` starts every engine of a
+table at once (for the library; the HTTP server's supervisor attaches and restarts them itself).
+
+A new request goes to its model's live replica with the least load, ties broken round-robin.
+The load is what the frontend has routed there and not yet seen finish: the sequences a lease
+holds (n choices of each prompt, or each embedding input) from the moment the replica is
+picked, so a burst of requests spreads at once, before any engine has stepped; it is the
+replica's running plus waiting sequences, plus those on their way.
+
+Invariants:
+- A request stays on the replica it was first routed to for its whole life: its lease, and the
+  `request_id -> replica` entry `abort` reads, are released only when it ends.
+- A replica that dies fails only its own requests (its client raises `EngineDeadError`); its
+  slot is empty until it is attached again, and no new request is routed to it meanwhile.
+- Every lease is released exactly once, so a replica's load never leaks.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import msgspec
+
+from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig, open_engine
+from trio_llm.client.errors import EngineDeadError, EngineStartError
+from trio_llm.config import EngineArgs
+
+if TYPE_CHECKING:
+    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=BaseException)
+
+
+class ModelNotServedError(LookupError):
+    """No served model has that name; the message lists those that are."""
+
+
+class NoLiveReplicaError(EngineDeadError):
+    """Every replica of the model is down (dead or restarting)."""
+
+
+@dataclass(eq=False)
+class Replica:
+    group: int
+    index: int
+    client: EngineClient | None = None
+    load: int = 0
+    """Sequences leased here and not yet released."""
+    started: bool = False
+    """A client was attached once."""
+    restarts: int = 0
+    """Times a client was attached after the first."""
+
+    @property
+    def is_alive(self) -> bool:
+        return self.client is not None and self.client.is_alive
+
+    @property
+    def label(self) -> str:
+        return str(self.index)
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One model and its replicas; `config` is known once a replica first came up."""
+
+    replicas: list[Replica]
+    config: ModelConfig | None = None
+    _cursor: int = 0
+
+    @property
+    def name(self) -> str | None:
+        return None if self.config is None else self.config.model
+
+    @property
+    def task(self) -> str:
+        return "generate" if self.config is None else self.config.task
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.is_alive]
+
+    def pick(self) -> Replica | None:
+        """The live replica with the least load; among equals, the next in round-robin order."""
+        count = len(self.replicas)
+        best: Replica | None = None
+        for step in range(count):
+            replica = self.replicas[(self._cursor + step) % count]
+            if replica.is_alive and (best is None or replica.load < best.load):
+                best = replica
+        if best is not None:
+            self._cursor = (best.index + 1) % count
+        return best
+
+
+class Lease:
+    """A request's hold on its replica: `sequences` of its load until `release()`."""
+
+    __slots__ = ("_router", "client", "replica", "request_id", "sequences")
+
+    def __init__(
+        self, router: Router, replica: Replica, sequences: int, request_id: str | None
+    ) -> None:
+        assert replica.client is not None
+        self._router: Router | None = router
+        self.replica = replica
+        self.client: EngineClient = replica.client
+        self.sequences = sequences
+        self.request_id = request_id
+        replica.load += sequences
+        if request_id is not None:
+            router._holders[request_id] = self
+
+    def release(self) -> None:
+        """Idempotent."""
+        router, self._router = self._router, None
+        if router is None:
+            return
+        self.replica.load -= self.sequences
+        if self.request_id is not None and router._holders.get(self.request_id) is self:
+            del router._holders[self.request_id]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    model: str
+    replica: int
+    stats: EngineStats | None
+    """None while the replica is down."""
+    load: int
+    restarts: int = 0
+
+
+@dataclass
+class Router:
+    """Routes requests to the least-loaded live replica of their model.
+
+    Made with the number of replicas of each model, in order (the first model is the default);
+    replica slots are filled with `attach` as engines come up and emptied as they go."""
+
+    models: list[ServedModel] = field(default_factory=list)
+    _holders: dict[str, Lease] = field(default_factory=dict)
+
+    @classmethod
+    def with_replicas(cls, counts: Sequence[int]) -> Router:
+        return cls([ServedModel([Replica(g, i) for i in range(n)]) for g, n in enumerate(counts)])
+
+    @classmethod
+    def of(cls, *clients: EngineClient) -> Router:
+        """A table of already running engines, one model each (their served names)."""
+        router = cls.with_replicas([1] * len(clients))
+        for group, client in enumerate(clients):
+            router.attach(group, 0, client)
+        return router
+
+    # -- the table -----------------------------------------------------------------------
+
+    def attach(self, group: int, index: int, client: EngineClient | None) -> None:
+        """Put a replica's client in its slot (None: it is down)."""
+        model = self.models[group]
+        replica = model.replicas[index]
+        if client is not None:
+            name = client.model_config.model
+            for other in self.models:
+                if other is not model and other.name == name:
+                    raise EngineStartError(
+                        f"two models are served as {name!r}; give one another name"
+                    )
+            if replica.started:
+                replica.restarts += 1
+            replica.started = True
+            if model.config is None:
+                model.config = client.model_config
+        replica.client = client
+
+    def model(self, requested: str | None) -> ServedModel:
+        """The served model of that name (None: the first); `ModelNotServedError` if none."""
+        if requested is None:
+            return self.models[0]
+        for model in self.models:
+            if model.name == requested:
+                return model
+        raise ModelNotServedError(
+            f"The model `{requested}` does not exist; this server serves "
+            + ", ".join(f"`{n}`" for n in self.names())
+        )
+
+    def names(self) -> list[str]:
+        return [m.name for m in self.models if m.name is not None]
+
+    def replicas(self) -> list[tuple[ServedModel, Replica]]:
+        return [(m, r) for m in self.models for r in m.replicas]
+
+    @property
+    def all_alive(self) -> bool:
+        return all(r.is_alive for _, r in self.replicas())
+
+    # -- routing -------------------------------------------------------------------------
+
+    def lease(self, model: ServedModel, sequences: int, *, request_id: str | None = None) -> Lease:
+        """Hold the least-loaded live replica of `model` for `sequences`; `NoLiveReplicaError`
+        when it has none."""
+        replica = model.pick()
+        if replica is None:
+            raise NoLiveReplicaError(
+                f"no replica of {model.name or 'the model'} is running (restarting); retry later"
+            )
+        return Lease(self, replica, sequences, request_id)
+
+    def holder(self, request_id: str) -> Replica | None:
+        """The replica a request routed through this router runs on, while it runs."""
+        lease = self._holders.get(request_id)
+        return None if lease is None else lease.replica
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """`EngineClient.generate` on the least-loaded replica of `model`."""
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._holders:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        lease = self.lease(self.model(model), params.n, request_id=request_id)
+        try:
+            stream = lease.client.generate(prompt, params, request_id=request_id, priority=priority)
+        except BaseException:
+            lease.release()
+            raise
+        return _leased(stream, lease)
+
+    async def embed_batch(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[EmbeddingRequestOutput]:
+        """`EngineClient.embed_batch` on the least-loaded replica of `model`."""
+        request_id = request_id or uuid.uuid4().hex
+        lease = self.lease(self.model(model), len(prompts), request_id=request_id)
+        try:
+            return await lease.client.embed_batch(prompts, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
+    async def embed(
+        self, prompt: str | list[int], *, model: str | None = None, **kwargs: Any
+    ) -> EmbeddingRequestOutput:
+        [output] = await self.embed_batch([prompt], model=model, **kwargs)
+        return output
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request on the replica that holds it; unknown or finished ids are ignored."""
+        replica = self.holder(request_id)
+        if replica is not None and replica.client is not None:
+            await replica.client.abort(request_id)
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    def stats(self) -> list[ReplicaStats]:
+        """Every replica's figures (None while it is down); `aggregate` sums them."""
+        return [
+            ReplicaStats(
+                m.name or "",
+                r.index,
+                r.client.stats() if r.client is not None and r.is_alive else None,
+                r.load,
+                r.restarts,
+            )
+            for m, r in self.replicas()
+        ]
+
+
+def aggregate(stats: Sequence[EngineStats]) -> EngineStats:
+    """Several engines' figures as one: counts and blocks summed, usage over all blocks."""
+    total = sum(s.num_total_blocks for s in stats)
+    free = sum(s.num_free_blocks for s in stats)
+    return EngineStats(
+        num_running=sum(s.num_running for s in stats),
+        num_waiting=sum(s.num_waiting for s in stats),
+        kv_usage=(total - free) / total if total else 0.0,
+        num_free_blocks=free,
+        num_total_blocks=total,
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        num_preemptions=sum(s.num_preemptions for s in stats),
+        num_steps=sum(s.num_steps for s in stats),
+        num_requests_in_flight=sum(s.num_requests_in_flight for s in stats),
+    )
+
+
+async def _leased(
+    stream: AsyncGenerator[RequestOutput, None], lease: Lease
+) -> AsyncGenerator[RequestOutput, None]:
+    try:
+        async for output in stream:
+            yield output
+    finally:
+        await stream.aclose()
+        lease.release()
+
+
+@asynccontextmanager
+async def open_router(
+    *models: str | EngineArgs, data_parallel_size: int = 1, **engine_args: Any
+) -> AsyncIterator[Router]:
+    """Start `data_parallel_size` engines of each model, all at once, and yield a router over
+    them; stop them all on the way out. A model is a name (then `engine_args` apply) or its own
+    `EngineArgs`. One engine that fails to start fails the whole call with its
+    `EngineStartError`, naming the model. A replica that dies is not restarted here (its
+    requests fail; the others go on): the HTTP server's supervisor restarts them."""
+    specs = [m if isinstance(m, EngineArgs) else EngineArgs(model=m, **engine_args) for m in models]
+    router = Router.with_replicas([data_parallel_size] * len(specs))
+    body_error: BaseException | None = None
+    try:
+        async with anyio.create_task_group() as engines:
+            async with anyio.create_task_group() as starters:
+                for group, args in enumerate(specs):
+                    for index in range(data_parallel_size):
+                        starters.start_soon(
+                            engines.start, partial(_run_replica, router, group, index, args)
+                        )
+            try:
+                yield router
+            except BaseException as exc:
+                body_error = exc  # re-raised as itself, not inside an ExceptionGroup
+            finally:
+                engines.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        start_error = _first(group, EngineStartError)
+        if start_error is None:
+            raise
+        raise start_error from None
+    if body_error is not None:
+        raise body_error
+
+
+async def _run_replica(
+    router: Router,
+    group: int,
+    index: int,
+    args: EngineArgs,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    label = replica_label(args, index)
+    try:
+        async with open_engine(on_stage=partial(_log_stage, label), **_fields(args)) as client:
+            router.attach(group, index, client)
+            task_status.started()
+            await client.wait_dead()
+            router.attach(group, index, None)
+            await anyio.sleep_forever()
+    except EngineStartError as error:
+        traceback = error.engine_traceback
+        raise EngineStartError(f"{label}: {error}", engine_traceback=traceback) from None
+
+
+def replica_label(args: EngineArgs, index: int) -> str:
+    """How logs and errors name one engine: `model[replica]`."""
+    return f"{args.served_model_name or args.model}[{index}]"
+
+
+def _log_stage(label: str, stage: str) -> None:
+    log.info("engine %s: %s", label, stage)
+
+
+def _first(group: BaseExceptionGroup, kind: type[E]) -> E | None:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first(exc, kind)
+            if found is not None:
+                return found
+        elif isinstance(exc, kind):
+            return exc
+    return None
+
+
+def _fields(args: EngineArgs) -> dict[str, Any]:
+    return msgspec.structs.asdict(args)

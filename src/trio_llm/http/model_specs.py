@@ -1,0 +1,136 @@
+"""What `trio-llm serve MODEL [MODEL ...]` serves: one `ModelSpec` per model, each with its
+engine arguments and its number of replicas.
+
+A model on the command line (or in TRIO_LLM_MODEL, whitespace-separated) may carry its own
+options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
+`/models/qwen:name=qwen,kv=2GiB`. They override the server-wide flags for that model only:
+
+    name     the served name (--served-model-name)     task     auto, generate or embed
+    dtype    auto, float32, bfloat16, float16          device   auto, cpu, cuda, cuda:N
+    kv       KV cache size (--kv-cache-memory)         max-len  context length
+    seqs     sequences at once (--max-num-seqs)        threads  torch threads of each engine
+    dp       replicas (--data-parallel-size)
+
+Only a tail that reads as `key=value` pairs is taken for options, so a path with a colon in it
+still names a model. Invariant: every spec is checked here (keys, values, unique names where
+they are known), so a bad one stops the start with a message, before any engine starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from trio_llm.config import EngineArgs, parse_size
+from trio_llm.engine.loader import TASKS
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+_OPTIONS = {
+    "name": "served_model_name",
+    "task": "task",
+    "dtype": "dtype",
+    "device": "device",
+    "kv": "kv_cache_memory",
+    "max_len": "max_model_len",
+    "seqs": "max_num_seqs",
+    "threads": "num_threads",
+    "dp": "replicas",
+}
+_INT_OPTIONS = frozenset({"max_model_len", "max_num_seqs", "num_threads", "replicas"})
+_TAIL = re.compile(r"[A-Za-z_-]+=[^,]*(?:,[A-Za-z_-]+=[^,]*)*")
+
+
+class ModelSpecError(ValueError):
+    """A model entry that cannot be served as written; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One served model: how to start its engine, and how many copies."""
+
+    args: EngineArgs
+    replicas: int = 1
+
+    @property
+    def label(self) -> str:
+        """The served name when it is given, else the model as typed."""
+        return self.args.served_model_name or self.args.model
+
+
+def split_entry(entry: str) -> tuple[str, dict[str, str]]:
+    """`MODEL[:key=value,...]` -> the model and its options, keys as `_OPTIONS` spells them."""
+    model, sep, tail = entry.rpartition(":")
+    if not sep or not model or not _TAIL.fullmatch(tail):
+        return entry, {}
+    options: dict[str, str] = {}
+    for pair in tail.split(","):
+        key, _, value = pair.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        if key not in _OPTIONS:
+            known = ", ".join(o.replace("_", "-") for o in _OPTIONS)
+            raise ModelSpecError(f"{entry!r}: unknown option {key!r}; use {known}")
+        options[key] = value.strip()
+    return model, options
+
+
+def model_specs(
+    entries: Sequence[str], base: EngineArgs, *, replicas: int, cpu_count: int | None = None
+) -> tuple[ModelSpec, ...]:
+    """The specs of `entries` over the server-wide `base` arguments and replica count. When
+    no thread count is set, the engines share the cores: each gets cores // engines (at
+    least one)."""
+    if not entries:
+        raise ModelSpecError("give at least one model")
+    specs = [_spec(entry, base, replicas) for entry in entries]
+    if len(specs) > 1 and base.served_model_name is not None:
+        raise ModelSpecError(
+            "--served-model-name names one model; with several, give each its own as "
+            "MODEL:name=NAME"
+        )
+    labels = [s.label for s in specs]
+    for label in labels:
+        if labels.count(label) > 1:
+            raise ModelSpecError(f"{label!r} is served twice; give one another name (:name=...)")
+    engines = sum(s.replicas for s in specs)
+    if engines > 1:
+        share = max(1, (cpu_count or os.cpu_count() or 1) // engines)
+        specs = [
+            s
+            if s.args.num_threads is not None
+            else ModelSpec(msgspec.structs.replace(s.args, num_threads=share), s.replicas)
+            for s in specs
+        ]
+    return tuple(specs)
+
+
+def _spec(entry: str, base: EngineArgs, replicas: int) -> ModelSpec:
+    model, options = split_entry(entry)
+    fields: dict[str, Any] = {"model": model}
+    for key, text in options.items():
+        field = _OPTIONS[key]
+        value: Any = text
+        if field in _INT_OPTIONS:
+            try:
+                value = int(text)
+            except ValueError:
+                value = 0
+            if value < 1:
+                raise ModelSpecError(f"{entry!r}: {key} must be a whole number of at least 1")
+        elif field == "dtype" and text not in DTYPES:
+            raise ModelSpecError(f"{entry!r}: dtype must be one of {', '.join(DTYPES)}")
+        elif field == "task" and text not in TASKS:
+            raise ModelSpecError(f"{entry!r}: task must be one of {', '.join(TASKS)}")
+        elif field == "kv_cache_memory":
+            try:
+                parse_size(text)
+            except ValueError as error:
+                raise ModelSpecError(f"{entry!r}: {error}") from None
+        fields[field] = value
+    count = fields.pop("replicas", replicas)
+    return ModelSpec(msgspec.structs.replace(base, **fields), count)

@@ -1,0 +1,164 @@
+"""`trio-llm chat` under a pseudo-terminal (pexpect), as a person types it: with the tiny model
+run in-process and with a real server on loopback (--url). Ctrl-C stops a streaming reply and
+the chat goes on (over HTTP the server's running count drops to 0); /system, /reset and /set
+change what the next request carries (seen in the prompt's token count); readline recalls
+lines and keeps them between sessions."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from http_server_process import ServerProcess, run_small_server
+
+pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (the `test` extra)")
+
+KEY = "chat-key"
+PROMPT = ">>> "
+NUMBERS = re.compile(r"\[≈?(\d+) tokens?[^\]\n]*\]")  # the line after each reply
+UP = "\x1b[A"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    with run_small_server(tiny_model_dir, "--api-key", KEY) as s:
+        yield s
+
+
+def spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
+    env = {
+        **os.environ,
+        "XDG_STATE_HOME": str(tmp_path),
+        "TERM": "xterm",
+        "NO_COLOR": "1",
+        "TRIO_LLM_API_KEY": "",
+    }
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "trio_llm", "chat", *args],
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(50, 400),
+    )
+    return child
+
+
+def ask(child: pexpect.spawn, text: str) -> tuple[int, int | None]:
+    """Send `text`, wait for the reply's numbers; (tokens, prompt tokens)."""
+    child.sendline(text)
+    child.expect(NUMBERS)
+    prompt = re.search(r"prompt (\d+) tokens", child.match.group(0))
+    tokens = int(child.match.group(1))
+    child.expect(PROMPT)
+    return tokens, None if prompt is None else int(prompt.group(1))
+
+
+def stop_a_long_reply(child: pexpect.spawn, on_streaming=lambda: None) -> None:  # type: ignore[no-untyped-def]
+    child.sendline("/set max_tokens 1500")
+    child.expect(PROMPT)
+    child.sendline("Tell me a very long story.")
+    child.expect(r"\S{40}")  # the reply is streaming
+    on_streaming()
+    child.sendintr()
+    child.expect(NUMBERS)
+    assert "stopped" in child.match.group(0)
+    child.expect(PROMPT)
+
+
+def test_chat_in_process(tmp_path: Path, tiny_model_dir: Path) -> None:
+    child = spawn(
+        tmp_path,
+        str(tiny_model_dir),
+        "--temperature", "0",
+        "--max-tokens", "4",
+        "--dtype", "float32",
+        "--kv-cache-memory", "32MiB",
+        "--num-threads", "1",
+    )  # fmt: skip
+    child.expect("chatting with tiny-llama")
+    child.expect(PROMPT)
+
+    tokens, first = ask(child, "Hi")
+    assert tokens <= 4 and first is not None
+    _, second = ask(child, "Hi")
+    assert second is not None and second > first + tokens  # the first turn came along
+    child.sendline("/reset")
+    child.expect(r"\(conversation cleared\)")
+    assert ask(child, "Hi")[1] == first
+    child.sendline("/system You are a pirate who answers in rhymes and nothing else.")
+    child.expect(r"\(system prompt set\)")
+    child.sendline("/reset")
+    _, pirate = ask(child, "Hi")
+    assert pirate is not None and pirate != first
+
+    stop_a_long_reply(child)
+    child.sendline("/set max_tokens 3")
+    child.expect(PROMPT)
+    assert ask(child, "Still there?")[0] <= 3  # the chat goes on after a stop
+
+    child.sendintr()  # at the prompt: clears the line, does not leave
+    child.expect(r"Ctrl-D or /exit leaves")
+    child.sendline("/nope")
+    child.expect("unknown command /nope")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_chat_over_http(tmp_path: Path, server: ServerProcess) -> None:
+    refused = spawn(tmp_path, "--url", server.url)
+    refused.expect(r"401: .*--api-key")
+    refused.expect(pexpect.EOF)
+    refused.close()
+    assert refused.exitstatus == 1
+
+    child = spawn(tmp_path, "--url", server.url, "--api-key", KEY, "--max-tokens", "5")
+    child.expect(rf"chatting with tiny-llama\S* \({re.escape(server.url)}\)")
+    child.expect(PROMPT)
+    tokens, first = ask(child, "Hello")
+    assert tokens <= 5 and first is not None
+    assert ask(child, "Hello")[1] > first  # type: ignore[operator]
+
+    stop_a_long_reply(child, lambda: server.wait_running(1))
+    deadline = time.monotonic() + 5
+    while server.metrics()["trio_llm_num_requests_running"] != 0:
+        assert time.monotonic() < deadline, "the stopped reply still runs in the engine"
+        time.sleep(0.02)
+    assert server.wait_idle(5.0)["trio_llm_num_requests_running"] == 0
+
+    # readline: the up arrow brings back the last line; history outlives the session.
+    child.sendline("/set temperature 0.5")
+    child.expect(r"\(temperature = 0.5\)")
+    child.expect(PROMPT)
+    child.send(UP + "\r")
+    child.expect(r"\(temperature = 0.5\)")
+    child.expect(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    history = (tmp_path / "trio-llm" / "chat_history").read_text().splitlines()
+    # (readline does not add a line that repeats the one before it)
+    assert history == [
+        "Hello",
+        "/set max_tokens 1500",
+        "Tell me a very long story.",
+        "/set temperature 0.5",
+        "/exit",
+    ]
+
+
+def test_model_and_url_exclude_each_other(tmp_path: Path) -> None:
+    child = spawn(tmp_path, "some-model", "--url", "http://127.0.0.1:1")
+    child.expect("give a MODEL or --url, not both")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
