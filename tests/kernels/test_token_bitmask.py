@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import KERNEL_DEVICE
 from trio_llm.kernels._loader import load_triton
 from trio_llm.kernels.token_bitmask import apply_token_bitmask, apply_token_bitmask_ref
 
@@ -44,13 +43,13 @@ def test_cpu_path_matches_reference(batch: int, vocab: int, words: int, rows: li
 
 @pytest.mark.parametrize(("batch", "vocab", "words", "rows"), CASES[:2] + CASES[3:])
 def test_triton_kernel_matches_reference(
-    batch: int, vocab: int, words: int, rows: list[int]
+    device: torch.device, batch: int, vocab: int, words: int, rows: list[int]
 ) -> None:
     logits, bitmask, index = case(batch, vocab, words, rows, seed=1)
     expected = logits.clone()
     apply_token_bitmask_ref(expected, bitmask, index)
-    got = logits.clone().to(KERNEL_DEVICE)
-    load_triton().apply_token_bitmask(got, bitmask.to(KERNEL_DEVICE), index.to(KERNEL_DEVICE))
+    got = logits.clone().to(device)
+    load_triton().apply_token_bitmask(got, bitmask.to(device), index.to(device))
     assert torch.equal(got.cpu(), expected)
 
 
