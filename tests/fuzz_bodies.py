@@ -25,7 +25,8 @@ FIELDS = [
     "chat_template_kwargs", "priority", "request_id", "tokens", "suffix", "best_of",
     "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "truncation_side",
     "prompt_logprobs", "return_token_ids", "add_special_tokens", "use_beam_search",
-    "structured_outputs", "reasoning_effort",
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "response_format", "reasoning_effort",
 ]  # fmt: skip
 
 scalars = (

@@ -16,6 +16,7 @@ from trio_llm.client import (
     open_router,
 )
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
+from trio_llm.constraint import Constraint, ConstraintKind
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
     CompletionOutput,
@@ -36,6 +37,8 @@ __all__ = [
     "LLM",
     "ChatTemplateError",
     "CompletionOutput",
+    "Constraint",
+    "ConstraintKind",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
     "EngineArgs",

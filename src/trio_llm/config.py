@@ -64,6 +64,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     attention_backend: str = "auto"
     """auto | torch | triton"""
     seed: int = 0
+    jump_forward: bool = True
+    """Structured outputs: tokens a request's grammar forces are proposed as drafts and computed
+    in one chunk, verified by the step's samples (the output is the same as without)."""
     num_threads: int | None = None
     """torch intra-op threads in the engine; None: one per core."""
     stream_interval: int = 1

@@ -16,6 +16,8 @@ import math
 
 import msgspec
 
+from trio_llm.constraint import Constraint
+
 MAX_LOGPROBS = 20
 """Top-N alternatives the sampler returns at most (OpenAI's own limit for top_logprobs)."""
 
@@ -64,6 +66,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     """Number of alternatives besides the sampled token (0..20); None: no logprobs."""
     prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    constraint: Constraint | None = None
+    """Structured output: what the output must match (a JSON schema, a regex, a choice, a
+    grammar); the engine masks every step's logits with it and ends the request with 'stop'
+    when the grammar is complete."""
     allowed_token_ids: list[int] | None = None
     """Sample only among these tokens (vLLM's); None: all of the vocabulary."""
     bad_words: list[str] | None = None
@@ -148,6 +154,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
             "stop_token_ids must be non-negative token ids",
         )
         need(all(s for s in self.stop), "stop", "stop strings must not be empty")
+        if self.constraint is not None:
+            try:
+                self.constraint.validate()
+            except ValueError as error:
+                raise SamplingParamsError("constraint", str(error)) from None
         need(
             self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
             "allowed_token_ids",

@@ -6,12 +6,20 @@ is covered on both backends with the tiny model, and the real model costs second
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from engine_dtype import ENGINE_DTYPE
-from trio_llm import EngineClient, RequestOutputKind, SamplingParams, open_engine
+from trio_llm import (
+    Constraint,
+    EngineClient,
+    RequestOutputKind,
+    SamplingParams,
+    SamplingParamsError,
+    open_engine,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -56,3 +64,35 @@ async def test_multibyte_text_streams_without_replacement_characters(client: Eng
     # All of the text, except a last character that max_tokens cut in half.
     whole = tokenizer.decode(tokens, skip_special_tokens=True)
     assert whole.startswith(streamed) and set(whole[len(streamed) :]) <= {"\ufffd"}
+
+
+async def test_a_constraint_through_the_library(client: EngineClient) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    prompt = await client.apply_chat_template([{"role": "user", "content": "Weather in Rome?"}])
+    params = SamplingParams(
+        max_tokens=64,
+        temperature=0.0,
+        n=2,
+        constraint=Constraint.json_schema(schema),
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+    [out] = [o async for o in client.generate(prompt, params)]
+    for choice in out.outputs:
+        assert choice.finish_reason == "stop"
+        assert set(json.loads(choice.text)) == {"city", "sunny"}
+
+
+async def test_a_constraint_the_engine_cannot_enforce_raises_before_sending(
+    client: EngineClient,
+) -> None:
+    params = SamplingParams(constraint=Constraint.regex("a(b"))
+    with pytest.raises(SamplingParamsError) as info:
+        async for _ in client.generate([1, 2, 3], params):
+            pass
+    assert info.value.param == "constraint" and "unclosed group" in str(info.value)
+    assert client.stats().num_requests_in_flight == 0

@@ -13,6 +13,7 @@ from trio_llm.client.errors import EngineDeadError, EngineRequestError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.client.stop_strings import held_back
+from trio_llm.constraint import Constraint
 from trio_llm.ipc.messages import EngineCoreOutput, TokenLogprobs
 from trio_llm.outputs import CompletionOutput, RequestOutput
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
@@ -31,7 +32,7 @@ class Harness:
 
     def __init__(self, tokenizer: Any, params: SamplingParams, request_id: str = "r") -> None:
         self.tokenizer = tokenizer
-        self.processor = OutputProcessor(tokenizer)
+        self.processor = OutputProcessor(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")])
         prompt = tokenizer.encode("Tell me:")
         self.collector = RequestCollector(
             request_id, None, prompt, n=params.n, kind=params.output_kind, arrival_time=0.0
@@ -188,6 +189,21 @@ def test_engine_stop_token_is_kept_in_ids_but_not_in_text(tokenizer: Any) -> Non
         (out,) = h.drain()
         assert out.outputs[0].text == "Done."
         assert out.outputs[0].token_ids == [*ids, eos]
+
+
+def test_a_grammar_end_keeps_its_last_token_and_an_eos_after_it_is_dropped(
+    tokenizer: Any,
+) -> None:
+    """A constrained request stops where its grammar ends, on a token of the output (the
+    engine's `stop` without EOS); one that ended on EOS drops it as usual."""
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = SamplingParams(output_kind=FINAL, constraint=Constraint.regex("[a-z]+\\}"))
+    for tail, text in (([], '{"a":1}'), ([eos], '{"a":1}')):
+        h = Harness(tokenizer, params)
+        ids = [*h.tokens('{"a":1}'), *tail]
+        h.feed(EngineCoreOutput(request_id="r", new_token_ids=ids, finish_reason="stop"))
+        (out,) = h.drain()
+        assert out.outputs[0].text == text
 
 
 def test_logprobs_are_decoded_and_summed(tokenizer: Any) -> None:

@@ -3,6 +3,7 @@ requests to completion and collects what each one produced."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,14 +65,21 @@ def request(
 def run(
     core: EngineCore, requests: Iterable[EngineCoreRequest], max_steps: int = 10_000
 ) -> dict[str, Finished]:
-    """Submit all requests at once and step until the engine has no work."""
+    """Submit all requests at once and step until they have finished (or the engine has no
+    work)."""
     results: dict[str, Finished] = {}
     for req in requests:
         results[req.request_id] = Finished()
         core.add_request(req)
     for _ in range(max_steps):
-        if not core.has_work():
+        if all(r.finish_reason is not None for r in results.values()):
             break
+        if not core.has_work():
+            wait = core.idle_timeout()  # a grammar compiling
+            if wait is None:
+                break
+            time.sleep(wait)
+            continue
         for out in core.step().outputs:
             results[out.request_id].take(out)
     else:

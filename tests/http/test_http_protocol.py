@@ -206,7 +206,6 @@ def test_chat_messages_take_text_parts_and_developer_role() -> None:
 @pytest.mark.parametrize(
     ("fields", "param", "fragment"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format", "not supported yet"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
         ({"tool_choice": "required"}, "tool_choice", "not supported"),
         (

@@ -61,12 +61,7 @@ async def refusal(sdk: openai.AsyncOpenAI, **extra: Any) -> dict[str, Any]:
     ("body", "param"),
     [
         ({"use_beam_search": True}, "use_beam_search"),
-        ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs"),
-        ({"guided_json": {"type": "object"}}, "guided_json"),
-        ({"guided_choice": ["a", "b"]}, "guided_choice"),
-        ({"guided_regex": "a+"}, "guided_regex"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"response_format": {"type": "structural_tag"}}, "response_format"),
+        ({"structural_tag": {"type": "structural_tag"}}, "structural_tag"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"reasoning_effort": "low"}, "reasoning_effort"),

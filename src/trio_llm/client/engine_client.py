@@ -168,7 +168,7 @@ class EngineClient:
         self._inputs = InputProcessor(
             self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
         )
-        self._outputs = OutputProcessor(tokenizer)
+        self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._embeddings = PendingEmbeddings()
         self._process_outputs = (
             self._embeddings.process_outputs
@@ -236,7 +236,8 @@ class EngineClient:
         Raises here, before anything is sent: `EngineDeadError`, `SamplingParamsError`, and for
         a prompt given as token ids `InvalidPromptError`/`PromptTooLongError`. A text prompt is
         tokenized when iteration starts (large ones on a worker thread) and its errors raise
-        from the first `__anext__()`, still before anything is sent.
+        from the first `__anext__()`, still before anything is sent; so does the
+        `SamplingParamsError` of a constraint the grammar engine cannot enforce.
 
         Leaving the iteration early (break, `aclose()`, an exception or cancellation, including
         KeyboardInterrupt) aborts the request in the engine. `abort(request_id)` from elsewhere
@@ -448,6 +449,8 @@ class EngineClient:
         if params.bad_words:
             params = await self._inputs.with_bad_words_tokenized(params)
             params.validate_vocab(self.model_config.vocab_size)
+        if params.constraint is not None:
+            await self._inputs.check_constraint(params.constraint)
         self._check_alive()
         arrival_time = time.time()
         engine_requests = InputProcessor.engine_requests(

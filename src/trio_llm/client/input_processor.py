@@ -9,7 +9,9 @@ Invariants:
 - Every check runs before anything reaches the engine, and each error names what to fix
   (`PromptTooLongError` carries both the prompt's token count and `max_tokens`).
 - A large input is tokenized (and its chat template rendered) on a worker thread, so one big
-  prompt never stalls the event loop that streams everyone else's tokens. The tokenizer is
+  prompt never stalls the event loop that streams everyone else's tokens. A structured-output
+  constraint is validated with the grammar library on a worker thread too, unless it was
+  validated lately. The tokenizer is
   reached only through `ConfinedTokenizer.run`, which hands each thread its own instance.
 """
 
@@ -18,13 +20,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 import jinja2
 import msgspec
 
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
+from trio_llm.constraint import Constraint
+from trio_llm.engine import grammar
 from trio_llm.ipc.messages import EngineCoreRequest
-from trio_llm.sampling_params import SamplingParams
+from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -160,6 +165,17 @@ class InputProcessor:
                 )
             result.append(ids)
         return result
+
+    @staticmethod
+    async def check_constraint(constraint: Constraint) -> None:
+        """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce it."""
+        try:
+            if grammar.is_checked(constraint):
+                grammar.check(constraint)
+            else:
+                await anyio.to_thread.run_sync(grammar.check, constraint, abandon_on_cancel=True)
+        except grammar.ConstraintError as error:
+            raise SamplingParamsError("constraint", str(error)) from None
 
     @staticmethod
     def engine_requests(

@@ -17,7 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -68,8 +68,11 @@ class _Request:
 class OutputProcessor:
     """Routes engine outputs to the collectors of the requests in flight."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: Collection[int] = ()
+    ) -> None:
         self._tokenizer = tokenizer
+        self._eos_token_ids = frozenset(eos_token_ids)
         self._token_text = TokenTexts(tokenizer)
         self._choices: dict[str, _Choice] = {}
         self._requests: dict[str, _Request] = {}
@@ -205,9 +208,14 @@ class OutputProcessor:
 
         finish_reason, stop_reason = output.finish_reason, output.stop_reason
         # The engine stops on EOS or a stop token id: that token's text is not part of the output.
+        # A constrained request also stops where its grammar ends, on a token of the output.
         detokenize = len(token_ids)
         if finish_reason == "stop" and not params.include_stop_str_in_output:
-            detokenize -= 1
+            grammar_end = params.constraint is not None and not (
+                token_ids and (token_ids[-1] in self._eos_token_ids or token_ids[-1] == stop_reason)
+            )
+            if not grammar_end:
+                detokenize -= 1
         stopped_here = False
         for k in range(max(detokenize, 0)):
             piece = choice.detokenizer.step(token_ids[k])

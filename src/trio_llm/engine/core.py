@@ -5,9 +5,14 @@ What it owns: the request table (request id -> live sequence), request validatio
 loop body: schedule, run the model, update the sequences, and turn what happened into one
 `EngineCoreOutputs`.
 
+A request with a constraint waits until its grammar has compiled in the structured-output
+worker thread (`engine/structured.py`); the others keep stepping, and the process loop sleeps
+no longer than `idle_timeout()` while one compiles, so it sees the grammar soon after.
+
 Invariants: nothing a request carries can raise out of `add_request` or `step`: a request the
-engine cannot serve (bad parameters, a prompt too long for the context, a duplicate id)
-finishes with an 'error' output at the next step, and the others continue. Every request that
+engine cannot serve (bad parameters, a prompt too long for the context, a duplicate id, a
+grammar that does not compile) finishes with an 'error' output at the next step, and the others
+continue. Every request that
 enters gets exactly one output with a finish reason; after that its id is forgotten and its
 blocks are back in the pool.
 """
@@ -19,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +39,7 @@ from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
 from trio_llm.engine.scheduler import ScheduledBatch, Scheduler
 from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.structured import Grammar, StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
 from trio_llm.ipc.messages import (
     EngineCoreOutput,
@@ -55,6 +62,11 @@ class EngineConfigError(ValueError):
 
 class RequestError(ValueError):
     """A request the engine cannot serve; it finishes with an 'error' output."""
+
+
+GRAMMAR_POLL_SECONDS = 0.002
+"""How long the idle loop sleeps on the request ring while a grammar compiles (a compile takes
+about a millisecond; the ring's doorbell cannot tell the loop that one has finished)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +122,14 @@ class EngineCore:
             chunked_prefill=not self.pooling,
         )
         self.runner = parts.runner
+        self.structured = StructuredOutputs(
+            lambda: loader.load_tokenizer(source),
+            self.vocab_size,
+            self.eos_token_ids,
+            jump_forward=args.jump_forward,
+        )
+        self._compiling: dict[str, tuple[Sequence, Future[Grammar]]] = {}
+        """Requests whose grammar is compiling."""
         self.requests: dict[str, Sequence] = {}
         self._arrivals = itertools.count()
         self._pending: list[EngineCoreOutput] = []
@@ -233,6 +253,10 @@ class EngineCore:
             return
         self.requests[req.request_id] = seq
         self.scheduler.add(seq)
+        constraint = req.sampling_params.constraint
+        if constraint is not None:
+            seq.awaiting_grammar = True
+            self._compiling[req.request_id] = (seq, self.structured.compile(constraint))
 
     def _new_sequence(self, req: EngineCoreRequest) -> Sequence:
         params = req.sampling_params
@@ -286,6 +310,7 @@ class EngineCore:
             seq = self.requests.pop(request_id, None)
             if seq is None:
                 continue  # finished already (its final output is on its way) or unknown
+            self._forget_compile(request_id)
             self.scheduler.finish(seq, "abort")
             self._pending.append(EngineCoreOutput(request_id=request_id, finish_reason="abort"))
 
@@ -294,6 +319,7 @@ class EngineCore:
         waiting, finished or was never read."""
         seq = self.requests.pop(request_id, None)
         if seq is not None:
+            self._forget_compile(request_id)
             self.scheduler.finish(seq, "error")
         self._pending.append(
             EngineCoreOutput(request_id=request_id, finish_reason="error", error=message)
@@ -302,9 +328,37 @@ class EngineCore:
     # -- the loop body --------------------------------------------------------------------
 
     def has_work(self) -> bool:
+        """Something to step now (a request whose grammar compiles is not, until it has)."""
+        if self._compiling:
+            self._collect_grammars()
         return self.scheduler.has_work() or bool(self._pending)
 
+    def idle_timeout(self) -> float | None:
+        """How long the process loop may sleep waiting for a message: for ever, unless a
+        grammar is compiling."""
+        return GRAMMAR_POLL_SECONDS if self._compiling else None
+
+    def _collect_grammars(self) -> None:
+        """Hand each compiled grammar to its request; fail those that did not compile."""
+        for request_id, (seq, future) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[request_id]
+            try:
+                seq.grammar = future.result()
+            except Exception as exc:
+                self.reject(request_id, f"the constraint does not compile: {exc}")
+                continue
+            seq.awaiting_grammar = False
+
+    def _forget_compile(self, request_id: str) -> None:
+        entry = self._compiling.pop(request_id, None)
+        if entry is not None:
+            entry[1].cancel()  # a compile already running finishes, and nothing reads it
+
     def step(self) -> EngineCoreOutputs:
+        if self._compiling:
+            self._collect_grammars()
         outputs, self._pending = self._pending, []
         if self.scheduler.has_work():
             batch = self.scheduler.schedule()
@@ -315,17 +369,24 @@ class EngineCore:
     def _run(self, batch: ScheduledBatch) -> list[EngineCoreOutput]:
         if isinstance(self.runner, PoolingRunner):
             return self._pool(batch, self.runner)
+        masks = self.structured.start_masks(batch)
         try:
-            result = self.runner.execute(batch, self.eos_token_ids)
+            result = self.runner.execute(batch, self.eos_token_ids, masks)
         except Exception as exc:
             # A failure inside the model fails the requests of this batch, not the engine.
             log.exception("model step failed; failing its %d requests", len(batch.seqs))
             return [self._fail(seq, f"model step failed: {exc!r}") for seq in batch.seqs]
+        finally:
+            if masks is not None:
+                masks.done.exception()  # the mask thread is done with the matchers
         for i, lps in result.prompt_logprobs.items():
             prompt_logprobs = batch.seqs[i].prompt_logprobs
             assert prompt_logprobs is not None
             prompt_logprobs.extend(lps)
-        advanced = self.scheduler.update(batch, result.token_ids)
+        advanced = self.scheduler.update(batch, result.token_ids, result.draft_token_ids)
+        for seq, _ in advanced:
+            if seq.grammar is not None and not seq.is_finished:
+                self.structured.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
 
     def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:
@@ -346,21 +407,23 @@ class EngineCore:
         return outputs
 
     def _outputs(
-        self, batch: ScheduledBatch, result: StepResult, advanced: list[Sequence]
+        self, batch: ScheduledBatch, result: StepResult, advanced: list[tuple[Sequence, int]]
     ) -> list[EngineCoreOutput]:
         index = {id(seq): i for i, seq in enumerate(batch.seqs)} if result.logprobs else {}
         outputs = []
-        for seq in advanced:
+        for seq, num_new in advanced:
             out = EngineCoreOutput(
                 request_id=seq.request_id,
-                new_token_ids=[seq.token_ids[-1]],
+                new_token_ids=seq.token_ids[-num_new:],
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
+                error=seq.error,
             )
             if result.logprobs is not None:
-                lp = result.logprobs[index[id(seq)]]
+                i = index[id(seq)]
+                lp = result.logprobs[i]
                 if lp is not None:
-                    out.new_logprobs = [lp]
+                    out.new_logprobs = [*result.draft_logprobs.get(i, []), lp][:num_new]
             if not seq.sent_first_output:
                 seq.sent_first_output = True
                 out.num_cached_tokens = max(seq.num_cached_tokens, 0)

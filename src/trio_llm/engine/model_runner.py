@@ -6,7 +6,9 @@ tensors. A step packs every scheduled token of every sequence into one row, runs
 decoder for hidden states, takes only the rows that are sampled (and the prompt rows of requests
 that asked for prompt logprobs) through the LM head, and samples. With a `single_token_dtype`,
 each step first selects the model's weight set (`weight_sets`): the lower-precision one for a
-step of one token.
+step of one token. A constrained batch brings its `StepMasks` (filled in a thread while the
+decoder runs), applied to the sampled rows' logits before the sampler sees them; a sequence
+with drafts samples a row per draft too (`Sequence.num_sample_rows`).
 
 Invariant: the input tensors are built with numpy over the whole batch (no per-token Python);
 per-sequence Python is limited to reading each sequence's new tokens and block table.
@@ -15,7 +17,7 @@ per-sequence Python is limited to reading each sequence's new tokens and block t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
 from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.structured import StepMasks, apply_bitmask
 from trio_llm.engine.weight_sets import WeightSets
 from trio_llm.ipc.messages import TokenLogprobs
 
@@ -56,6 +59,9 @@ class StepResult:
     """Per scheduled sequence, when any asked."""
     prompt_logprobs: dict[int, list[TokenLogprobs]]
     """Batch index -> logprobs of the prompt positions this chunk predicted."""
+    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    """Batch index -> the samples of a sequence's draft rows, in order."""
+    draft_logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -65,9 +71,10 @@ class StepInputs:
     positions: torch.Tensor
     attn: AttentionMetadata
     sample_index: np.ndarray
-    """Batch indices of the sequences that sample a token this step."""
+    """Batch index of each sample row (`Sequence.num_sample_rows`: a sequence's draft rows,
+    then its last row)."""
     sample_rows: torch.Tensor
-    """Their rows in the packed batch (each one's last)."""
+    """The sample rows' positions in the packed batch."""
     prompt_rows: dict[int, np.ndarray]
     """Batch index -> rows whose logits score prompt tokens (prompt logprobs)."""
 
@@ -164,7 +171,12 @@ class ModelRunner:
         return self.model.lm_head(hidden)
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch, eos_token_ids: frozenset[int]) -> StepResult:
+    def execute(
+        self,
+        batch: ScheduledBatch,
+        eos_token_ids: frozenset[int],
+        masks: StepMasks | None = None,
+    ) -> StepResult:
         inputs = self.prepare(batch)
         if self.weight_sets is not None:
             single_token = inputs.input_ids.shape[1] == 1
@@ -181,7 +193,7 @@ class ModelRunner:
                 use_cache=False,
                 trio_attn=inputs.attn,
             ).last_hidden_state[0]
-        return self.sample(batch.seqs, inputs, hidden, eos_token_ids)
+        return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         """The packed row's tensors, from numpy over the whole batch."""
@@ -194,7 +206,7 @@ class ModelRunner:
 
         ids: list[int] = []
         for s, a, b in zip(seqs, starts.tolist(), ends.tolist()):
-            ids.extend(s.token_ids[a:b])
+            ids.extend(s.tokens_between(a, b))
         row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
         positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
         tables = self._block_tables(seqs)
@@ -202,9 +214,15 @@ class ModelRunner:
         slots = tables[row_seq, positions // bs] * bs + positions % bs
 
         # Rows that go through the LM head: a sequence whose chunk reaches its last token
-        # samples from its last row; prompt-logprob requests also score their prompt rows.
-        num_all = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
-        samples = ends == num_all
+        # samples from its last row (and from one row per draft before it); prompt-logprob
+        # requests also score their prompt rows.
+        counts = np.fromiter(
+            (s.num_sample_rows(n) for s, n in zip(seqs, batch.num_tokens)), np.int64, len(seqs)
+        )
+        sample_index = np.repeat(np.arange(len(seqs)), counts)
+        # Each sampling sequence's rows end at its chunk's last row.
+        row_ends = np.cumsum(counts)
+        sample_rows = cu[1:][sample_index] - (row_ends[sample_index] - np.arange(len(sample_index)))
         prompt_rows: dict[int, np.ndarray] = {}
         for i, s in enumerate(seqs):
             if s.prompt_logprobs is None:
@@ -232,8 +250,8 @@ class ModelRunner:
                 ),
                 self.k_caches[0],
             ),
-            sample_index=np.flatnonzero(samples),
-            sample_rows=as_tensor(cu[1:][samples] - 1, device),
+            sample_index=sample_index,
+            sample_rows=as_tensor(sample_rows, device),
             prompt_rows=prompt_rows,
         )
 
@@ -243,26 +261,41 @@ class ModelRunner:
         inputs: StepInputs,
         hidden: torch.Tensor,
         eos_token_ids: frozenset[int],
+        masks: StepMasks | None = None,
     ) -> StepResult:
         sampled: list[int | None] = [None] * len(seqs)
         logprobs: list[TokenLogprobs | None] | None = None
+        drafts: dict[int, list[int]] = {}
+        draft_lps: dict[int, list[TokenLogprobs | None]] = {}
         index = inputs.sample_index.tolist()
         if index:
             logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
+            if masks is not None:
+                logits = logits.float()
+                apply_bitmask(logits, masks)
             sample_seqs = [seqs[i] for i in index]
             st = SamplingTensors.build(sample_seqs, eos_token_ids, self.vocab_size, self.device)
             out = self.sampler(logits, st)
-            for i, token in zip(index, out.token_ids):
-                sampled[i] = token
-            if out.logprobs is not None:
+            lps = out.logprobs
+            if lps is not None:
                 logprobs = [None] * len(seqs)
-                for i, lp in zip(index, out.logprobs):
-                    logprobs[i] = lp
+            # A sequence's rows are consecutive, its last row last: the rows before are drafts'.
+            for r, (i, token) in enumerate(zip(index, out.token_ids)):
+                last = r + 1 == len(index) or index[r + 1] != i
+                if last:
+                    sampled[i] = token
+                    if logprobs is not None:
+                        assert lps is not None
+                        logprobs[i] = lps[r]
+                else:
+                    drafts.setdefault(i, []).append(token)
+                    if lps is not None:
+                        draft_lps.setdefault(i, []).append(lps[r])
         prompt_lps = {
             i: self._prompt_logprobs(hidden, rows, seqs[i])
             for i, rows in inputs.prompt_rows.items()
         }
-        return StepResult(sampled, logprobs, prompt_lps)
+        return StepResult(sampled, logprobs, prompt_lps, drafts, draft_lps)
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, rows: np.ndarray, seq: Sequence

@@ -5,7 +5,8 @@ inherited, watches its parent, loads the model, telling the frontend each start-
 begins (`EngineLoading`), and answers `EngineReady` (or `EngineFailure`, then exits
 non-zero). Then it loops: take every pending message (adds, aborts, Shutdown), step while
 there is work and send one `EngineCoreOutputs` per step, and block on the request ring's
-doorbell when there is none, which costs no CPU.
+doorbell when there is none, which costs no CPU (while a grammar compiles and nothing else can
+step, it wakes every `GRAMMAR_POLL_SECONDS` to look).
 
 Invariants: the engine never outlives the frontend. A blocked ring operation raises
 `PeerDiedError` when the parent exits (a pidfd in the ring's epoll set), and every loop
@@ -132,7 +133,12 @@ class EngineLoop:
                 raise ParentGoneError
             messages = self.rx.receive_all_nowait()
             if not messages and not core.has_work():
-                messages = [self.rx.receive()]  # sleeps on the doorbell (and the parent's pidfd)
+                # Sleeps on the doorbell (and the parent's pidfd); briefly while a grammar
+                # compiles, since nothing rings when it is done.
+                try:
+                    messages = [self.rx.receive(timeout=core.idle_timeout())]
+                except TimeoutError:
+                    continue
             aborted = False
             for raw in messages:
                 msg = self._decode(raw)

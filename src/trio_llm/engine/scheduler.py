@@ -8,13 +8,20 @@ sequence cannot get a block, the running sequence that comes last in scheduling 
 preempted: its blocks are freed and it goes back to the waiting queue to be recomputed later
 (its full blocks usually survive in the prefix cache, so the recompute is cheap).
 
+A waiting sequence whose grammar is still compiling is passed over (it keeps its place). A
+running sequence with drafts (jump-forward) computes them with its new token, all in one chunk:
+when the budget is short, it drops the drafts that do not fit. After the step, `update` commits
+what the samples confirm of the drafts, one token at a time: each is checked for a finish (EOS,
+stop token, length) and fed to the sequence's grammar, whose end finishes it with 'stop'.
+
 Without chunked prefill (a pooling engine, whose prompts run whole in one step since it keeps
 no K/V between steps), a waiting sequence is admitted only when its whole prompt fits the
 step's remaining budget.
 
 Invariants: a sequence is in exactly one of `waiting` and `running` until it finishes; every
 scheduled sequence owns blocks for all the tokens it computes this step; the sum of scheduled
-tokens never exceeds `max_num_batched_tokens`.
+tokens never exceeds `max_num_batched_tokens`; a block is published to the prefix cache only
+once it holds committed tokens (never drafts).
 """
 
 from __future__ import annotations
@@ -66,7 +73,8 @@ class Scheduler:
         self.prefix_hits = 0
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Something to schedule: a running sequence, or a waiting one not held by its grammar."""
+        return bool(self.running) or any(not s.awaiting_grammar for s in self.waiting)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -98,6 +106,10 @@ class Scheduler:
         queue.reverse()
         while queue and budget > 0:
             seq = queue.pop()
+            if seq.draft_token_ids:
+                # The committed tokens first; drafts only as far as the budget goes.
+                keep = budget - (seq.num_tokens - seq.num_computed_tokens)
+                del seq.draft_token_ids[max(keep, 0) :]
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.can_allocate(seq, n):
                 preempted = True
@@ -118,10 +130,14 @@ class Scheduler:
                 prefills.append((seq, n))
 
         # Admit waiting sequences, unless this step already had to preempt.
+        held: list[Sequence] = []
         while (
             self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs
         ):
             seq = self.waiting[0]
+            if seq.awaiting_grammar:
+                held.append(heapq.heappop(self.waiting))
+                continue
             cached = self.block_manager.cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
             n = min(seq.num_tokens - num_cached, budget)
@@ -146,6 +162,8 @@ class Scheduler:
                 decodes.append(seq)
             else:
                 prefills.append((seq, n))
+        for seq in held:
+            heapq.heappush(self.waiting, seq)
 
         seqs = decodes + [seq for seq, _ in prefills]
         return ScheduledBatch(
@@ -156,25 +174,51 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.draft_token_ids.clear()
         self.block_manager.deallocate(seq)
         self.num_preemptions += 1
         self.add(seq)
 
-    def update(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
-        """Advance each scheduled sequence by its computed tokens and append what was sampled
-        (None for a prefill chunk that did not reach the end of its tokens). Returns the
-        sequences that got a token, some of them now finished."""
+    def update(
+        self,
+        batch: ScheduledBatch,
+        sampled: list[int | None],
+        draft_samples: dict[int, list[int]] | None = None,
+    ) -> list[tuple[Sequence, int]]:
+        """Advance each scheduled sequence by its computed tokens and commit what was sampled
+        (None for a prefill chunk that did not reach the end of its tokens). A sequence with
+        drafts has its draft rows' samples in `draft_samples` (by batch index) and commits what
+        `accept_drafts` keeps. Returns each sequence that committed tokens and how many, some
+        of them now finished."""
         self.num_steps += 1
-        out: list[Sequence] = []
+        out: list[tuple[Sequence, int]] = []
         bm = self.block_manager
-        for seq, n, token in zip(batch.seqs, batch.num_tokens, sampled):
-            seq.num_computed_tokens += n
-            bm.cache_full_blocks(seq)
+        for i, (seq, n, token) in enumerate(zip(batch.seqs, batch.num_tokens, sampled)):
             if token is None:
+                seq.num_computed_tokens += n
+                bm.cache_full_blocks(seq)
                 continue
-            seq.token_ids.append(token)
-            out.append(seq)
-            reason = self._finish_reason(seq, token)
+            drafts = seq.draft_token_ids
+            if drafts:
+                assert draft_samples is not None
+                new = accept_drafts(drafts, [*draft_samples[i], token])
+                drafts.clear()
+            else:
+                new = [token]
+            # Every committed token but the last has its K/V now (a rejected draft's are
+            # overwritten when its replacement is computed).
+            computed = seq.num_tokens + len(new) - 1
+            reason = None
+            committed = 0
+            for t in new:
+                seq.token_ids.append(t)
+                committed += 1
+                reason = self._finish_reason(seq, t)
+                if reason is not None:
+                    break
+            seq.num_computed_tokens = min(computed, seq.num_tokens)
+            bm.cache_full_blocks(seq)
+            out.append((seq, committed))
             if reason is not None:
                 self.finish(seq, reason)
         return out
@@ -188,6 +232,12 @@ class Scheduler:
                 return "stop"
             if token in params.stop_token_ids:
                 seq.stop_reason = token
+                return "stop"
+        if seq.grammar is not None:
+            if not seq.grammar.accept([token]):
+                seq.error = f"the output left its grammar: {seq.grammar.error}"
+                return "error"
+            if seq.grammar.is_terminated():
                 return "stop"
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
@@ -206,3 +256,13 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_steps=self.num_steps,
         )
+
+
+def accept_drafts(drafts: list[int], samples: list[int]) -> list[int]:
+    """The tokens a step commits for a sequence with drafts: the drafts up to the first one its
+    row's sample disagrees with, then that row's sample (all drafts and the last row's sample
+    when none disagrees). `samples` has one entry per draft and one for the last row."""
+    for i, (draft, sample) in enumerate(zip(drafts, samples)):
+        if sample != draft:
+            return [*drafts[:i], sample]
+    return [*drafts, samples[len(drafts)]]

@@ -8,6 +8,12 @@ runner reads them. Nothing here touches tensors except the optional seeded gener
 Invariant: `num_computed_tokens <= num_tokens`, and `block_table` covers at least
 `num_computed_tokens` positions. After a preemption (recompute) `num_computed_tokens` is 0 and
 the table is empty, while the tokens (prompt and output so far) stay.
+
+`token_ids` holds committed tokens only. A constrained sequence may also carry drafts
+(`draft_token_ids`, the tokens its grammar forces next, see `engine/structured.py`): they are
+computed with it in its next step and committed only as far as that step's samples agree, so
+the uncomputed tokens and the sample rows count them, while the prefix cache, the finish checks
+and the outputs never see them. A preemption drops them.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from trio_llm.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from trio_llm.engine.structured import Grammar
     from trio_llm.engine.token_bans import TokenBans
 
 
@@ -57,6 +64,13 @@ class Sequence:
     stop_reason: int | None = None
     generator: torch.Generator | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    grammar: Grammar | None = None
+    """The constraint's matcher, once compiled; it has consumed exactly the output tokens."""
+    awaiting_grammar: bool = False
+    """Its constraint is compiling: the scheduler leaves it waiting."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+    """With finish_reason 'error': why."""
     bans: TokenBans | None = None
     """allowed_token_ids and bad_words, built once when the request arrived."""
 
@@ -77,7 +91,23 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        """Tokens to compute, drafts included."""
+        return len(self.token_ids) + len(self.draft_token_ids) - self.num_computed_tokens
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Tokens `start:end` of the committed tokens followed by the drafts."""
+        committed = len(self.token_ids)
+        if end <= committed:
+            return self.token_ids[start:end]
+        return self.token_ids[start:] + self.draft_token_ids[: end - committed]
+
+    def num_sample_rows(self, num_new_tokens: int) -> int:
+        """Rows sampled when this step computes `num_new_tokens`: none for a chunk short of the
+        end, else one per draft and one for the token after them. The sample rows of a step are
+        each sampling sequence's, in batch order: its draft rows, then its last row."""
+        if num_new_tokens != self.num_uncomputed_tokens:
+            return 0
+        return len(self.draft_token_ids) + 1
 
     @property
     def is_finished(self) -> bool:

@@ -232,6 +232,15 @@ def add_serve_arguments(
         "steps (default %(default)s: every step)",
     )
     add(
+        "--no-jump-forward",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="structured outputs: decode the tokens a grammar forces one step each, instead of "
+        "proposing them all at once (the output is the same either way)",
+    )
+    add(
         "--allowed-origins",
         default="",
         help="comma-separated CORS origins, or '*'; CORS is off unless given",
@@ -308,6 +317,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         num_threads=args.num_threads,
         stream_interval=args.stream_interval,
         single_token_dtype=args.single_token_dtype,
+        jump_forward=not args.no_jump_forward,
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
     )

@@ -28,6 +28,7 @@ from trio_llm.http.protocol import (
     SamplingFields,
     TextPart,
 )
+from trio_llm.http.structured import constraint_of
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 log = logging.getLogger(__name__)
@@ -319,6 +320,8 @@ def _sampling_params(
     def given(value: float | None, default: float) -> float:
         return default if value is None else value
 
+    constraint = constraint_of(request)
+
     params = SamplingParams(
         n=request.n,
         max_tokens=max_tokens,
@@ -344,6 +347,7 @@ def _sampling_params(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+        constraint=None if constraint is None else constraint[0],
     )
     try:
         params.validate()

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from trio_llm.http.errors import ProtocolError, bad_request
+from trio_llm.http.structured import StructuredFields
 from trio_llm.http.unsupported import refuse_unbuilt
 from trio_llm.sampling_params import MAX_LOGPROBS
 
@@ -76,9 +77,10 @@ class StreamOptions(Struct, kw_only=True):
     """vLLM's: with include_usage, every chunk carries the usage so far."""
 
 
-class SamplingFields(Struct, kw_only=True):
-    """Fields /v1/chat/completions and /v1/completions share (OpenAI's, then vLLM's). Those
-    that would change the output but are not built yet are refused by unsupported.py."""
+class SamplingFields(StructuredFields, kw_only=True):
+    """Fields /v1/chat/completions and /v1/completions share (OpenAI's, then vLLM's; the
+    structured-output ones are http/structured.py's). Those that would change the output but
+    are not built yet are refused by unsupported.py."""
 
     model: str | None = None
     temperature: float | None = None

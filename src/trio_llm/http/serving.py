@@ -8,12 +8,14 @@ Endpoints that do not generate (models, tokenization, embeddings) use the same p
 `decode_body`, `json_response`, `admit`.
 
 Invariants:
-- Nothing reaches the engine before every check has passed. Admission counts the request
-  before anything is tokenized. `generate()` checks a token-id prompt before it returns (the
-  client's `check_request`: does it fit the context, are its ids and the params' in the
-  vocabulary), and its errors, which name the client's fields (`prompt`, `max_tokens`), are
-  renamed to the request's own (`messages`, `prompt[1]`, `max_completion_tokens`); they then
-  reach the client through `translate_error` like any other. No generation is iterated until
+- Nothing reaches the engine before every check has passed. A structured-output constraint is
+  validated with the grammar library (off the event loop) right after planning. Admission
+  counts the request before anything is tokenized. `generate()` checks a token-id prompt
+  before it returns (the client's `check_request`: does it fit the context, are its ids and
+  the params' in the vocabulary), and its errors, which name the client's fields (`prompt`,
+  `max_tokens`), are renamed to the request's own (`messages`, `prompt[1]`,
+  `max_completion_tokens`); they then reach the client through `translate_error` like any
+  other. No generation is iterated until
   every prompt of the request has been checked.
 - What a request holds (its admission ticket) is released when its ASGI call ends, however it
   ends, even if the response body was never started.
@@ -42,6 +44,7 @@ from trio_llm.http.plans import RequestLimits, SamplingDefaults
 from trio_llm.http.protocol import decode_request
 from trio_llm.http.responses import new_response_id, now
 from trio_llm.http.state import AppState, ModelInfo, current_state
+from trio_llm.http.structured import check_request
 from trio_llm.outputs import RequestOutput
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 
@@ -206,6 +209,7 @@ async def serve_generation(
     _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
     endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
     req, plan = endpoint.request, endpoint.plan
+    await check_request(body)
     admit(state, plan.sequences)
     engine, model = state.engine_for(body.model, sequences=plan.sequences)
     prompts = await endpoint.prompts(engine, model)

@@ -1,13 +1,13 @@
 """The request fields this server knows but does not build yet: the one list of refusals.
 
-Each field here would change the output (beam search, structured outputs, tools, reasoning,
-...), so a request that asks for it gets a 400 naming the field rather than a 200 with the
-wrong behaviour. When an issue builds one of these features, it removes the field's row here
-and gives the field its real type in protocol.py. Fields in neither place are unknown and stay
-ignored, as OpenAI's API ignores them.
+Each field here would change the output (beam search, tools, reasoning, ...), so a request that
+asks for it gets a 400 naming the field rather than a 200 with the wrong behaviour. When an
+issue builds one of these features, it removes the field's row here and gives the field its real
+type in protocol.py. Fields in neither place are unknown and stay ignored, as OpenAI's API
+ignores them.
 
 Invariants: a field is refused only when its value asks for the feature (`use_beam_search:
-false`, `tool_choice: "none"`, `response_format: {"type": "text"}` and empty `tools` pass),
+false`, `tool_choice: "none"` and empty `tools` pass),
 and the check reads only these fields of the body (a msgspec Struct made from this list), so
 the request types in protocol.py stay what the server implements.
 """
@@ -52,24 +52,12 @@ def _tool_choice(value: Any) -> bool:
     return value not in (None, "none", "auto")
 
 
-def _not_text_format(value: Any) -> bool:
-    return value is not None and not (isinstance(value, dict) and value.get("type") == "text")
-
-
 def _not_only_text(value: Any) -> bool:
     return value is not None and value != ["text"]
 
 
 UNBUILT: tuple[Unbuilt, ...] = (
     Unbuilt("use_beam_search", "Beam search", _true),
-    # Structured outputs (OpenAI's response_format, vLLM's structured_outputs and the older
-    # guided_* fields).
-    Unbuilt("response_format", "response_format other than text", _not_text_format),
-    Unbuilt("structured_outputs", "Structured outputs", _given),
-    Unbuilt("guided_json", "Structured outputs (guided_json)", _given),
-    Unbuilt("guided_regex", "Structured outputs (guided_regex)", _given),
-    Unbuilt("guided_choice", "Structured outputs (guided_choice)", _given),
-    Unbuilt("guided_grammar", "Structured outputs (guided_grammar)", _given),
     Unbuilt("structural_tag", "Structured outputs (structural_tag)", _given),
     # Tools.
     Unbuilt("tools", "Tool calling", _non_empty),

@@ -1,9 +1,10 @@
-"""Triton kernels for the paged KV cache: write K/V by slot, decode attention, prefill attention.
+"""Triton kernels for the paged KV cache (write K/V by slot, decode attention, prefill attention)
+and for structured outputs (a grammar's token bitmask applied to the logits).
 
 Imported only through `trio_llm.kernels._loader`, which decides (before this package's
 `@triton.jit` decorators run) whether the kernels are compiled for the GPU or interpreted on CPU.
-One module per kernel entry point (`write_kv`, `decode`, `prefill`), and `tile` for the tile step
-and launch parameters the two attention kernels share.
+One module per kernel entry point (`write_kv`, `decode`, `prefill`, `token_bitmask`), and `tile`
+for the tile step and launch parameters the two attention kernels share.
 
 Layout invariants every kernel keeps: a cache is `[num_blocks, block_size, Hkv, D]` with a unit
 stride along D; token `pos` of sequence b lives in block `block_tables[b, pos // block_size]` at
@@ -26,9 +27,11 @@ import triton.language as tl
 
 from trio_llm.kernels._triton.decode import decode_attention, decode_kernel
 from trio_llm.kernels._triton.prefill import prefill_attention, prefill_kernel
+from trio_llm.kernels._triton.token_bitmask import apply_token_bitmask
 from trio_llm.kernels._triton.write_kv import write_kv
 
 __all__ = [
+    "apply_token_bitmask",
     "decode_attention",
     "decode_kernel",
     "prefill_attention",

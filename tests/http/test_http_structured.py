@@ -1,0 +1,180 @@
+"""Structured-output request fields with plain values: which constraint each field makes, and
+the 400s (naming the parameter) for what the grammar engine cannot enforce."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from trio_llm.constraint import Constraint, ConstraintKind
+from trio_llm.http.errors import ProtocolError
+from trio_llm.http.plans import RequestLimits, plan_chat, plan_completion
+from trio_llm.http.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from trio_llm.http.structured import check_request, constraint_of
+
+LIMITS = RequestLimits()
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+SO = "structured_outputs"
+C = Constraint
+
+
+def json_schema_format(**json_schema: object) -> dict[str, object]:
+    return {"type": "json_schema", "json_schema": json_schema}
+
+
+def chat(**fields: object) -> ChatCompletionRequest:
+    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    return decode_request(json.dumps(body).encode(), ChatCompletionRequest)
+
+
+def completion(**fields: object) -> CompletionRequest:
+    return decode_request(json.dumps({"prompt": "hi", **fields}).encode(), CompletionRequest)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected", "param"),
+    [
+        (
+            {"response_format": json_schema_format(name="x", schema=SCHEMA)},
+            Constraint.json_schema(SCHEMA),
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format": {"type": "json_object"}}, Constraint.json_object(), "response_format"),
+        ({SO: {"json": SCHEMA}}, C.json_schema(SCHEMA), f"{SO}.json"),
+        (
+            {"structured_outputs": {"json": json.dumps(SCHEMA), "whitespace_pattern": " ?"}},
+            Constraint.json_schema(json.dumps(SCHEMA), whitespace_pattern=" ?"),
+            "structured_outputs.json",
+        ),
+        ({SO: {"regex": "a+"}}, C.regex("a+"), f"{SO}.regex"),
+        ({SO: {"choice": ["x", "y"]}}, C.choice(["x", "y"]), f"{SO}.choice"),
+        ({SO: {"grammar": 'start: "a"'}}, C.grammar('start: "a"'), f"{SO}.grammar"),
+        ({SO: {"json_object": True}}, C.json_object(), f"{SO}.json_object"),
+        ({"guided_json": SCHEMA}, Constraint.json_schema(SCHEMA), "guided_json"),
+        ({"guided_regex": "[0-9]+"}, Constraint.regex("[0-9]+"), "guided_regex"),
+        ({"guided_choice": ["a", "b"]}, Constraint.choice(["a", "b"]), "guided_choice"),
+        ({"guided_grammar": 'root ::= "a"'}, Constraint.grammar('root ::= "a"'), "guided_grammar"),
+    ],
+)  # fmt: skip
+def test_each_field_makes_its_constraint(fields: dict, expected: Constraint, param: str) -> None:
+    assert constraint_of(chat(**fields)) == (expected, param)
+    assert constraint_of(completion(**fields)) == (expected, param)
+    assert plan_chat(chat(**fields), LIMITS).params.constraint == expected
+    assert plan_completion(completion(**fields), LIMITS).params.constraint == expected
+
+
+def test_no_constraint_and_text_format() -> None:
+    assert constraint_of(chat()) is None
+    assert constraint_of(chat(response_format={"type": "text"})) is None
+    assert plan_chat(chat(response_format={"type": "text"}), LIMITS).params.constraint is None
+
+
+def test_a_schema_less_json_schema_format_is_any_json() -> None:
+    found = constraint_of(
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    )
+    assert found is not None and found[0] == Constraint.json_schema({})
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "fragment"),
+    [
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
+        ({"response_format": json_schema_format()}, "response_format.json_schema", "name"),
+        ({"response_format": {"type": "structural_tag"}}, "response_format.type", ""),
+        ({SO: {"regex": "a", "choice": ["a"]}}, SO, "exactly one"),
+        ({SO: {"whitespace_pattern": " "}}, SO, "got none"),
+        ({"guided_json": SCHEMA, "guided_regex": "a"}, "guided_regex", "one structured-output"),
+        ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice", ""),
+        ({"guided_choice": []}, "guided_choice", "non-empty"),
+        ({"guided_choice": ["a", ""]}, "guided_choice", "non-empty"),
+        ({"guided_regex": ""}, "guided_regex", "empty"),
+        ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+        ({"guided_json": "[1]"}, "guided_json", "must be an object"),
+    ],
+)  # fmt: skip
+def test_malformed_constraints_are_400s_naming_the_param(
+    fields: dict, param: str, fragment: str
+) -> None:
+    with pytest.raises(ProtocolError) as info:
+        plan_chat(chat(**fields), LIMITS)
+    assert (info.value.status, info.value.param) == (400, param)
+    assert fragment in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "fragment"),
+    [
+        ({"guided_regex": "a(b"}, "guided_regex", "unclosed group"),
+        ({"guided_regex": "(?=a)b"}, "guided_regex", "look-around"),
+        ({"guided_json": {"type": "strin"}}, "guided_json", "strin"),
+        ({"guided_json": {"type": "array", "uniqueItems": True}}, "guided_json", "uniqueItems"),
+        ({SO: {"json": {"type": "string", "format": "nope"}}}, f"{SO}.json", "format"),
+        (
+            {"response_format": json_schema_format(name="x", schema={"$ref": "#/$defs/x"})},
+            "response_format.json_schema.schema",
+            "",
+        ),
+        ({"guided_grammar": "start: undefined_rule"}, "guided_grammar", "undefined_rule"),
+        ({"guided_grammar": "root ::= (("}, "guided_grammar", ""),
+    ],
+)  # fmt: skip
+async def test_what_the_engine_cannot_enforce_is_a_400_before_the_engine(
+    fields: dict, param: str, fragment: str
+) -> None:
+    request = chat(**fields)
+    plan_chat(request, LIMITS)  # well-formed: planning passes, the grammar check does not
+    with pytest.raises(ProtocolError) as info:
+        await check_request(request)
+    assert (info.value.status, info.value.param) == (400, param)
+    assert fragment in info.value.message
+    # Asked again, the answer comes from memory, on the event loop.
+    with pytest.raises(ProtocolError):
+        with trio.fail_after(5):
+            await check_request(request)
+
+
+async def test_valid_constraints_pass_the_check() -> None:
+    for fields in (
+        {"guided_json": SCHEMA},
+        {"guided_regex": "[a-z]+"},
+        {"guided_choice": ["a", "b"]},
+        {"guided_grammar": 'root ::= "x" [0-9]'},
+        {"guided_grammar": 'start: "x" /[0-9]/'},
+        {"response_format": {"type": "json_object"}},
+    ):
+        await check_request(chat(**fields))
+
+
+def test_constraint_kinds_round_trip_through_sampling_params() -> None:
+    import msgspec
+
+    from trio_llm.sampling_params import SamplingParams
+
+    params = SamplingParams(constraint=Constraint.choice(["a", "b"]))
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
+    assert back.constraint == params.constraint
+    assert back.constraint is not None and back.constraint.kind is ConstraintKind.CHOICE
+
+
+def test_openapi_shows_the_structured_output_fields() -> None:
+    from trio_llm.http.openapi import openapi_document
+
+    schemas = openapi_document("x")["components"]["schemas"]
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        fields = schemas[request]["properties"]
+        assert {"response_format", "structured_outputs", "guided_json", "guided_regex"} <= set(
+            fields
+        )
+        assert {"guided_choice", "guided_grammar", "guided_whitespace_pattern"} <= set(fields)
+    assert set(schemas["StructuredOutputs"]["properties"]) == {
+        "json",
+        "regex",
+        "choice",
+        "grammar",
+        "json_object",
+        "whitespace_pattern",
+    }
+    assert schemas["JsonSchemaFormat"]["required"] == ["name"]
