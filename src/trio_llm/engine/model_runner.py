@@ -8,8 +8,9 @@ that asked for prompt logprobs) through the LM head, and samples. With a `single
 each step first selects the model's weight set (`weight_sets`): the lower-precision one for a
 step of one token.
 
-Invariant: the input tensors are built with numpy over the whole batch (no per-token Python);
-per-sequence Python is limited to reading each sequence's new tokens and block table.
+Invariant: the input tensors are numpy gathers over the persistent input batch (`input_batch`):
+no per-token Python, and per-sequence Python is limited to noticing what each sequence appended
+since the last step (its sampled token, a new block).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from trio_llm.engine import llama, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
-from trio_llm.engine.attention.interface import as_tensor
+from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
@@ -70,6 +71,8 @@ class StepInputs:
     """Their rows in the packed batch (each one's last)."""
     prompt_rows: dict[int, np.ndarray]
     """Batch index -> rows whose logits score prompt tokens (prompt logprobs)."""
+    sampling: SamplingColumns
+    """The sampling parameters of the rows in `sample_index`."""
 
 
 def kv_cache_spec(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
@@ -116,7 +119,9 @@ class ModelRunner:
             self.decoder.layers = torch.nn.ModuleList()
         self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
-        self.sampler = Sampler(seed, device)
+        self.staging = Staging(device)
+        self.input_batch = InputBatch(spec.block_size, max_model_len)
+        self.sampler = Sampler(seed, device, self._tokens_to_host)
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeros, not empty: a masked-out position still multiplies its value by a zero weight,
         # and uninitialized memory may hold NaN. On CPU zeroed pages cost nothing until touched.
@@ -157,6 +162,10 @@ class ModelRunner:
         )
         return F.linear
 
+    def _tokens_to_host(self, tokens: torch.Tensor) -> list[int]:
+        """The step's sampled tokens: one non-blocking copy into pinned memory, one sync."""
+        return self.staging.to_host("sampled", tokens).tolist()
+
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of `hidden` rows, through the selected weight set's LM head."""
         if self.own is not None:
@@ -184,31 +193,35 @@ class ModelRunner:
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
-        """The packed row's tensors, from numpy over the whole batch."""
+        """The packed row's tensors, gathered from the persistent input batch."""
         seqs = batch.seqs
+        ib = self.input_batch
+        ib.remove(batch.removed)
+        rows = ib.sync(seqs)
         num_tokens = np.asarray(batch.num_tokens, dtype=np.int64)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs))
         ends = starts + num_tokens
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(num_tokens, out=cu[1:])
 
-        ids: list[int] = []
-        for s, a, b in zip(seqs, starts.tolist(), ends.tolist()):
-            ids.extend(s.token_ids[a:b])
-        row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
-        positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
-        tables = self._block_tables(seqs)
+        if batch.num_decodes == len(seqs):  # one token each: no repeat, no offsets
+            row_seq = np.arange(len(seqs))
+            positions = starts
+        else:
+            row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
+            positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
+        ids = ib.token_ids[rows[row_seq], positions]
+        tables = ib.tables(rows)
         bs = self.block_size
         slots = tables[row_seq, positions // bs] * bs + positions % bs
 
         # Rows that go through the LM head: a sequence whose chunk reaches its last token
         # samples from its last row; prompt-logprob requests also score their prompt rows.
-        num_all = np.fromiter((s.num_tokens for s in seqs), np.int64, len(seqs))
-        samples = ends == num_all
+        samples = ends == ib.num_tokens[rows]
         prompt_rows: dict[int, np.ndarray] = {}
-        for i, s in enumerate(seqs):
-            if s.prompt_logprobs is None:
-                continue
+        for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
+            s = seqs[i]
+            assert s.prompt_logprobs is not None
             # Position p's row predicts token p + 1. Positions already scored (before a
             # preemption made this sequence recompute) are not scored again.
             first = max(int(starts[i]), len(s.prompt_logprobs) - 1)
@@ -217,10 +230,11 @@ class ModelRunner:
                 offset = cu[i] - starts[i]
                 prompt_rows[i] = np.arange(offset + first, offset + last)
 
-        device = self.device
+        stage = self.staging.to_device
+        sample_index = np.flatnonzero(samples)
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0),
-            positions=as_tensor(positions, device).unsqueeze(0),
+            input_ids=stage("input_ids", ids).unsqueeze(0),
+            positions=stage("positions", positions).unsqueeze(0),
             attn=self._attention.build(
                 StepLayout(
                     num_decodes=batch.num_decodes,
@@ -231,10 +245,12 @@ class ModelRunner:
                     key_bucket=row_tiles.KEY_BUCKET if self.row_tile else 0,
                 ),
                 self.k_caches[0],
+                stage,
             ),
-            sample_index=np.flatnonzero(samples),
-            sample_rows=as_tensor(cu[1:][samples] - 1, device),
+            sample_index=sample_index,
+            sample_rows=stage("sample_rows", cu[1:][samples] - 1),
             prompt_rows=prompt_rows,
+            sampling=ib.sampling(rows[sample_index]),
         )
 
     def sample(
@@ -250,7 +266,9 @@ class ModelRunner:
         if index:
             logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
             sample_seqs = [seqs[i] for i in index]
-            st = SamplingTensors.build(sample_seqs, eos_token_ids, self.vocab_size, self.device)
+            st = SamplingTensors.build(
+                sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
+            )
             out = self.sampler(logits, st)
             for i, token in zip(index, out.token_ids):
                 sampled[i] = token
@@ -276,10 +294,3 @@ class ModelRunner:
         k = seq.params.prompt_logprobs
         lps = compute_logprobs(logits, chosen, [k] * len(rows))
         return [lp for lp in lps if lp is not None]
-
-    def _block_tables(self, seqs: list[Sequence]) -> np.ndarray:
-        width = max(len(s.block_table) for s in seqs)
-        tables = np.zeros((len(seqs), width), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            tables[i, : len(s.block_table)] = s.block_table
-        return tables

@@ -20,7 +20,7 @@ tokens never exceeds `max_num_batched_tokens`.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.sequence import Sequence, SequenceStatus
@@ -34,6 +34,9 @@ class ScheduledBatch:
     num_tokens: list[int]
     """Tokens each sequence computes this step, starting at its `num_computed_tokens`."""
     num_decodes: int
+    removed: list[Sequence] = field(default_factory=list)
+    """Sequences that left the running set (finished, aborted, preempted) since the last
+    batch: the model runner frees their rows of the persistent input batch."""
 
     @property
     def total_tokens(self) -> int:
@@ -64,6 +67,8 @@ class Scheduler:
         self.prefix_queries = 0
         """Tokens of admitted sequences looked up in the prefix cache; hits, those found."""
         self.prefix_hits = 0
+        self._removed: list[Sequence] = []
+        """Sequences that left `running` since the last batch, for its `removed`."""
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -76,6 +81,7 @@ class Scheduler:
         """End a sequence wherever it is (finish, abort or error) and return its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._removed.append(seq)
         elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
             heapq.heapify(self.waiting)
@@ -148,14 +154,19 @@ class Scheduler:
                 prefills.append((seq, n))
 
         seqs = decodes + [seq for seq, _ in prefills]
+        removed: list[Sequence] = []
+        if seqs:  # an empty batch is never run: its removals wait for the next one
+            removed, self._removed = self._removed, []
         return ScheduledBatch(
             seqs=seqs,
             num_tokens=[1] * len(decodes) + [n for _, n in prefills],
             num_decodes=len(decodes),
+            removed=removed,
         )
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._removed.append(seq)
         self.block_manager.deallocate(seq)
         self.num_preemptions += 1
         self.add(seq)
