@@ -153,16 +153,19 @@ class InputBatch:
         """The rows of `seqs` (a step's sequences, in its order), each brought up to date with
         its sequence: new sequences get a row, known ones get the tokens and blocks appended
         since the last step."""
-        rows = np.fromiter((self.row_of.get(s, -1) for s in seqs), np.int64, len(seqs))
-        if (rows < 0).any():
-            for i in np.flatnonzero(rows < 0).tolist():
-                rows[i] = self._add(seqs[i])
-        lengths = np.fromiter((len(s.token_ids) for s in seqs), np.int64, len(seqs))
-        grown = np.flatnonzero(lengths != self.num_tokens[rows])
+        state = np.fromiter(
+            ((self.row_of.get(s, -1), len(s.token_ids), len(s.block_table)) for s in seqs),
+            np.dtype((np.int64, 3)),
+            len(seqs),
+        )
+        rows, lengths, tables = state[:, 0].copy(), state[:, 1], state[:, 2]
+        new = (rows < 0).nonzero()[0]
+        for i in new.tolist():
+            rows[i] = self._add(seqs[i])
+        grown = (lengths != self.num_tokens[rows]).nonzero()[0]
         if len(grown):
             self._append_tokens(seqs, rows, lengths, grown)
-        tables = np.fromiter((len(s.block_table) for s in seqs), np.int64, len(seqs))
-        for i in np.flatnonzero(tables != self.num_blocks[rows]).tolist():
+        for i in (tables != self.num_blocks[rows]).nonzero()[0].tolist():
             self._set_blocks(int(rows[i]), seqs[i].block_table)
         return rows
 

@@ -219,7 +219,7 @@ class ModelRunner:
         # samples from its last row; prompt-logprob requests also score their prompt rows.
         samples = ends == ib.num_tokens[rows]
         prompt_rows: dict[int, np.ndarray] = {}
-        for i in np.flatnonzero(ib.prompt_logprobs[rows]).tolist():
+        for i in ib.prompt_logprobs[rows].nonzero()[0].tolist():
             s = seqs[i]
             assert s.prompt_logprobs is not None
             # Position p's row predicts token p + 1. Positions already scored (before a
