@@ -63,6 +63,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     padding (float32 on MKL); on: padded tiles there too."""
     attention_backend: str = "auto"
     """auto | torch | triton"""
+    enforce_eager: bool = False
+    """Run every step eagerly: no CUDA graphs for decode-only steps (vLLM's --enforce-eager).
+    CPU steps are always eager."""
     seed: int = 0
     num_threads: int | None = None
     """torch intra-op threads in the engine; None: one per core."""

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from trio_llm.engine import llama, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
+from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
+from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
 from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
@@ -102,7 +104,12 @@ class ModelRunner:
         model_impl: str = "auto",
         batch_invariant: str = "auto",
         single_token_dtype: torch.dtype | None = None,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = MAX_CAPTURE_SIZE,
     ) -> None:
+        """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
+        MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
+        the engine's own forward, without single-token weight sets. Elsewhere it is ignored."""
         self.model = model
         self.decoder = model.model
         self.own: LlamaForward | None = None
@@ -140,6 +147,25 @@ class ModelRunner:
             self.weight_sets = WeightSets(model, single_token_dtype)
         self.single_token_steps = 0
         """Steps run on the single-token weight copies."""
+        self.graphs: DecodeGraphs | None = None
+        if (
+            cuda_graphs
+            and device.type == "cuda"
+            and backend == "triton"
+            and self.own is not None
+            and self.weight_sets is None
+        ):
+            self.graphs = DecodeGraphs(
+                capture_sizes(max_num_seqs), self.input_batch.max_blocks, device
+            )
+            self.graphs.capture(self._logits_of_decodes)
+
+    def _logits_of_decodes(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        """What a decode graph captures: the own forward and the LM head over every row."""
+        assert self.own is not None
+        return self.own.logits(self.own(input_ids, positions, attn, self.k_caches, self.v_caches))
 
     def _invariant_linear(self, mode: str, shapes: list[tuple[int, int]]) -> row_tiles.Linear:
         """The matmul the own forward uses: in row-exact tiles unless `mode` is off (see
@@ -179,6 +205,15 @@ class ModelRunner:
             single_token = inputs.input_ids.shape[1] == 1
             self.weight_sets.select(low_precision=single_token)
             self.single_token_steps += single_token
+        rows = inputs.input_ids.shape[1]
+        if (
+            self.graphs is not None
+            and not inputs.prompt_rows
+            and self.graphs.fits(rows, batch.num_decodes)
+        ):
+            assert isinstance(inputs.attn, TritonAttentionMetadata)
+            logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
+            return self.sample(batch.seqs, inputs, None, eos_token_ids, logits)
         if self.own is not None:
             hidden = self.own(
                 inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
@@ -257,14 +292,19 @@ class ModelRunner:
         self,
         seqs: list[Sequence],
         inputs: StepInputs,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         eos_token_ids: frozenset[int],
+        logits: torch.Tensor | None = None,
     ) -> StepResult:
+        """From `hidden` (every packed row), or from `logits` of the sampled rows already
+        computed (a decode graph's; such a step scores no prompt rows)."""
         sampled: list[int | None] = [None] * len(seqs)
         logprobs: list[TokenLogprobs | None] | None = None
         index = inputs.sample_index.tolist()
         if index:
-            logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
+            if logits is None:
+                assert hidden is not None
+                logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
             sample_seqs = [seqs[i] for i in index]
             st = SamplingTensors.build(
                 sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
@@ -276,10 +316,13 @@ class ModelRunner:
                 logprobs = [None] * len(seqs)
                 for i, lp in zip(index, out.logprobs):
                     logprobs[i] = lp
-        prompt_lps = {
-            i: self._prompt_logprobs(hidden, rows, seqs[i])
-            for i, rows in inputs.prompt_rows.items()
-        }
+        prompt_lps: dict[int, list[TokenLogprobs]] = {}
+        if inputs.prompt_rows:
+            assert hidden is not None
+            prompt_lps = {
+                i: self._prompt_logprobs(hidden, rows, seqs[i])
+                for i, rows in inputs.prompt_rows.items()
+            }
         return StepResult(sampled, logprobs, prompt_lps)
 
     def _prompt_logprobs(
