@@ -16,8 +16,8 @@ sequence that the row holds, which are equal to the sequence's own (`sync` appen
 a row's block-table entries past its blocks are 0, as the old per-step tables were padded.
 A sequence leaves its row when the scheduler reports it removed (finished or preempted): a
 preempted sequence's table is cleared and refilled, so it comes back as a fresh row.
-Staging buffers are reused every step: a step's host-to-device copies have completed by the
-time the next step writes them, because every step waits for its sampled tokens.
+Staging buffers are reused every step: a buffer's host memory is rewritten only after its last
+copy is done (an event per buffer; usually long done, since a step waits for its tokens).
 """
 
 from __future__ import annotations
@@ -61,15 +61,24 @@ class Staging:
         self.pin = self.cuda and torch.cuda.is_available()
         self._host: dict[str, torch.Tensor] = {}
         self._device: dict[str, torch.Tensor] = {}
+        self._copied: dict[str, torch.cuda.Event] = {}
+        """Per buffer, recorded after its last copy: its host memory is not rewritten before
+        the copy has read it (a step that samples nothing ends without a sync)."""
 
     def to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
         """`array` on the device, through buffer `name` (reused by the next call with it)."""
         if not self.cuda:
             return torch.from_numpy(np.ascontiguousarray(array))
+        pending = self._copied.get(name)
+        if pending is not None:
+            pending.synchronize()
         host = self._buffer(self._host, name, array, pin=self.pin, device=torch.device("cpu"))
         host.numpy()[...] = array
         dev = self._buffer(self._device, name, array, pin=False, device=self.device)
         dev.copy_(host, non_blocking=True)
+        if self.pin:
+            event = self._copied.setdefault(name, torch.cuda.Event())
+            event.record(torch.cuda.current_stream(self.device))
         return dev
 
     def to_host(self, name: str, tensor: torch.Tensor) -> np.ndarray:
