@@ -101,9 +101,11 @@ def build_model(shape: str, workdir: Path, max_model_len: int) -> Path:
         architectures=["LlamaForCausalLM"],
     )
     torch.manual_seed(0)
-    with torch.device("cpu"):
+    # Initialized where it is fastest: 1.2B random parameters take a CPU several seconds.
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.save_pretrained(path)
+    del model
     return path
 
 
