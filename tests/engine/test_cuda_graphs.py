@@ -1,5 +1,6 @@
-"""The CUDA-graph bookkeeping that runs without a GPU: which padded size a step takes, and what
-the static buffers hold between replays. The capture itself is checked by bench/gpu_check.sh."""
+"""The CUDA-graph bookkeeping that runs without a GPU: which padded size a step takes, what the
+static buffers hold between replays, and the replay path end to end with each graph replaced by
+a call of its forward. The capture itself is checked by bench/gpu_check.sh on a GPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from engine_helpers import make_core, request, run
 
 from trio_llm.engine.cuda_graphs import (
     MAX_CAPTURE_SIZE,
+    Captured,
     DecodeGraphs,
+    Forward,
     StaticInputs,
     capture_sizes,
     padded_size,
@@ -83,3 +86,41 @@ def test_a_cpu_engine_runs_eagerly_whatever_the_flag(tiny_model_dir: Path) -> No
         done = run(core, [request(str(i), p, max_tokens=6) for i, p in enumerate(prompts)])
         outs[eager] = [done[str(i)].token_ids for i in range(len(prompts))]
     assert outs[False] == outs[True]
+
+
+class _ReplayedEagerly(DecodeGraphs):
+    """DecodeGraphs with each "graph" a plain call of the captured forward on the static
+    buffers: the replay path (filling, padding, slicing the logits) without CUDA."""
+
+    def capture(self, forward: Forward) -> None:
+        for size in self.sizes:
+            meta = self.static.metadata(size)
+            ids, pos = self.static.input_ids[:size], self.static.positions[:size]
+            logits = forward(ids, pos, meta).clone()
+
+            class Replay:
+                def replay(self, f=forward, a=(ids, pos, meta), out=logits) -> None:
+                    out.copy_(f(*a))
+
+            self.graphs[size] = Captured(Replay(), logits)  # type: ignore[arg-type]
+
+
+def test_padded_replays_give_the_eager_tokens(tiny_model_dir: Path) -> None:
+    """Decode steps of 1-3 sequences through graphs of sizes 2 and 4 (Triton kernels, in the
+    interpreter on a CPU): padded rows write no K/V and change no real row's tokens."""
+    from trio_llm.engine.attention import triton_available
+
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]]
+    # Staggered lengths: the batch shrinks from 3 to 1 as requests finish.
+    reqs = [request(str(i), p, max_tokens=3 + 2 * i) for i, p in enumerate(prompts)]
+    eager = run(make_core(tiny_model_dir, attention_backend="triton"), reqs)
+    core = make_core(tiny_model_dir, attention_backend="triton")
+    runner = core.runner
+    runner.graphs = _ReplayedEagerly([2, 4], runner.input_batch.max_blocks, runner.device)
+    runner.graphs.capture(runner._logits_of_decodes)
+    replayed = run(core, reqs)
+    assert runner.graphs.replays > 0
+    for i in range(len(prompts)):
+        assert replayed[str(i)].token_ids == eager[str(i)].token_ids

@@ -115,7 +115,9 @@ class StaticInputs:
 
 
 @dataclass(slots=True)
-class _Graph:
+class Captured:
+    """One size's graph and the logits buffer its replays write."""
+
     graph: torch.cuda.CUDAGraph
     logits: Tensor
 
@@ -126,7 +128,7 @@ class DecodeGraphs:
     def __init__(self, sizes: list[int], max_blocks: int, device: torch.device) -> None:
         self.sizes = sorted(sizes)
         self.static = StaticInputs(self.sizes[-1], max_blocks, device)
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict[int, Captured] = {}
         self.replays = 0
         """Steps run from a graph."""
         self.memory_bytes = 0
@@ -149,7 +151,7 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 logits = forward(ids, pos, meta)
-            self.graphs[size] = _Graph(graph, logits)
+            self.graphs[size] = Captured(graph, logits)
         torch.cuda.synchronize()
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
         log.info(
