@@ -275,8 +275,8 @@ def main() -> None:
         f"Random-weight models of each shape in {args.dtype}, context capped at "
         f"{args.max_model_len}. N prompts of {args.prompt} random tokens, {args.output} output "
         "tokens each (greedy, ignore_eos); the engine is EngineCore in this process (no "
-        "frontend), its KV cache auto-sized; `generate` runs one static batch with SDPA "
-        "attention. Goal (issue 20): at least 2x HF at 256.",
+        "frontend), its KV cache auto-sized on a GPU (256 MiB on a CPU); `generate` runs one "
+        "static batch with SDPA attention. Goal (issue 20): at least 2x HF at 256.",
         "",
         *(
             []
