@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -140,6 +141,7 @@ class DecodeGraphs:
         if not torch.cuda.is_available():
             raise RuntimeError("CUDA graphs need a CUDA device")
         torch.cuda.synchronize()
+        started = time.perf_counter()
         free_before = torch.cuda.mem_get_info()[0]
         pool = torch.cuda.graph_pool_handle()
         static = self.static
@@ -155,9 +157,10 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
         log.info(
-            "captured CUDA graphs for decode steps of %s sequences in %.0f MiB",
+            "captured CUDA graphs for decode steps of %s sequences: %.0f MiB, %.1f s",
             ",".join(map(str, self.sizes)),
             self.memory_bytes / 2**20,
+            time.perf_counter() - started,
         )
 
     def run(self, input_ids: Tensor, positions: Tensor, meta: TritonAttentionMetadata) -> Tensor:

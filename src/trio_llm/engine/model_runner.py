@@ -158,7 +158,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 capture_sizes(max_num_seqs), self.input_batch.max_blocks, device
             )
-            self.graphs.capture(self._logits_of_decodes)
+            with torch.inference_mode():  # as every step runs
+                self.graphs.capture(self._logits_of_decodes)
 
     def _logits_of_decodes(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
