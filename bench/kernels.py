@@ -299,6 +299,76 @@ def bandwidth_grid(
     return header + rows, at_target
 
 
+# --- prefill attention ------------------------------------------------------------------------
+
+
+def prefill_problem(
+    shape: Shape, batch: int, length: int, dtype: torch.dtype, device: str
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`batch` whole prompts of `length` tokens, their K/V written at scattered blocks: the
+    kernel's arguments, and the same queries, keys and values contiguous ([B, H, L, D]) for
+    SDPA."""
+    block_size = 16
+    gen = torch.Generator(device=device).manual_seed(batch * 7 + length)
+    per_seq = -(-length // block_size)
+    num_blocks = batch * per_seq
+    k = torch.randn(batch, length, shape.num_kv_heads, shape.head_dim, generator=gen, device=device)
+    v = torch.randn(batch, length, shape.num_kv_heads, shape.head_dim, generator=gen, device=device)
+    q = torch.randn(batch, length, shape.num_heads, shape.head_dim, generator=gen, device=device)
+    k, v, q = k.to(dtype), v.to(dtype), q.to(dtype)
+    cache_shape = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
+    k_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+    v_cache = torch.zeros(cache_shape, dtype=dtype, device=device)
+    tables = torch.randperm(num_blocks, generator=gen, device=device).view(batch, per_seq)
+    pos = torch.arange(length, device=device)
+    slots = (tables[:, pos // block_size] * block_size + pos % block_size).reshape(-1)
+    kernels.write_kv(k.flatten(0, 1), v.flatten(0, 1), k_cache, v_cache, slots)
+    cu = torch.arange(batch + 1, device=device, dtype=torch.int32) * length
+    lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    args = (q.flatten(0, 1), k_cache, v_cache, tables.to(torch.int32), cu, lens)
+    return args, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def prefill_grid(device: str, dtype: torch.dtype, quick: bool) -> list[str]:
+    """Causal prefill TFLOP/s of the Triton kernel beside SDPA on the same (contiguous) q/k/v:
+    4 * B * Hq * L^2 / 2 * D flops (QK^T and PV, the causal half)."""
+    shapes = SHAPES[:1] if quick else SHAPES
+    cases = [(1, 512), (4, 1024)] if quick else [(1, 1024), (1, 4096), (8, 1024), (4, 4096)]
+    rows = [
+        "| shape | batch | prompt | triton ms | triton TFLOP/s | SDPA ms | SDPA TFLOP/s "
+        "| triton / SDPA | max abs diff |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for shape in shapes:
+        for batch, length in cases:
+            args, q, k, v = prefill_problem(shape, batch, length, dtype, device)
+            scale = shape.head_dim**-0.5
+
+            def sdpa(
+                q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, scale: float = scale
+            ) -> torch.Tensor:
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=scale, enable_gqa=True
+                )
+
+            ref = sdpa().transpose(1, 2).flatten(0, 1)
+            diff = max_error(kernels.prefill_attention(*args, scale), ref)
+            flops = 4 * batch * shape.num_heads * length * length / 2 * shape.head_dim
+            sdpa_ms = time_ms(sdpa, device)
+            tri_ms = time_ms(
+                lambda args=args, scale=scale: kernels.prefill_attention(*args, scale), device
+            )
+            rows.append(
+                f"| {shape.name} | {batch} | {length} | {tri_ms:.3f} "
+                f"| {flops / tri_ms / 1e9:.0f} | {sdpa_ms:.3f} | {flops / sdpa_ms / 1e9:.0f} "
+                f"| {sdpa_ms / tri_ms:.2f}x | {diff:.1e}{'' if diff <= AGREEMENT else ' WRONG'} |"
+            )
+            del args, q, k, v
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
 # --- launch-shape sweep at the target point -----------------------------------------------------
 
 
@@ -586,6 +656,16 @@ def report(device: str, dtype: torch.dtype, quick: bool, peak: float | None) -> 
         *grid,
         "",
     ]
+    if not interpreted:
+        out += [
+            f"## Prefill attention ({name}, whole causal prompts, cache block size 16)",
+            "",
+            "TFLOP/s count the causal half of QK^T and PV. SDPA runs on the same queries, keys "
+            "and values laid out contiguous (no paged gather): the dense ceiling.",
+            "",
+            *prefill_grid(device, dtype, quick),
+            "",
+        ]
     if at_target and peak:
         out += ["## Target", ""]
         for shape_name, bw in at_target.items():

@@ -8,6 +8,7 @@ real SmolLM2-135M-Instruct, for the few tests that check real text.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,5 +52,16 @@ def default_model() -> ModelSource:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model: ModelSource) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model)
+def tokenizer_source() -> ModelSource:
+    """The tokenizer the tiny models get: the default model's, or the directory that
+    TRIO_LLM_TEST_TOKENIZER names (the GPU check's copy: the default model's GGUF cannot travel
+    to the device machine)."""
+    directory = os.environ.get("TRIO_LLM_TEST_TOKENIZER")
+    if directory:
+        return ModelSource(name="tokenizer", path=Path(directory), origin=directory)
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer_source)

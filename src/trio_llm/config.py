@@ -10,6 +10,8 @@ import msgspec
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
+CPU_KV_CACHE_BYTES = 1 << 30
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
 
 
@@ -45,13 +47,19 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_model_len: int | None = None
     """Defaults to the model's own context length."""
     max_num_seqs: int = 128
-    max_num_batched_tokens: int = 512
-    """Token budget of one step: decodes first, then prefill chunks fill the rest."""
+    max_num_batched_tokens: int | None = None
+    """Token budget of one step: decodes first, then prefill chunks fill the rest. None: the
+    device's default (`DEVICE_DEFAULTS`)."""
     max_num_pooled_tokens: int = 8192
     """A pooling (embedding) engine's token budget of one step, and so its limit on inputs per
     step: no decode waits on its steps, and fewer, larger steps cost less per input."""
     block_size: int = 16
-    kv_cache_memory: str | int = "1GiB"
+    kv_cache_memory: str | int = "auto"
+    """A size (e.g. 2GiB), or auto: the device's default (`DEVICE_DEFAULTS`): a fixed size on a
+    CPU, `kv_cache_fraction` of the memory left free after loading the weights on a GPU."""
+    kv_cache_fraction: float = 0.8
+    """The share of a GPU's free memory an auto KV cache takes; the rest is for activations,
+    the CUDA graphs' pool and the allocator's slack."""
     enable_prefix_caching: bool = True
     model_impl: str = "auto"
     """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
@@ -63,6 +71,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     padding (float32 on MKL); on: padded tiles there too."""
     attention_backend: str = "auto"
     """auto | torch | triton"""
+    enforce_eager: bool = False
+    """Run every step eagerly: no CUDA graphs for decode-only steps (vLLM's --enforce-eager).
+    CPU steps are always eager."""
     seed: int = 0
     jump_forward: bool = True
     """Structured outputs: tokens a request's grammar forces are proposed as drafts and computed
@@ -78,5 +89,45 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     startup_timeout: float = 300.0
     """Seconds to wait for the engine's ready message (model loading included)."""
 
-    def kv_cache_bytes(self) -> int:
-        return parse_size(self.kv_cache_memory)
+    def kv_cache_bytes(self, device: str = "cpu", free_bytes: int | None = None) -> int:
+        """The KV cache's size on `device`, whose free memory (a GPU's, after the weights are
+        loaded) is `free_bytes`; with no free memory known, auto means the CPU's size."""
+        if self.kv_cache_memory != "auto":
+            return parse_size(self.kv_cache_memory)
+        fixed = device_defaults(device).kv_cache_bytes
+        if fixed is not None:
+            return fixed
+        if free_bytes is None:  # checked before any device is at hand (the server's flags)
+            return CPU_KV_CACHE_BYTES
+        if not 0.0 < self.kv_cache_fraction <= 1.0:
+            raise ValueError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
+        return int(free_bytes * self.kv_cache_fraction)
+
+    def step_token_budget(self, device: str) -> int:
+        """max_num_batched_tokens, or the device's default."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return device_defaults(device).max_num_batched_tokens
+
+
+class DeviceDefaults(msgspec.Struct, frozen=True):
+    """What `EngineArgs` left unset (None, auto) means on a kind of device."""
+
+    max_num_batched_tokens: int
+    kv_cache_bytes: int | None
+    """A fixed KV cache size; None: `kv_cache_fraction` of the free memory."""
+
+
+DEVICE_DEFAULTS = {
+    # A CPU step's time grows with its tokens; 512 keeps a decode step that carries a prefill
+    # chunk short. 1 GiB of KV holds 43k tokens of SmolLM2-135M in float32.
+    "cpu": DeviceDefaults(max_num_batched_tokens=512, kv_cache_bytes=CPU_KV_CACHE_BYTES),
+    # A GPU step of a few hundred tokens is launch-bound: 8192 tokens (vLLM's offline default)
+    # let prefills fill the matmuls; the KV cache takes most of the memory.
+    "cuda": DeviceDefaults(max_num_batched_tokens=8192, kv_cache_bytes=None),
+}
+
+
+def device_defaults(device: str) -> DeviceDefaults:
+    """`device`: cpu, cuda or cuda:N (as `loader.resolve_device` gives it)."""
+    return DEVICE_DEFAULTS["cuda" if device.startswith("cuda") else "cpu"]

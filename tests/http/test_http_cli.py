@@ -43,6 +43,7 @@ def test_every_flag() -> None:
             "--single-token-dtype", "float16",
             "--batch-invariant", "on",
             "--model-impl", "transformers",
+            "--enforce-eager",
             "--allowed-origins", "https://a.example, https://b.example",
             "--max-queued-requests", "8",
             "--max-body-size", "1MiB",
@@ -62,7 +63,7 @@ def test_every_flag() -> None:
     )
     assert (e.kv_cache_memory, e.dtype, e.device) == ("64MiB", "float32", "cpu")
     assert (e.num_threads, e.stream_interval, e.single_token_dtype) == (2, 4, "float16")
-    assert (e.batch_invariant, e.model_impl) == ("on", "transformers")
+    assert (e.batch_invariant, e.model_impl, e.enforce_eager) == ("on", "transformers", True)
     assert (config.host, config.port, config.api_key) == ("0.0.0.0", 9000, "k")
     assert config.allowed_origins == ("https://a.example", "https://b.example")
     assert (config.max_queued_requests, config.capacity) == (8, 12)

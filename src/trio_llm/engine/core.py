@@ -171,12 +171,16 @@ class EngineCore:
             if dtype is not torch.float32:
                 model.to(dtype)
         spec = kv_cache_spec(model, args.block_size, dtype)
-        num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
+        kv_bytes = args.kv_cache_bytes(device, loader.free_device_memory(device))
+        num_blocks = kv_bytes // spec.bytes_per_block
         if num_blocks < 1:
             raise EngineConfigError(
-                f"kv_cache_memory {args.kv_cache_memory} holds no block of "
+                f"kv_cache_memory {args.kv_cache_memory} ({kv_bytes} bytes) holds no block of "
                 f"{spec.bytes_per_block} bytes; give at least that"
             )
+        budget = args.step_token_budget(device)
+        # More running sequences than tokens per step would leave some never decoding.
+        max_num_seqs = min(args.max_num_seqs, budget)
         max_model_len = _max_model_len(args, config, num_blocks * args.block_size)
         stage("allocating the KV cache")
         runner = ModelRunner(
@@ -194,6 +198,8 @@ class EngineCore:
                 if args.single_token_dtype == "none"
                 else loader.resolve_dtype(args.single_token_dtype, device)
             ),
+            cuda_graphs=not args.enforce_eager,
+            max_num_seqs=max_num_seqs,
         )
         return _Parts(
             runner=runner,
@@ -201,9 +207,8 @@ class EngineCore:
             num_blocks=num_blocks,
             kv_cache_bytes=num_blocks * spec.bytes_per_block,
             max_model_len=max_model_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            # More running sequences than tokens per step would leave some never decoding.
-            max_num_seqs=min(args.max_num_seqs, args.max_num_batched_tokens),
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
             attention_backend=backend,
         )
 

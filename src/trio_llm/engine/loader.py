@@ -345,6 +345,17 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def free_device_memory(device: str) -> int | None:
+    """Bytes free on a CUDA device now (what an auto KV cache takes its share of); None on a
+    CPU, whose KV cache has a fixed default size."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
 def load_model(
     source: ModelSource, dtype: torch.dtype, device: str, *, pooling: bool = False
 ) -> torch.nn.Module:

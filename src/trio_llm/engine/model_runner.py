@@ -10,8 +10,9 @@ step of one token. A constrained batch brings its `StepMasks` (filled in a threa
 decoder runs), applied to the sampled rows' logits before the sampler sees them; a sequence
 with drafts samples a row per draft too (`Sequence.num_sample_rows`).
 
-Invariant: the input tensors are built with numpy over the whole batch (no per-token Python);
-per-sequence Python is limited to reading each sequence's new tokens and block table.
+Invariant: the input tensors are numpy gathers over the persistent input batch (`input_batch`):
+no per-token Python, and per-sequence Python is limited to noticing what each sequence appended
+since the last step (its sampled token, a new block).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch.nn.functional as F
 
 from trio_llm.engine import llama, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
-from trio_llm.engine.attention.interface import as_tensor
+from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
+from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
+from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
@@ -77,6 +80,8 @@ class StepInputs:
     """The sample rows' positions in the packed batch."""
     prompt_rows: dict[int, np.ndarray]
     """Batch index -> rows whose logits score prompt tokens (prompt logprobs)."""
+    sampling: SamplingColumns
+    """The sampling parameters of the rows in `sample_index`."""
 
 
 def kv_cache_spec(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
@@ -106,7 +111,12 @@ class ModelRunner:
         model_impl: str = "auto",
         batch_invariant: str = "auto",
         single_token_dtype: torch.dtype | None = None,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = MAX_CAPTURE_SIZE,
     ) -> None:
+        """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
+        MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
+        the engine's own forward, without single-token weight sets. Elsewhere it is ignored."""
         self.model = model
         self.decoder = model.model
         self.own: LlamaForward | None = None
@@ -123,7 +133,9 @@ class ModelRunner:
             self.decoder.layers = torch.nn.ModuleList()
         self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
-        self.sampler = Sampler(seed, device)
+        self.staging = Staging(device)
+        self.input_batch = InputBatch(spec.block_size, max_model_len)
+        self.sampler = Sampler(seed, device, self._tokens_to_host)
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeros, not empty: a masked-out position still multiplies its value by a zero weight,
         # and uninitialized memory may hold NaN. On CPU zeroed pages cost nothing until touched.
@@ -142,6 +154,26 @@ class ModelRunner:
             self.weight_sets = WeightSets(model, single_token_dtype)
         self.single_token_steps = 0
         """Steps run on the single-token weight copies."""
+        self.graphs: DecodeGraphs | None = None
+        if (
+            cuda_graphs
+            and device.type == "cuda"
+            and backend == "triton"
+            and self.own is not None
+            and self.weight_sets is None
+        ):
+            self.graphs = DecodeGraphs(
+                capture_sizes(max_num_seqs), self.input_batch.max_blocks, device
+            )
+            with torch.inference_mode():  # as every step runs
+                self.graphs.capture(self._logits_of_decodes)
+
+    def _logits_of_decodes(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        """What a decode graph captures: the own forward and the LM head over every row."""
+        assert self.own is not None
+        return self.own.logits(self.own(input_ids, positions, attn, self.k_caches, self.v_caches))
 
     def _invariant_linear(self, mode: str, shapes: list[tuple[int, int]]) -> row_tiles.Linear:
         """The matmul the own forward uses: in row-exact tiles unless `mode` is off (see
@@ -164,6 +196,10 @@ class ModelRunner:
         )
         return F.linear
 
+    def _tokens_to_host(self, tokens: torch.Tensor) -> list[int]:
+        """The step's sampled tokens: one non-blocking copy into pinned memory, one sync."""
+        return self.staging.to_host("sampled", tokens).tolist()
+
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of `hidden` rows, through the selected weight set's LM head."""
         if self.own is not None:
@@ -182,6 +218,15 @@ class ModelRunner:
             single_token = inputs.input_ids.shape[1] == 1
             self.weight_sets.select(low_precision=single_token)
             self.single_token_steps += single_token
+        rows = inputs.input_ids.shape[1]
+        if (
+            self.graphs is not None
+            and not inputs.prompt_rows
+            and self.graphs.fits(rows, batch.num_decodes)
+        ):
+            assert isinstance(inputs.attn, TritonAttentionMetadata)
+            logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
+            return self.sample(batch.seqs, inputs, None, eos_token_ids, masks, logits)
         if self.own is not None:
             hidden = self.own(
                 inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
@@ -196,20 +241,32 @@ class ModelRunner:
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
-        """The packed row's tensors, from numpy over the whole batch."""
+        """The packed row's tensors, gathered from the persistent input batch."""
         seqs = batch.seqs
+        ib = self.input_batch
+        ib.remove(batch.removed)
+        rows = ib.sync(seqs)
         num_tokens = np.asarray(batch.num_tokens, dtype=np.int64)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, len(seqs))
         ends = starts + num_tokens
         cu = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(num_tokens, out=cu[1:])
 
-        ids: list[int] = []
-        for s, a, b in zip(seqs, starts.tolist(), ends.tolist()):
-            ids.extend(s.tokens_between(a, b))
-        row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
-        positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
-        tables = self._block_tables(seqs)
+        if batch.num_decodes == len(seqs):  # one token each: no repeat, no offsets
+            row_seq = np.arange(len(seqs))
+            positions = starts
+        else:
+            row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
+            positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
+        # The rows hold committed tokens only: a chunk that computes drafts reads them from
+        # its sequence (positions past a row's columns are clipped, then overwritten).
+        ids = ib.token_ids[rows[row_seq], np.minimum(positions, ib.token_ids.shape[1] - 1)]
+        for i, s in enumerate(seqs):
+            if s.draft_token_ids and ends[i] > s.num_tokens:
+                committed, offset = s.num_tokens, int(cu[i] - starts[i])
+                first = max(int(starts[i]), committed)
+                ids[offset + first : offset + int(ends[i])] = s.tokens_between(first, int(ends[i]))
+        tables = ib.tables(rows)
         bs = self.block_size
         slots = tables[row_seq, positions // bs] * bs + positions % bs
 
@@ -224,9 +281,9 @@ class ModelRunner:
         row_ends = np.cumsum(counts)
         sample_rows = cu[1:][sample_index] - (row_ends[sample_index] - np.arange(len(sample_index)))
         prompt_rows: dict[int, np.ndarray] = {}
-        for i, s in enumerate(seqs):
-            if s.prompt_logprobs is None:
-                continue
+        for i in ib.prompt_logprobs[rows].nonzero()[0].tolist():
+            s = seqs[i]
+            assert s.prompt_logprobs is not None
             # Position p's row predicts token p + 1. Positions already scored (before a
             # preemption made this sequence recompute) are not scored again.
             first = max(int(starts[i]), len(s.prompt_logprobs) - 1)
@@ -235,10 +292,10 @@ class ModelRunner:
                 offset = cu[i] - starts[i]
                 prompt_rows[i] = np.arange(offset + first, offset + last)
 
-        device = self.device
+        stage = self.staging.to_device
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device).unsqueeze(0),
-            positions=as_tensor(positions, device).unsqueeze(0),
+            input_ids=stage("input_ids", ids).unsqueeze(0),
+            positions=stage("positions", positions).unsqueeze(0),
             attn=self._attention.build(
                 StepLayout(
                     num_decodes=batch.num_decodes,
@@ -249,32 +306,41 @@ class ModelRunner:
                     key_bucket=row_tiles.KEY_BUCKET if self.row_tile else 0,
                 ),
                 self.k_caches[0],
+                stage,
             ),
             sample_index=sample_index,
-            sample_rows=as_tensor(sample_rows, device),
+            sample_rows=stage("sample_rows", sample_rows),
             prompt_rows=prompt_rows,
+            sampling=ib.sampling(rows[sample_index]),
         )
 
     def sample(
         self,
         seqs: list[Sequence],
         inputs: StepInputs,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         eos_token_ids: frozenset[int],
         masks: StepMasks | None = None,
+        logits: torch.Tensor | None = None,
     ) -> StepResult:
+        """From `hidden` (every packed row), or from `logits` of the sampled rows already
+        computed (a decode graph's; such a step scores no prompt rows)."""
         sampled: list[int | None] = [None] * len(seqs)
         logprobs: list[TokenLogprobs | None] | None = None
         drafts: dict[int, list[int]] = {}
         draft_lps: dict[int, list[TokenLogprobs | None]] = {}
         index = inputs.sample_index.tolist()
         if index:
-            logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
+            if logits is None:
+                assert hidden is not None
+                logits = self.lm_head(hidden.index_select(0, inputs.sample_rows))
             if masks is not None:
                 logits = logits.float()
                 apply_bitmask(logits, masks)
             sample_seqs = [seqs[i] for i in index]
-            st = SamplingTensors.build(sample_seqs, eos_token_ids, self.vocab_size, self.device)
+            st = SamplingTensors.build(
+                sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
+            )
             out = self.sampler(logits, st)
             lps = out.logprobs
             if lps is not None:
@@ -291,10 +357,13 @@ class ModelRunner:
                     drafts.setdefault(i, []).append(token)
                     if lps is not None:
                         draft_lps.setdefault(i, []).append(lps[r])
-        prompt_lps = {
-            i: self._prompt_logprobs(hidden, rows, seqs[i])
-            for i, rows in inputs.prompt_rows.items()
-        }
+        prompt_lps: dict[int, list[TokenLogprobs]] = {}
+        if inputs.prompt_rows:
+            assert hidden is not None
+            prompt_lps = {
+                i: self._prompt_logprobs(hidden, rows, seqs[i])
+                for i, rows in inputs.prompt_rows.items()
+            }
         return StepResult(sampled, logprobs, prompt_lps, drafts, draft_lps)
 
     def _prompt_logprobs(
@@ -309,10 +378,3 @@ class ModelRunner:
         k = seq.params.prompt_logprobs
         lps = compute_logprobs(logits, chosen, [k] * len(rows))
         return [lp for lp in lps if lp is not None]
-
-    def _block_tables(self, seqs: list[Sequence]) -> np.ndarray:
-        width = max(len(s.block_table) for s in seqs)
-        tables = np.zeros((len(seqs), width), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            tables[i, : len(s.block_table)] = s.block_table
-        return tables

@@ -14,14 +14,19 @@ engine's generator.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from trio_llm.engine.sequence import Sequence
 from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from trio_llm.engine.input_batch import SamplingColumns
 
 _NEG_INF = float("-inf")
 
@@ -70,11 +75,19 @@ class SamplingTensors:
         eos_token_ids: frozenset[int],
         vocab_size: int,
         device: torch.device,
+        columns: SamplingColumns | None = None,
     ) -> SamplingTensors:
+        """`columns`: the rows' sampling parameters as the persistent input batch holds them
+        (the same values `seqs` would give, without a Python pass over them)."""
         params = [s.params for s in seqs]
-        st = cls(all_greedy=all(p.greedy for p in params))
-        if not st.all_greedy:
-            st._set_sampling(seqs, device)
+        if columns is not None:
+            st = cls(all_greedy=bool(columns.greedy.all()))
+            if not st.all_greedy:
+                st._set_sampling_columns(seqs, columns, device)
+        else:
+            st = cls(all_greedy=all(p.greedy for p in params))
+            if not st.all_greedy:
+                st._set_sampling(seqs, device)
         if any(p.logit_bias for p in params):
             st._set_logit_bias(params, device)
         if any(s.num_output_tokens < s.params.min_tokens or s.bans is not None for s in seqs):
@@ -98,6 +111,23 @@ class SamplingTensors:
             self.top_p = torch.tensor([p.top_p for p in params], device=device)
         if any(p.min_p > 0.0 for p in sampled):
             self.min_p = torch.tensor([p.min_p for p in params], device=device)
+        gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
+        self.generators = gens or None
+
+    def _set_sampling_columns(
+        self, seqs: Seq[Sequence], columns: SamplingColumns, device: torch.device
+    ) -> None:
+        """`_set_sampling` from the gathered columns: the same tensors, dtypes included."""
+        greedy = columns.greedy
+        self.greedy = torch.from_numpy(greedy).to(device)
+        self.temperature = torch.from_numpy(columns.temperature).to(device).unsqueeze(1)
+        sampled = ~greedy
+        if (columns.top_k[sampled] > 0).any():
+            self.top_k = torch.from_numpy(columns.top_k).to(device)
+        if (columns.top_p[sampled] < 1.0).any():
+            self.top_p = torch.from_numpy(columns.top_p).to(device)
+        if (columns.min_p[sampled] > 0.0).any():
+            self.min_p = torch.from_numpy(columns.min_p).to(device)
         gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
         self.generators = gens or None
 
@@ -168,9 +198,17 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, seed: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        seed: int,
+        device: torch.device,
+        to_host: Callable[[torch.Tensor], list[int]] | None = None,
+    ) -> None:
+        """`to_host`: how the sampled tokens come back to the host (the runner's one
+        non-blocking copy into pinned memory); `tolist` without it."""
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.to_host = to_host or torch.Tensor.tolist
 
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
         logits = logits.float()
@@ -186,7 +224,7 @@ class Sampler:
             apply_penalties(logits, st)
             apply_bans(logits, st)
         tokens = logits.argmax(dim=-1) if st.all_greedy else self._sample(logits, st)
-        token_list = tokens.tolist()
+        token_list = self.to_host(tokens)
         logprobs = None
         if st.num_logprobs is not None:
             logprobs = compute_logprobs(raw, tokens, st.num_logprobs)

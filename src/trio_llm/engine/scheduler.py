@@ -27,7 +27,7 @@ once it holds committed tokens (never drafts).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.sequence import Sequence, SequenceStatus
@@ -41,6 +41,9 @@ class ScheduledBatch:
     num_tokens: list[int]
     """Tokens each sequence computes this step, starting at its `num_computed_tokens`."""
     num_decodes: int
+    removed: list[Sequence] = field(default_factory=list)
+    """Sequences that left the running set (finished, aborted, preempted) since the last
+    batch: the model runner frees their rows of the persistent input batch."""
 
     @property
     def total_tokens(self) -> int:
@@ -71,6 +74,8 @@ class Scheduler:
         self.prefix_queries = 0
         """Tokens of admitted sequences looked up in the prefix cache; hits, those found."""
         self.prefix_hits = 0
+        self._removed: list[Sequence] = []
+        """Sequences that left `running` since the last batch, for its `removed`."""
 
     def has_work(self) -> bool:
         """Something to schedule: a running sequence, or a waiting one not held by its grammar."""
@@ -84,6 +89,7 @@ class Scheduler:
         """End a sequence wherever it is (finish, abort or error) and return its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self._removed.append(seq)
         elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
             heapq.heapify(self.waiting)
@@ -166,15 +172,20 @@ class Scheduler:
             heapq.heappush(self.waiting, seq)
 
         seqs = decodes + [seq for seq, _ in prefills]
+        removed: list[Sequence] = []
+        if seqs:  # an empty batch is never run: its removals wait for the next one
+            removed, self._removed = self._removed, []
         return ScheduledBatch(
             seqs=seqs,
             num_tokens=[1] * len(decodes) + [n for _, n in prefills],
             num_decodes=len(decodes),
+            removed=removed,
         )
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         seq.draft_token_ids.clear()
+        self._removed.append(seq)
         self.block_manager.deallocate(seq)
         self.num_preemptions += 1
         self.add(seq)

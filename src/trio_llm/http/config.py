@@ -225,6 +225,15 @@ def add_serve_arguments(
         "%(default)s)",
     )
     add(
+        "--enforce-eager",
+        default=engine.enforce_eager,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="run every step eagerly: no CUDA graphs for decode-only steps (a CPU is always "
+        "eager)",
+    )
+    add(
         "--stream-interval",
         type=_positive_int,
         default=engine.stream_interval,
@@ -320,6 +329,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         jump_forward=not args.no_jump_forward,
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
+        enforce_eager=args.enforce_eager,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     try:

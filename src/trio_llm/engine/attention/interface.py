@@ -29,6 +29,10 @@ import torch
 
 ATTN_IMPLEMENTATION = "trio_paged"
 
+ToDevice = Callable[[str, np.ndarray], torch.Tensor]
+"""How a metadata builder puts one named array on the device: the model runner's staging
+buffers (pinned memory, non-blocking copies; the name picks the buffer)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepLayout:

@@ -22,7 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trio_llm.engine.attention.interface import StepLayout, as_tensor, decodes_then_prefills
+from trio_llm.engine.attention.interface import (
+    StepLayout,
+    ToDevice,
+    as_tensor,
+    decodes_then_prefills,
+)
 
 
 @dataclass(slots=True)
@@ -178,13 +183,20 @@ class TorchAttentionMetadata:
     """A chunk that is its sequence's whole context may attend over the new K/V directly."""
 
     @classmethod
-    def build(cls, layout: StepLayout, cache: Tensor) -> TorchAttentionMetadata:
+    def build(
+        cls, layout: StepLayout, cache: Tensor, to_device: ToDevice | None = None
+    ) -> TorchAttentionMetadata:
+        """`to_device(name, array)` carries the slot mapping (the plans' small arrays are built
+        per step, on the CPU path where a copy is free)."""
         device = cache.device
         nd = layout.num_decodes
         bucket = layout.key_bucket
-        meta = cls(
-            slot_mapping=as_tensor(layout.slot_mapping, device), num_decodes=nd, fresh_kv=not bucket
+        slots = (
+            to_device("slot_mapping", layout.slot_mapping)
+            if to_device is not None
+            else as_tensor(layout.slot_mapping, device)
         )
+        meta = cls(slot_mapping=slots, num_decodes=nd, fresh_kv=not bucket)
         tables, lens = layout.block_tables, layout.context_lens
         if nd and bucket:
             lengths = -(-lens[:nd] // bucket) * bucket

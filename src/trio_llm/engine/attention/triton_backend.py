@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from trio_llm.engine.attention.interface import StepLayout, as_tensor, decodes_then_prefills
+from trio_llm.engine.attention.interface import (
+    StepLayout,
+    ToDevice,
+    as_tensor,
+    decodes_then_prefills,
+)
 
 
 @dataclass(slots=True)
@@ -30,16 +35,20 @@ class TritonAttentionMetadata:
     """[num_prefills + 1] int32: prefill chunk boundaries, relative to row `num_decodes`."""
 
     @classmethod
-    def build(cls, layout: StepLayout, cache: Tensor) -> TritonAttentionMetadata:
-        device = cache.device
+    def build(
+        cls, layout: StepLayout, cache: Tensor, to_device: ToDevice | None = None
+    ) -> TritonAttentionMetadata:
+        """`to_device(name, array)`: how the arrays reach the cache's device (the runner's
+        pinned staging buffers); plain copies without it."""
+        stage = to_device or (lambda _, array: as_tensor(array, cache.device))
         nd = layout.num_decodes
         cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
         return cls(
-            slot_mapping=as_tensor(layout.slot_mapping, device),
+            slot_mapping=stage("slot_mapping", layout.slot_mapping),
             num_decodes=nd,
-            block_tables=as_tensor(layout.block_tables.astype(np.int32), device),
-            context_lens=as_tensor(layout.context_lens.astype(np.int32), device),
-            cu_seqlens_q=as_tensor(cu.astype(np.int32), device),
+            block_tables=stage("block_tables", layout.block_tables.astype(np.int32)),
+            context_lens=stage("context_lens", layout.context_lens.astype(np.int32)),
+            cu_seqlens_q=stage("cu_seqlens_q", cu.astype(np.int32)),
         )
 
     def forward(
