@@ -230,8 +230,7 @@ def add_serve_arguments(
         type=_bool,
         nargs="?",
         const=True,
-        help="run every step eagerly: no CUDA graphs for decode-only steps (a CPU is always "
-        "eager)",
+        help="run every step eagerly: no CUDA graphs for decode-only steps (a CPU is always eager)",
     )
     add(
         "--stream-interval",
