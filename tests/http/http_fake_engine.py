@@ -38,6 +38,8 @@ class FakeEngine:
     hold_after_first: bool = False
     """Block after the first token until cancelled: a generation that never ends by itself."""
     die_after_first: bool = False
+    finish_reason: str = "length"
+    """What every choice finishes with once it has written max_tokens characters."""
     is_alive: bool = True
     task: str = "generate"
     name: str = "fake-model"
@@ -164,7 +166,7 @@ class FakeEngine:
                             index=i,
                             text=char,
                             token_ids=[ord(char)],
-                            finish_reason="length" if last else None,
+                            finish_reason=self.finish_reason if last else None,
                         )
                     )
                 if last:
@@ -174,7 +176,7 @@ class FakeEngine:
             if params.output_kind is not RequestOutputKind.DELTA:
                 final = [
                     CompletionOutput(
-                        i, texts[i], [ord(c) for c in texts[i]], finish_reason="length"
+                        i, texts[i], [ord(c) for c in texts[i]], finish_reason=self.finish_reason
                     )
                     for i in range(params.n)
                 ]

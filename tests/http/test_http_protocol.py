@@ -26,7 +26,7 @@ from trio_llm.http.plans import (
     plan_completion,
 )
 from trio_llm.http.protocol import ChatCompletionRequest, CompletionRequest, decode_request
-from trio_llm.http.responses import SSE_DONE, sse_error, sse_event
+from trio_llm.http.responses import SSE_DONE, sse_event
 from trio_llm.outputs import (
     CompletionOutput,
     Logprob,
@@ -446,7 +446,10 @@ def test_completion_stream_echo_and_logprob_offsets() -> None:
 
 def test_sse_framing_and_errors() -> None:
     assert SSE_DONE == b"data: [DONE]\n\n"
-    event = sse_error(ProtocolError(500, "boom", code="engine_dead"))
+    stream = ChatStream(Shape(response_id="x", model="m", created=0))
+    assert stream.done == SSE_DONE
+    [error] = stream.fail(ProtocolError(500, "boom", code="engine_dead"))
+    event = sse_event(error)
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
     assert json.loads(event[6:]) == {
         "error": {"message": "boom", "type": "server_error", "param": None, "code": "engine_dead"}

@@ -18,7 +18,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from msgspec import UNSET, UnsetType
 
+from trio_llm.http.errors import ProtocolError
 from trio_llm.http.responses import (
+    SSE_DONE,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -270,9 +272,11 @@ _Chunk = TypeVar("_Chunk", ChatCompletionChunk, CompletionResponse)
 class _Stream(Generic[_Chunk]):
     """What both streams share: every chunk names the response (id, model, created,
     fingerprint); with include_usage each carries `usage: null` (with continuous_usage, the
-    usage so far) and a last chunk with no choices carries the usage of the whole response."""
+    usage so far) and a last chunk with no choices carries the usage of the whole response.
+    A failure after the 200 is one error object; `[DONE]` closes the stream either way."""
 
     _chunk_type: ClassVar[type[Any]]
+    done: ClassVar[bytes] = SSE_DONE
     shape: Shape
     _usage: _Usage = field(default_factory=_Usage, init=False)
 
@@ -292,6 +296,9 @@ class _Stream(Generic[_Chunk]):
         chunk = self._chunk([])
         chunk.usage = self._usage.usage()
         return [chunk]
+
+    def fail(self, error: ProtocolError) -> list[dict[str, Any]]:
+        return [error.to_dict()]
 
 
 @dataclass

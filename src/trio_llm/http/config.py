@@ -55,6 +55,9 @@ class ServerConfig:
     max_restarts_per_minute: int = 3
     ui: bool = True
     """Serve the chat page at / (http/serving_ui.py)."""
+    responses_store_size: int = 1024
+    """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
+    recently used evicted first; 0 keeps none."""
 
     @property
     def model_specs(self) -> tuple[ModelSpec, ...]:
@@ -241,6 +244,13 @@ def add_serve_arguments(
         help="inputs one /v1/embeddings request may hold (default %(default)s)",
     )
     add(
+        "--responses-store-size",
+        default=defaults.responses_store_size,
+        type=_non_negative_int,
+        help="responses kept in memory for GET /v1/responses/{id} and previous_response_id; "
+        "past that the least recently used is evicted; 0 keeps none (default %(default)s)",
+    )
+    add(
         "--max-body-size",
         default=defaults.max_body_size,
         type=_size,
@@ -335,6 +345,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
         generation_config=generation_config,
         ui=not args.no_ui,
+        responses_store_size=args.responses_store_size,
     )
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
     request_type = ChatCompletionRequest
-    id_prefix = "chatcmpl"
+    id_prefix = "chatcmpl-"
     plan: ChatPlan
 
     def __init__(

@@ -1,0 +1,98 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API over the
+chat path.
+
+A Responses request is a chat request in other clothes: its instructions, the history of its
+previous response and its input items become chat messages rendered with the model's chat
+template, and its sampling fields and text.format a `SamplingParams` (responses_plan.py); the
+request skeleton (serving.py) does the rest, disconnects included. What differs is the answer
+(responses_builder.py) and the memory: a finished response is stored (response_store.py) unless
+the request says `store: false`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quart import Response
+
+from trio_llm.http.plans import RequestLimits, SamplingDefaults
+from trio_llm.http.protocol_responses import (
+    DeletedResponse,
+    InputItem,
+    ResponseObject,
+    ResponsesRequest,
+)
+from trio_llm.http.response_store import StoredResponse
+from trio_llm.http.responses_builder import ResponsesStream, complete_response, initial_response
+from trio_llm.http.responses_plan import ResponsesPlan, conversation_messages, plan_responses
+from trio_llm.http.serving import (
+    GenerationEndpoint,
+    Prompt,
+    ResponseHead,
+    json_response,
+    serve_generation,
+)
+from trio_llm.http.state import ModelInfo, current_state
+from trio_llm.http.structured import check_constraint
+from trio_llm.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from trio_llm.client import EngineClient
+
+
+class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
+    request_type = ResponsesRequest
+    id_prefix = "resp_"
+    plan: ResponsesPlan
+
+    def __init__(
+        self, request: ResponsesRequest, limits: RequestLimits, defaults: SamplingDefaults
+    ) -> None:
+        super().__init__(request, limits, defaults)
+        self.plan = plan_responses(request, limits, defaults)
+        self._store = current_state().responses
+        self._history: tuple[InputItem, ...] = ()
+        if request.previous_response_id is not None:
+            previous = self._store.get(request.previous_response_id, "previous_response_id")
+            self._history = previous.continued()
+
+    async def check(self) -> None:
+        await check_constraint(self.plan.params.constraint, self.plan.constraint_param)
+
+    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
+        messages = conversation_messages(self.request.instructions, self._history, self.plan.items)
+        return [Prompt(await engine.apply_chat_template(messages), "input")]
+
+    def _base(self, head: ResponseHead) -> ResponseObject:
+        return initial_response(
+            self.request,
+            self.plan,
+            response_id=head.response_id,
+            model=head.model,
+            created=head.created,
+        )
+
+    def _finished(self, response: ResponseObject) -> None:
+        if self.request.store:
+            conversation = (*self._history, *self.plan.items)
+            self._store.put(StoredResponse(response, conversation))
+
+    def stream(self, head: ResponseHead) -> ResponsesStream:
+        return ResponsesStream(self._base(head), self._finished)
+
+    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ResponseObject:
+        [output] = outputs
+        return complete_response(self._base(head), output, self._finished)
+
+
+async def create_response() -> Response:
+    return await serve_generation(ResponsesEndpoint)
+
+
+async def retrieve_response(response_id: str) -> Response:
+    return json_response(current_state().responses.get(response_id).response)
+
+
+async def delete_response(response_id: str) -> Response:
+    current_state().responses.delete(response_id)
+    return json_response(DeletedResponse(response_id))
