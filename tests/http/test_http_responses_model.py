@@ -1,0 +1,189 @@
+"""The Responses API through the real server on the default model, driven by the official
+OpenAI SDK: `responses.create` (text, json_schema), `responses.parse`, `responses.stream` and
+`create(stream=True)` with the events in order, retrieve, delete, store false,
+previous_response_id chaining, and the SDK's errors for an unknown id and an unsupported tool.
+One server for the module."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+from http_server_process import ServerProcess, run_server
+from trio_llm.config import DEFAULT_MODEL
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of France? Answer in one word."
+
+
+@pytest.fixture(scope="module")
+def server(default_model: object) -> Iterator[ServerProcess]:
+    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "1024") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client:
+        yield client
+
+
+def test_create_answers_with_text_and_usage(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(
+        model=DEFAULT_MODEL, input=QUESTION, temperature=0, max_output_tokens=32
+    )
+    assert response.id.startswith("resp_") and response.model == DEFAULT_MODEL
+    assert response.status == "completed", response
+    assert "Paris" in response.output_text
+    assert response.output[0].type == "message"
+    usage = response.usage
+    assert usage is not None and usage.input_tokens > 5 and 0 < usage.output_tokens <= 32
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+
+
+def test_max_output_tokens_makes_it_incomplete(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(
+        model=DEFAULT_MODEL, input="Write a long story about a dragon.", max_output_tokens=4
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 4
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=20)
+    country: str = pydantic.Field(max_length=20)
+
+
+def test_text_format_json_schema(sdk: openai.OpenAI) -> None:
+    schema = City.model_json_schema()
+    response = sdk.responses.create(
+        model=DEFAULT_MODEL,
+        input="Describe Paris as JSON.",
+        instructions="You answer in JSON.",
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema}},
+        temperature=0,
+        max_output_tokens=64,
+    )
+    assert response.status == "completed"
+    City.model_validate(json.loads(response.output_text))
+    parsed = sdk.responses.parse(
+        model=DEFAULT_MODEL,
+        input="Describe Paris as JSON.",
+        text_format=City,
+        temperature=0,
+        max_output_tokens=64,
+    )
+    assert isinstance(parsed.output_parsed, City)
+
+
+EVENT_ORDER = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+def _collapsed(types: list[str]) -> list[str]:
+    """The event types with runs of deltas as one."""
+    return [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
+
+
+def test_stream_helper_sees_the_events_in_order(sdk: openai.OpenAI) -> None:
+    with sdk.responses.stream(
+        model=DEFAULT_MODEL, input=QUESTION, temperature=0, max_output_tokens=32
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert _collapsed([e.type for e in events]) == EVENT_ORDER
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text and "Paris" in deltas
+    assert sdk.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_create_with_stream_true(sdk: openai.OpenAI) -> None:
+    events = list(
+        sdk.responses.create(
+            model=DEFAULT_MODEL, input=QUESTION, temperature=0, max_output_tokens=32, stream=True
+        )
+    )
+    assert _collapsed([e.type for e in events]) == EVENT_ORDER
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.status == "completed" and final.usage.output_tokens > 0
+
+
+def test_retrieve_delete_and_store_false(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model=DEFAULT_MODEL, input="Hi!", max_output_tokens=8)
+    assert sdk.responses.retrieve(response.id).output_text == response.output_text
+    sdk.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(response.id)
+    unstored = sdk.responses.create(
+        model=DEFAULT_MODEL, input="Hi!", max_output_tokens=8, store=False
+    )
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk.responses.retrieve(unstored.id)
+    assert caught.value.body == {
+        "message": f"Response with id '{unstored.id}' not found.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+
+
+def test_previous_response_id_continues_the_conversation(
+    sdk: openai.OpenAI, server: ServerProcess
+) -> None:
+    first = sdk.responses.create(
+        model=DEFAULT_MODEL,
+        input="My name is Zorblax. Say hello to me.",
+        temperature=0,
+        max_output_tokens=16,
+    )
+    second = sdk.responses.create(
+        model=DEFAULT_MODEL,
+        input="What is my name?",
+        previous_response_id=first.id,
+        temperature=0,
+        max_output_tokens=16,
+    )
+    assert first.usage is not None and second.usage is not None
+    # The second prompt holds the first turn (question and answer) and then its own.
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    # Exactly: the conversation as chat messages, rendered by the chat template.
+    conversation = [
+        {"role": "user", "content": "My name is Zorblax. Say hello to me."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    tokens = httpx.post(server.url + "/tokenize", json={"messages": conversation}, timeout=30)
+    assert tokens.json()["count"] == second.usage.input_tokens
+    alone = sdk.responses.create(
+        model=DEFAULT_MODEL, input="What is my name?", temperature=0, max_output_tokens=16
+    )
+    assert alone.usage is not None and alone.usage.input_tokens < second.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.create(model=DEFAULT_MODEL, input="x", previous_response_id="resp_unknown")
+
+
+def test_unsupported_tool_is_a_400(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.responses.create(
+            model=DEFAULT_MODEL, input="Search the web.", tools=[{"type": "web_search"}]
+        )
+    assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
+    assert "web_search" in caught.value.body["message"]  # type: ignore[index]
