@@ -187,3 +187,24 @@ def test_unsupported_tool_is_a_400(sdk: openai.OpenAI) -> None:
         )
     assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
     assert "web_search" in caught.value.body["message"]  # type: ignore[index]
+
+
+def test_logprobs_when_included(sdk: openai.OpenAI) -> None:
+    fields = {
+        "model": DEFAULT_MODEL,
+        "input": QUESTION,
+        "temperature": 0,
+        "max_output_tokens": 8,
+        "top_logprobs": 2,
+        "include": ["message.output_text.logprobs"],
+    }
+    response = sdk.responses.create(**fields)  # type: ignore[call-overload]
+    part = response.output[0].content[0]  # type: ignore[union-attr]
+    # As on chat, the tokens include the end-of-turn token that stopped the text.
+    assert part.logprobs and "".join(lp.token for lp in part.logprobs).startswith(part.text)
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    events = list(sdk.responses.create(**fields, stream=True))  # type: ignore[call-overload]
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
+    plain = sdk.responses.create(model=DEFAULT_MODEL, input=QUESTION, max_output_tokens=4)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]

@@ -18,7 +18,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 from trio_llm.http.errors import bad_request, not_supported
-from trio_llm.http.protocol import Int32, Int64, PositiveInt, RequestId
+from trio_llm.http.protocol import Int32, Int64, PositiveInt, RequestId, TopLogprobs
+from trio_llm.http.responses import ChatTokenLogprob
 
 # ---------------------------------------------------------------------------------------------
 # Request
@@ -79,7 +80,9 @@ class ResponsesRequest(Struct, kw_only=True):
     background: bool = False
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    top_logprobs: TopLogprobs | None = None
+    """Alternatives per token, with `include: ["message.output_text.logprobs"]` (without
+    it, as OpenAI does, no logprobs are returned)."""
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -112,7 +115,8 @@ class InputText(Struct, tag="input_text", tag_field="type"):
 class OutputText(Struct, tag="output_text", tag_field="type", kw_only=True):
     text: str
     annotations: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    logprobs: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    logprobs: list[ChatTokenLogprob] = msgspec.field(default_factory=list)
+    """Chat's shape: token, logprob, bytes, top_logprobs."""
 
 
 class Refusal(Struct, tag="refusal", tag_field="type"):
@@ -305,6 +309,7 @@ class ResponseObject(Struct, kw_only=True):
     text: TextConfig = msgspec.field(default_factory=TextConfig)
     tool_choice: str | dict[str, Any] = "auto"
     tools: list[FunctionTool] = msgspec.field(default_factory=list)
+    top_logprobs: int | None = None
     top_p: float | None = None
     truncation: str = "disabled"
     usage: ResponseUsage | None = None
@@ -385,7 +390,7 @@ class OutputTextDelta(_Event, tag="response.output_text.delta"):
     output_index: int
     content_index: int
     delta: str
-    logprobs: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    logprobs: list[ChatTokenLogprob] = msgspec.field(default_factory=list)
 
 
 class OutputTextDone(_Event, tag="response.output_text.done"):
@@ -393,7 +398,7 @@ class OutputTextDone(_Event, tag="response.output_text.done"):
     output_index: int
     content_index: int
     text: str
-    logprobs: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    logprobs: list[ChatTokenLogprob] = msgspec.field(default_factory=list)
 
 
 class FunctionCallArgumentsDelta(_Event, tag="response.function_call_arguments.delta"):

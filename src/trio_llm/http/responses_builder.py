@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from trio_llm.http.builders import chat_logprobs
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.protocol_responses import (
     ContentPartAdded,
@@ -47,8 +48,9 @@ from trio_llm.http.protocol_responses import (
     ResponseUsage,
     TextConfig,
 )
+from trio_llm.http.responses import ChatTokenLogprob
 from trio_llm.http.responses_plan import ResponsesPlan
-from trio_llm.outputs import RequestOutput
+from trio_llm.outputs import CompletionOutput, RequestOutput
 
 OnFinished = Callable[[ResponseObject], None]
 
@@ -80,6 +82,7 @@ def initial_response(
         text=request.text or TextConfig(),
         tool_choice=request.tool_choice,
         tools=list(plan.tools),
+        top_logprobs=request.top_logprobs,
         top_p=plan.params.top_p,
         truncation=request.truncation or "disabled",
         user=request.user,
@@ -139,14 +142,25 @@ def _message_status(response: ResponseObject) -> Any:
     return "incomplete" if response.status != "completed" else "completed"
 
 
+def _logprobs(output: CompletionOutput, top_logprobs: int | None) -> list[ChatTokenLogprob]:
+    if top_logprobs is None or not output.logprobs:
+        return []
+    return chat_logprobs(output.logprobs, top_logprobs).content or []
+
+
 def complete_response(
-    base: ResponseObject, output: RequestOutput, on_finished: OnFinished
+    base: ResponseObject,
+    output: RequestOutput,
+    on_finished: OnFinished,
+    top_logprobs: int | None = None,
 ) -> ResponseObject:
-    """The response of a request that does not stream, from its finished output."""
+    """The response of a request that does not stream, from its finished output;
+    `top_logprobs`: alternatives per token in the text's logprobs (None: none)."""
     tokens = _Tokens()
     tokens.add(output)
-    text = "".join(o.text for o in output.outputs)
-    message = OutputMessage(id=item_id("msg"), status="completed", content=[OutputText(text=text)])
+    [o] = output.outputs
+    part = OutputText(text=o.text, logprobs=_logprobs(o, top_logprobs))
+    message = OutputMessage(id=item_id("msg"), status="completed", content=[part])
     response = finished(base, tokens, [message])
     message.status = _message_status(response)
     if response.status != "failed":
@@ -162,10 +176,13 @@ class ResponsesStream:
     """OpenAI's Responses streams end with their last event, no `[DONE]`."""
     base: ResponseObject
     on_finished: OnFinished
+    top_logprobs: int | None = None
+    """Alternatives per token in the deltas' and the text's logprobs; None: none."""
     _sequence: int = field(default=0, init=False)
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
     _message: OutputMessage | None = field(default=None, init=False)
     _text: list[str] = field(default_factory=list, init=False)
+    _logprobs: list[ChatTokenLogprob] = field(default_factory=list, init=False)
 
     def _next(self) -> int:
         self._sequence += 1
@@ -195,12 +212,14 @@ class ResponsesStream:
         self._tokens.add(output)
         events = []
         for o in output.outputs:
-            if not o.text:
+            logprobs = _logprobs(o, self.top_logprobs)
+            if not o.text and not logprobs:
                 continue
             if self._message is None:
                 events += self._open_message()
             assert self._message is not None
             self._text.append(o.text)
+            self._logprobs += logprobs
             events.append(
                 OutputTextDelta(
                     sequence_number=self._next(),
@@ -208,6 +227,7 @@ class ResponsesStream:
                     output_index=0,
                     content_index=0,
                     delta=o.text,
+                    logprobs=logprobs,
                 )
             )
         return events
@@ -217,7 +237,7 @@ class ResponsesStream:
         message = self._message
         assert message is not None
         text = "".join(self._text)
-        part = OutputText(text=text)
+        part = OutputText(text=text, logprobs=self._logprobs)
         done = OutputMessage(id=message.id, status="completed", content=[part])
         response = finished(self.base, self._tokens, [done])
         done.status = _message_status(response)
@@ -228,6 +248,7 @@ class ResponsesStream:
                 output_index=0,
                 content_index=0,
                 text=text,
+                logprobs=self._logprobs,
             ),
             ContentPartDone(
                 sequence_number=self._next(),

@@ -5,7 +5,7 @@ Owns what the Responses fields mean for the engine: the input items (with the hi
 previous response) as chat messages, `max_output_tokens`, the sampling fields with the model's
 defaults, `text.format` as a structured-output constraint (http/structured.py validates it),
 and the refusals of what this server does not build (background responses, stored prompts,
-conversations, reasoning effort, logprobs). Invariant: every way a request can be wrong ends
+conversations, reasoning effort). Invariant: every way a request can be wrong ends
 in a `ProtocolError` naming the parameter, and nothing here touches Quart or the engine.
 """
 
@@ -43,6 +43,8 @@ class ResponsesPlan:
     """This request's input, as items (a string input is one user message)."""
     params: SamplingParams
     tools: list[FunctionTool]
+    top_logprobs: int | None = None
+    """Alternatives per output token; None: no logprobs in the response."""
     constraint_param: str | None = None
     """The field the constraint came from (`text.format.schema`), which its errors name."""
 
@@ -68,8 +70,6 @@ def _refuse_unbuilt(request: ResponsesRequest) -> None:
         raise not_supported("prompt", "Stored prompt templates")
     if request.reasoning is not None and request.reasoning.effort not in (None, "none"):
         raise not_supported("reasoning.effort", "Reasoning")
-    if request.top_logprobs or _LOGPROBS_INCLUDE in (request.include or ()):
-        raise not_supported("top_logprobs", "Logprobs in responses")
 
 
 def text_constraint(text: TextConfig | None) -> tuple[Constraint, str] | None:
@@ -125,6 +125,9 @@ def plan_responses(
         if not isinstance(item, MessageItem):
             raise not_supported(f"input[{i}].type", "Function call items")
     constraint = text_constraint(request.text)
+    top_logprobs = None
+    if _LOGPROBS_INCLUDE in (request.include or ()):
+        top_logprobs = request.top_logprobs or 0
 
     def given(value: float | None, default: float) -> float:
         return default if value is None else value
@@ -137,6 +140,7 @@ def plan_responses(
         min_p=given(request.min_p, defaults.min_p),
         repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
         seed=request.seed,
+        logprobs=top_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         constraint=None if constraint is None else constraint[0],
     )
@@ -146,7 +150,11 @@ def plan_responses(
         param = "max_output_tokens" if error.param == "max_tokens" else error.param
         raise bad_request(str(error), param=param) from None
     return ResponsesPlan(
-        items, params, tools, constraint_param=None if constraint is None else constraint[1]
+        items,
+        params,
+        tools,
+        top_logprobs=top_logprobs,
+        constraint_param=None if constraint is None else constraint[1],
     )
 
 

@@ -78,11 +78,11 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
             self._store.put(StoredResponse(response, conversation))
 
     def stream(self, head: ResponseHead) -> ResponsesStream:
-        return ResponsesStream(self._base(head), self._finished)
+        return ResponsesStream(self._base(head), self._finished, self.plan.top_logprobs)
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ResponseObject:
         [output] = outputs
-        return complete_response(self._base(head), output, self._finished)
+        return complete_response(self._base(head), output, self._finished, self.plan.top_logprobs)
 
 
 async def create_response() -> Response:
