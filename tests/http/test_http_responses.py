@@ -1,7 +1,8 @@
 """/v1/responses over a fake engine: the response object and every stream event validated
 against the OpenAI SDK's own types, the event order and sequence numbers, the store (retrieve,
 delete, store false, eviction, previous_response_id's history in the next prompt), the 400s
-and 404s in OpenAI's shape, a failed stream, and a disconnect aborting the generation."""
+and 404s in OpenAI's shape, and a failed stream. (A disconnect aborting the generation is
+test_http_app.py's, for every streaming route.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any
 import httpx
 import pydantic
 import pytest
-import trio
 from http_fake_engine import FakeEngine
 from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
@@ -288,22 +288,6 @@ async def test_what_it_cannot_do_is_a_400_naming_the_field(
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert words in error["message"]
-
-
-async def test_client_disconnect_aborts_the_stream(
-    engine: FakeEngine, client: httpx.AsyncClient
-) -> None:
-    engine.hold_after_first = True
-    async with client.stream(
-        "POST", "/v1/responses", json={"input": "hi", "stream": True}
-    ) as response:
-        async for _ in response.aiter_bytes():
-            break
-        with trio.fail_after(5):
-            await engine.wait_for(lambda: len(engine.running) == 1)
-    with trio.fail_after(1):
-        await engine.wait_for(lambda: not engine.running)
-    assert len(engine.aborted) == 1
 
 
 async def test_openapi_shows_the_endpoints(client: httpx.AsyncClient) -> None:

@@ -2,19 +2,18 @@
 OpenAI SDK: `responses.create` (text, json_schema), `responses.parse`, `responses.stream` and
 `create(stream=True)` with the events in order, retrieve, delete, store false,
 previous_response_id chaining, and the SDK's errors for an unknown id and an unsupported tool.
-One server for the module."""
+On the session's shared server (conftest.py's `default_server`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pydantic
 import pytest
 
-from http_server_process import ServerProcess, run_server
+from http_server_process import ServerProcess
 from trio_llm.config import DEFAULT_MODEL
 
 pytestmark = pytest.mark.slow
@@ -22,20 +21,8 @@ pytestmark = pytest.mark.slow
 QUESTION = "What is the capital of France? Answer in one word."
 
 
-@pytest.fixture(scope="module")
-def server(default_model: object) -> Iterator[ServerProcess]:
-    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "1024") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client:
-        yield client
-
-
-def test_create_answers_with_text_and_usage(sdk: openai.OpenAI) -> None:
-    response = sdk.responses.create(
+def test_create_answers_with_text_and_usage(default_sdk: openai.OpenAI) -> None:
+    response = default_sdk.responses.create(
         model=DEFAULT_MODEL, input=QUESTION, temperature=0, max_output_tokens=32
     )
     assert response.id.startswith("resp_") and response.model == DEFAULT_MODEL
@@ -47,8 +34,8 @@ def test_create_answers_with_text_and_usage(sdk: openai.OpenAI) -> None:
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
 
 
-def test_max_output_tokens_makes_it_incomplete(sdk: openai.OpenAI) -> None:
-    response = sdk.responses.create(
+def test_max_output_tokens_makes_it_incomplete(default_sdk: openai.OpenAI) -> None:
+    response = default_sdk.responses.create(
         model=DEFAULT_MODEL, input="Write a long story about a dragon.", max_output_tokens=4
     )
     assert response.status == "incomplete"
@@ -62,9 +49,9 @@ class City(pydantic.BaseModel):
     country: str = pydantic.Field(max_length=20)
 
 
-def test_text_format_json_schema(sdk: openai.OpenAI) -> None:
+def test_text_format_json_schema(default_sdk: openai.OpenAI) -> None:
     schema = City.model_json_schema()
-    response = sdk.responses.create(
+    response = default_sdk.responses.create(
         model=DEFAULT_MODEL,
         input="Describe Paris as JSON.",
         instructions="You answer in JSON.",
@@ -74,7 +61,7 @@ def test_text_format_json_schema(sdk: openai.OpenAI) -> None:
     )
     assert response.status == "completed"
     City.model_validate(json.loads(response.output_text))
-    parsed = sdk.responses.parse(
+    parsed = default_sdk.responses.parse(
         model=DEFAULT_MODEL,
         input="Describe Paris as JSON.",
         text_format=City,
@@ -102,8 +89,8 @@ def _collapsed(types: list[str]) -> list[str]:
     return [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
 
 
-def test_stream_helper_sees_the_events_in_order(sdk: openai.OpenAI) -> None:
-    with sdk.responses.stream(
+def test_stream_helper_sees_the_events_in_order(default_sdk: openai.OpenAI) -> None:
+    with default_sdk.responses.stream(
         model=DEFAULT_MODEL, input=QUESTION, temperature=0, max_output_tokens=32
     ) as stream:
         events = list(stream)
@@ -112,12 +99,12 @@ def test_stream_helper_sees_the_events_in_order(sdk: openai.OpenAI) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == final.output_text and "Paris" in deltas
-    assert sdk.responses.retrieve(final.id).output_text == final.output_text
+    assert default_sdk.responses.retrieve(final.id).output_text == final.output_text
 
 
-def test_create_with_stream_true(sdk: openai.OpenAI) -> None:
+def test_create_with_stream_true(default_sdk: openai.OpenAI) -> None:
     events = list(
-        sdk.responses.create(
+        default_sdk.responses.create(
             model=DEFAULT_MODEL, input=QUESTION, temperature=0, max_output_tokens=32, stream=True
         )
     )
@@ -126,17 +113,17 @@ def test_create_with_stream_true(sdk: openai.OpenAI) -> None:
     assert final.status == "completed" and final.usage.output_tokens > 0
 
 
-def test_retrieve_delete_and_store_false(sdk: openai.OpenAI) -> None:
-    response = sdk.responses.create(model=DEFAULT_MODEL, input="Hi!", max_output_tokens=8)
-    assert sdk.responses.retrieve(response.id).output_text == response.output_text
-    sdk.responses.delete(response.id)
+def test_retrieve_delete_and_store_false(default_sdk: openai.OpenAI) -> None:
+    response = default_sdk.responses.create(model=DEFAULT_MODEL, input="Hi!", max_output_tokens=8)
+    assert default_sdk.responses.retrieve(response.id).output_text == response.output_text
+    default_sdk.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
-        sdk.responses.retrieve(response.id)
-    unstored = sdk.responses.create(
+        default_sdk.responses.retrieve(response.id)
+    unstored = default_sdk.responses.create(
         model=DEFAULT_MODEL, input="Hi!", max_output_tokens=8, store=False
     )
     with pytest.raises(openai.NotFoundError) as caught:
-        sdk.responses.retrieve(unstored.id)
+        default_sdk.responses.retrieve(unstored.id)
     assert caught.value.body == {
         "message": f"Response with id '{unstored.id}' not found.",
         "type": "invalid_request_error",
@@ -146,15 +133,15 @@ def test_retrieve_delete_and_store_false(sdk: openai.OpenAI) -> None:
 
 
 def test_previous_response_id_continues_the_conversation(
-    sdk: openai.OpenAI, server: ServerProcess
+    default_sdk: openai.OpenAI, default_server: ServerProcess
 ) -> None:
-    first = sdk.responses.create(
+    first = default_sdk.responses.create(
         model=DEFAULT_MODEL,
         input="My name is Zorblax. Say hello to me.",
         temperature=0,
         max_output_tokens=16,
     )
-    second = sdk.responses.create(
+    second = default_sdk.responses.create(
         model=DEFAULT_MODEL,
         input="What is my name?",
         previous_response_id=first.id,
@@ -170,26 +157,30 @@ def test_previous_response_id_continues_the_conversation(
         {"role": "assistant", "content": first.output_text},
         {"role": "user", "content": "What is my name?"},
     ]
-    tokens = httpx.post(server.url + "/tokenize", json={"messages": conversation}, timeout=30)
+    tokens = httpx.post(
+        default_server.url + "/tokenize", json={"messages": conversation}, timeout=30
+    )
     assert tokens.json()["count"] == second.usage.input_tokens
-    alone = sdk.responses.create(
+    alone = default_sdk.responses.create(
         model=DEFAULT_MODEL, input="What is my name?", temperature=0, max_output_tokens=16
     )
     assert alone.usage is not None and alone.usage.input_tokens < second.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
-        sdk.responses.create(model=DEFAULT_MODEL, input="x", previous_response_id="resp_unknown")
+        default_sdk.responses.create(
+            model=DEFAULT_MODEL, input="x", previous_response_id="resp_unknown"
+        )
 
 
-def test_unsupported_tool_is_a_400(sdk: openai.OpenAI) -> None:
+def test_unsupported_tool_is_a_400(default_sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        sdk.responses.create(
+        default_sdk.responses.create(
             model=DEFAULT_MODEL, input="Search the web.", tools=[{"type": "web_search"}]
         )
     assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
     assert "web_search" in caught.value.body["message"]  # type: ignore[index]
 
 
-def test_logprobs_when_included(sdk: openai.OpenAI) -> None:
+def test_logprobs_when_included(default_sdk: openai.OpenAI) -> None:
     fields = {
         "model": DEFAULT_MODEL,
         "input": QUESTION,
@@ -198,13 +189,13 @@ def test_logprobs_when_included(sdk: openai.OpenAI) -> None:
         "top_logprobs": 2,
         "include": ["message.output_text.logprobs"],
     }
-    response = sdk.responses.create(**fields)  # type: ignore[call-overload]
+    response = default_sdk.responses.create(**fields)  # type: ignore[call-overload]
     part = response.output[0].content[0]  # type: ignore[union-attr]
     # As on chat, the tokens include the end-of-turn token that stopped the text.
     assert part.logprobs and "".join(lp.token for lp in part.logprobs).startswith(part.text)
     assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
-    events = list(sdk.responses.create(**fields, stream=True))  # type: ignore[call-overload]
+    events = list(default_sdk.responses.create(**fields, stream=True))  # type: ignore[call-overload]
     streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
     assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
-    plain = sdk.responses.create(model=DEFAULT_MODEL, input=QUESTION, max_output_tokens=4)
+    plain = default_sdk.responses.create(model=DEFAULT_MODEL, input=QUESTION, max_output_tokens=4)
     assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]

@@ -184,28 +184,27 @@ class ResponsesStream:
     _text: list[str] = field(default_factory=list, init=False)
     _logprobs: list[ChatTokenLogprob] = field(default_factory=list, init=False)
 
-    def _next(self) -> int:
+    def _event(self, kind: type[Any], **fields: Any) -> Any:
+        """An event of `kind` with the next sequence number."""
         self._sequence += 1
-        return self._sequence - 1
+        return kind(sequence_number=self._sequence - 1, **fields)
+
+    def _in_part(self) -> dict[str, Any]:
+        """Where the message's text is: its item, the item's index, the part's index."""
+        assert self._message is not None
+        return {"item_id": self._message.id, "output_index": 0, "content_index": 0}
 
     def begin(self) -> list[Any]:
         return [
-            ResponseCreated(sequence_number=self._next(), response=self.base),
-            ResponseInProgress(sequence_number=self._next(), response=self.base),
+            self._event(ResponseCreated, response=self.base),
+            self._event(ResponseInProgress, response=self.base),
         ]
 
     def _open_message(self) -> list[Any]:
-        message = OutputMessage(id=item_id("msg"), status="in_progress")
-        self._message = message
+        self._message = OutputMessage(id=item_id("msg"), status="in_progress")
         return [
-            OutputItemAdded(sequence_number=self._next(), output_index=0, item=message),
-            ContentPartAdded(
-                sequence_number=self._next(),
-                item_id=message.id,
-                output_index=0,
-                content_index=0,
-                part=OutputText(text=""),
-            ),
+            self._event(OutputItemAdded, output_index=0, item=self._message),
+            self._event(ContentPartAdded, **self._in_part(), part=OutputText(text="")),
         ]
 
     def feed(self, prompt_index: int, output: RequestOutput) -> list[Any]:
@@ -217,53 +216,31 @@ class ResponsesStream:
                 continue
             if self._message is None:
                 events += self._open_message()
-            assert self._message is not None
             self._text.append(o.text)
             self._logprobs += logprobs
             events.append(
-                OutputTextDelta(
-                    sequence_number=self._next(),
-                    item_id=self._message.id,
-                    output_index=0,
-                    content_index=0,
-                    delta=o.text,
-                    logprobs=logprobs,
-                )
+                self._event(OutputTextDelta, **self._in_part(), delta=o.text, logprobs=logprobs)
             )
         return events
 
     def end(self) -> list[Any]:
         events = [] if self._message is not None else self._open_message()
-        message = self._message
-        assert message is not None
+        assert self._message is not None
         text = "".join(self._text)
         part = OutputText(text=text, logprobs=self._logprobs)
-        done = OutputMessage(id=message.id, status="completed", content=[part])
+        done = OutputMessage(id=self._message.id, status="completed", content=[part])
         response = finished(self.base, self._tokens, [done])
         done.status = _message_status(response)
         events += [
-            OutputTextDone(
-                sequence_number=self._next(),
-                item_id=message.id,
-                output_index=0,
-                content_index=0,
-                text=text,
-                logprobs=self._logprobs,
-            ),
-            ContentPartDone(
-                sequence_number=self._next(),
-                item_id=message.id,
-                output_index=0,
-                content_index=0,
-                part=part,
-            ),
-            OutputItemDone(sequence_number=self._next(), output_index=0, item=done),
+            self._event(OutputTextDone, **self._in_part(), text=text, logprobs=self._logprobs),
+            self._event(ContentPartDone, **self._in_part(), part=part),
+            self._event(OutputItemDone, output_index=0, item=done),
         ]
         if response.status == "failed":
-            return [*events, ResponseFailed(sequence_number=self._next(), response=response)]
+            return [*events, self._event(ResponseFailed, response=response)]
         self.on_finished(response)
         final = ResponseCompleted if response.status == "completed" else ResponseIncomplete
-        return [*events, final(sequence_number=self._next(), response=response)]
+        return [*events, self._event(final, response=response)]
 
     def fail(self, error: ProtocolError) -> list[Any]:
         output = []
@@ -277,4 +254,4 @@ class ResponsesStream:
             usage=self._tokens.usage(),
             error=failure(error),
         )
-        return [ResponseFailed(sequence_number=self._next(), response=response)]
+        return [self._event(ResponseFailed, response=response)]
