@@ -316,16 +316,6 @@ class ResponseObject(Struct, kw_only=True):
     user: str | None = None
     background: bool = False
 
-    @property
-    def output_text(self) -> str:
-        """The text of every output message, joined (the SDK's `response.output_text`)."""
-        return "".join(
-            part.text
-            for item in self.output
-            if isinstance(item, OutputMessage)
-            for part in item.content
-        )
-
 
 class DeletedResponse(Struct):
     id: str
