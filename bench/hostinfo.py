@@ -19,9 +19,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_class() -> str:
+    """Which of the pool's machine classes this is: the flags that decide bf16 and the kernels."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return "flags unknown"
+    flags = set(line.partition(":")[2].split())
+    if "amx_bf16" in flags:
+        return "AMX + AVX512-BF16"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    if "avx512f" in flags:
+        return "AVX-512 (no BF16)"
+    return "AVX2-only" if "avx2" in flags else "no AVX2"
+
+
 def describe() -> str:
-    """CPU, cores, Python, OS and date on one line."""
+    """CPU (and its class), cores, Python, OS and date on one line."""
     return (
-        f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{cpu_name()} ({cpu_class()}), {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, "
         f"{platform.system()}, {datetime.date.today().isoformat()}"
     )

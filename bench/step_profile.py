@@ -1,15 +1,16 @@
-"""Where one engine step's time goes, and what the CPU knobs change: evidence for issue 6's tuning.
+"""Where one decode step's time goes, per forward implementation, dtype and batch invariance.
 
-EngineCore in this process serves N random 100-token prompts for each batch size N; the variants
-(each torch thread count asked for, and with --compile the most threads with the MLP and norm
-modules through torch.compile) take turns of a few decode steps each (interleaved, so that drift
-in a shared VM does not favour whichever runs first), and the median step and the tokens/s it gives
-are printed side by side with the time of the model's weight matmuls alone (the same weights and
-row count, no model around them: the floor of a fp32 engine on this machine); --ops prints the
-torch profiler's top operators of a few steps.
+One EngineCore per variant lives in this process (the default model; HF modules or the engine's
+own Llama forward, float32 or bfloat16, batch invariance off or on). For each case (N sequences
+with a context of C tokens), every core gets the same N random prompts of C tokens, prefills
+them, and then the cores take turns of a few decode steps each, so that drift in a shared VM
+falls on every variant alike (measured one after the other, whichever ran first looked up to
+25% faster here). Each step is split into the model's forward, the LM head, input preparation,
+and the rest (scheduling, sampling, outputs): the engine's overhead over a bare forward of the
+same model code on the same batch.
 
-Usage: python bench/step_profile.py [--ns 1 32] [--threads 1 2] [--compile] [--ops]
-       [--dtype auto] [--out bench/results/step_profile.md]
+Usage: python bench/step_profile.py [--cases 1x100 1x1000 32x100 32x1000] [--rounds 5]
+       [--threads 2] [--variants ...] [--ops] [--out bench/results/step_profile.md]
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import datetime
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
@@ -35,175 +38,246 @@ sys.path.insert(0, str(BENCH))
 
 from engine import machine  # noqa: E402  (bench/engine.py)
 
-PROMPT = 100
-ROUNDS = 8
-"""Timed turns each variant takes at each N (3 timed decode steps and one matmul floor a
-turn), after one untimed turn each."""
+STEPS_PER_TURN = 4
+"""Decode steps a variant takes per turn; the first, which pays for the switch, is not timed."""
 
 
 @dataclass(frozen=True)
 class Variant:
-    threads: int
-    compiled: bool = False
+    impl: str  # "hf" or "own"
+    dtype: str
+    invariant: str  # "off", "on" or "auto"
 
     @property
     def label(self) -> str:
-        return f"{self.threads} thread{'s' * (self.threads > 1)}" + (
-            ", torch.compile" if self.compiled else ""
+        return f"{self.impl}, {self.dtype}, invariance {self.invariant}"
+
+    def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
+        return EngineArgs(
+            num_threads=threads,
+            max_num_seqs=256,
+            dtype=self.dtype,
+            model_impl="transformers" if self.impl == "hf" else "auto",
+            batch_invariant=self.invariant,
+            kv_cache_memory=kv_cache_memory,
+            enable_prefix_caching=False,  # every case's prompts are new; no stale hits
         )
 
 
-class Pointwise:
-    """Every layer's MLP and RMSNorms, eager or through torch.compile (inductor, dynamic
-    shapes): what fusing the per-layer pointwise work buys. Both forwards are kept so that the
-    variants can take turns; each compiles in its first turn, which the timing leaves out."""
+VARIANTS = {
+    "hf-fp32": Variant("hf", "float32", "off"),
+    "own-fp32": Variant("own", "float32", "off"),
+    "own-fp32-inv": Variant("own", "float32", "on"),
+    "hf-bf16": Variant("hf", "bfloat16", "off"),
+    "own-bf16-noinv": Variant("own", "bfloat16", "off"),
+    "own-bf16": Variant("own", "bfloat16", "auto"),
+}
+
+
+class Split:
+    """Times the runner's parts of every step by wrapping the instance's methods (the runner
+    calls them through `self`, so the wrappers see each call)."""
+
+    PARTS = ("prepare", "lm_head", "execute")
 
     def __init__(self, core: EngineCore) -> None:
-        self.modules = [
-            module
-            for layer in core.runner.decoder.layers
-            for module in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm)
-        ]
-        self.eager = [m.forward for m in self.modules]
-        self.compiled = [torch.compile(f, dynamic=True) for f in self.eager]
+        self.times: dict[str, float] = defaultdict(float)
+        runner = core.runner
+        for name in self.PARTS:
+            setattr(runner, name, self._timed(name, getattr(runner, name)))
 
-    def use(self, compiled: bool) -> None:
-        for module, forward in zip(self.modules, self.compiled if compiled else self.eager):
-            module.forward = forward
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.times[name] += time.perf_counter() - t0
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        got, self.times = dict(self.times), defaultdict(float)
+        return got
 
 
 @dataclass
-class Samples:
-    steps: list[float] = field(default_factory=list)
-    floors: list[float] = field(default_factory=list)
+class Row:
+    variant: Variant
+    n: int
+    context: int
+    step: float
+    forward: float
+    lm_head: float
+    prepare: float
+
+    @property
+    def rest(self) -> float:
+        return self.step - self.forward - self.lm_head - self.prepare
 
 
-def measure(
-    core: EngineCore, n: int, variants: list[Variant], pointwise: Pointwise | None
-) -> dict[Variant, Samples]:
-    """Decode step times of n requests, and the matmul floor, per variant. The variants take
-    turns of a few steps in one process: measured one after the other, whichever ran first
-    looked up to 25 % faster on this VM, and the matmul floor alone drifted by 40 % within
-    minutes; interleaving shows that drift to be the machine's, not the variant's."""
-    g = torch.Generator().manual_seed(n)
+def run_case(
+    cores: dict[Variant, EngineCore],
+    splits: dict[Variant, Split],
+    n: int,
+    context: int,
+    rounds: int,
+) -> list[Row]:
+    g = torch.Generator().manual_seed(n * 10_000 + context)
+    prompts = [torch.randint(100, 40000, (context,), generator=g).tolist() for _ in range(n)]
     params = SamplingParams(
-        temperature=0.0, max_tokens=(ROUNDS + 1) * len(variants) * 4 + 20, ignore_eos=True
+        temperature=0.0, max_tokens=(rounds + 1) * STEPS_PER_TURN + 4, ignore_eos=True
     )
-    for i in range(n):
-        prompt = torch.randint(100, 40000, (PROMPT,), generator=g).tolist()
-        core.add_request(EngineCoreRequest(f"n{n}-{i}", prompt, params))
-    while core.scheduler.waiting or any(
-        s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.running
-    ):
-        core.step()  # prefill
-    samples = {v: Samples() for v in variants}
-    for round_ in range(ROUNDS + 1):  # round 0 warms up (and compiles)
-        for v in variants:
-            torch.set_num_threads(v.threads)
-            if pointwise is not None:
-                pointwise.use(v.compiled)
-            for k in range(4):
+    for core in cores.values():
+        for i, prompt in enumerate(prompts):
+            core.add_request(EngineCoreRequest(f"{n}x{context}-{i}", prompt, params))
+        while core.scheduler.waiting or any(
+            s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.running
+        ):
+            core.step()
+    samples: dict[Variant, list[tuple[float, dict[str, float]]]] = defaultdict(list)
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for variant, core in cores.items():
+            for k in range(STEPS_PER_TURN):
+                splits[variant].take()
                 t0 = time.perf_counter()
                 core.step()
-                if round_ and k:  # the first step after a switch pays for the switch
-                    samples[v].steps.append(time.perf_counter() - t0)
-            if round_:
-                samples[v].floors.append(matmul_floor(core, n))
-    core.abort_requests([f"n{n}-{i}" for i in range(n)])
-    while core.has_work():
-        core.step()
-    return samples
+                elapsed = time.perf_counter() - t0
+                parts = splits[variant].take()
+                if round_ and k:
+                    samples[variant].append((elapsed, parts))
+    rows = []
+    for variant, core in cores.items():
+        core.abort_requests([f"{n}x{context}-{i}" for i in range(n)])
+        while core.has_work():
+            core.step()
+        got = samples[variant]
+
+        def median(key: Callable[[tuple[float, dict[str, float]]], float]) -> float:
+            return statistics.median(key(s) for s in got)  # noqa: B023
+
+        rows.append(
+            Row(
+                variant,
+                n,
+                context,
+                step=median(lambda s: s[0]),
+                # execute holds prepare, the forward, the LM head and the sampler.
+                forward=median(
+                    lambda s: s[1]["execute"] - s[1]["prepare"] - s[1].get("lm_head", 0.0)
+                ),
+                lm_head=median(lambda s: s[1].get("lm_head", 0.0)),
+                prepare=median(lambda s: s[1]["prepare"]),
+            )
+        )
+    return rows
 
 
-def matmul_floor(core: EngineCore, n: int) -> float:
-    """Seconds of every Linear's weight matmul at n rows, back to back."""
-    linears = [m for m in core.runner.model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = {m.in_features: torch.randn(n, m.in_features, dtype=m.weight.dtype) for m in linears}
-    t0 = time.perf_counter()
-    for m in linears:
-        F.linear(inputs[m.in_features], m.weight)
-    return time.perf_counter() - t0
-
-
-def op_table(core: EngineCore, n: int) -> str:
+def op_table(core: EngineCore, n: int, context: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator().manual_seed(0)
-    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     for i in range(n):
-        core.add_request(
-            EngineCoreRequest(
-                f"ops-{i}", torch.randint(100, 40000, (PROMPT,), generator=g).tolist(), params
-            )
-        )
-    for _ in range(20):
+        prompt = torch.randint(100, 40000, (context,), generator=g).tolist()
+        core.add_request(EngineCoreRequest(f"ops-{i}", prompt, params))
+    while core.scheduler.waiting or any(
+        s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.running
+    ):
         core.step()
+    core.step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             core.step()
     core.abort_requests([f"ops-{i}" for i in range(n)])
     while core.has_work():
         core.step()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
+
+
+def kv_bytes(dtype: str, cases: list[tuple[int, int]], rounds: int) -> int:
+    """The cache the largest case needs (SmolLM2-135M: 30 layers, 3 KV heads of 64), plus room."""
+    tokens = max(n * (c + (rounds + 1) * STEPS_PER_TURN + 40) for n, c in cases)
+    per_token = 30 * 2 * 3 * 64 * (4 if dtype == "float32" else 2)
+    return int(tokens * per_token * 1.1) + (64 << 20)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--ns", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--compile", action="store_true", help="then torch.compile, most threads")
-    p.add_argument("--ops", action="store_true", help="the profiler's top ops, most threads")
-    p.add_argument("--dtype", default="auto", help="the engine's dtype (auto: bf16 where AMX)")
+    p.add_argument("--cases", nargs="+", default=["1x100", "1x1000", "32x100", "32x1000"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ops", action="store_true", help="the profiler's top ops, first variant")
     p.add_argument("--out", type=Path, default=BENCH / "results" / "step_profile.md")
     args = p.parse_args()
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases]
 
-    variants = [Variant(t) for t in args.threads]
-    if args.compile:
-        variants.append(Variant(max(args.threads), compiled=True))
-    core = EngineCore(
-        EngineArgs(num_threads=max(args.threads), max_num_seqs=max(args.ns), dtype=args.dtype)
-    )
-    pointwise = Pointwise(core) if args.compile else None
-    rows = []
-    ops = {}
-    for n in args.ns:
-        for v, got in measure(core, n, variants, pointwise).items():
-            step, floor = statistics.median(got.steps), statistics.median(got.floors)
-            rows.append((v, n, step, floor))
+    variants = [VARIANTS[v] for v in args.variants]
+    cores = {
+        v: EngineCore(v.args(args.threads, kv_bytes(v.dtype, cases, args.rounds)))  # type: ignore[arg-type]
+        for v in variants
+    }
+    splits = {v: Split(core) for v, core in cores.items()}
+    for v, core in cores.items():
+        print(f"{v.label}: dtype {core.ready.dtype}, row tile {core.runner.row_tile}", flush=True)
+    rows: list[Row] = []
+    ops: dict[tuple[int, int], str] = {}
+    for n, context in cases:
+        for row in run_case(cores, splits, n, context, args.rounds):
+            rows.append(row)
             print(
-                f"{v.label} N={n}: step {step * 1e3:.1f} ms ({n / step:.1f} tok/s), "
-                f"weight matmuls alone {floor * 1e3:.1f} ms",
+                f"N={n} C={context} {row.variant.label}: step {row.step * 1e3:.1f} ms "
+                f"({n / row.step:.1f} tok/s), forward {row.forward * 1e3:.1f}, "
+                f"LM head {row.lm_head * 1e3:.1f}, prepare {row.prepare * 1e3:.2f}",
                 flush=True,
             )
         if args.ops:
-            torch.set_num_threads(max(args.threads))
-            if pointwise is not None:
-                pointwise.use(False)
-            ops[n] = op_table(core, n)
-            print(ops[n], flush=True)
+            ops[(n, context)] = op_table(cores[variants[-1]], n, context)
 
     lines = [
-        "# One engine step on this CPU: threads, torch.compile, and the matmul floor",
+        "# One decode step: forward implementation, dtype and batch invariance",
         "",
-        f"Machine: {machine()}.",
-        f"Date: {datetime.datetime.now().isoformat(timespec='minutes')}.",
+        f"Machine: {machine()}. Date: {datetime.datetime.now().isoformat(timespec='minutes')}. "
+        f"`python bench/step_profile.py --rounds {args.rounds} --threads {args.threads}"
+        f"{' --ops' if args.ops else ''}`.",
         "",
-        f"EngineCore in process, default model ({core.ready.dtype}), N requests of {PROMPT} "
-        f"random prompt tokens, greedy; the median of {ROUNDS * 3} decode steps per row, the "
-        "variants taking turns in one process. "
-        "`matmuls alone`: every Linear of the model (LM head included) at N rows, back to back, "
-        "no model around them. Written by bench/step_profile.py.",
+        "EngineCore in process, default model (SmolLM2-135M-Instruct), N sequences with C "
+        "context tokens each, greedy decode steps; one core per variant, the variants taking "
+        f"turns of {STEPS_PER_TURN} steps in one process (the first of each turn untimed); "
+        f"medians of {args.rounds * (STEPS_PER_TURN - 1)} steps. `forward`: the decoder's "
+        "forward alone (hf: transformers' modules with the paged attention hooked in; own: "
+        "engine/llama.py), `LM head` and `prepare` (the step's input tensors) apart; `rest`: "
+        "scheduling, sampling and outputs. `bare share`: (forward + LM head) / step, what a bare "
+        "forward of the same code on the same batch would take of the engine's step.",
         "",
-        "| N | variant | step (ms) | tok/s | matmuls alone (ms) | matmul share |",
-        "|---|---|---|---|---|---|",
+        "| N | C | variant | step (ms) | tok/s | forward | LM head | prepare | rest | bare share |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for v, n, step, floor in rows:
+    for r in rows:
         lines.append(
-            f"| {n} | {v.label} | {step * 1e3:.1f} | {n / step:.1f} | {floor * 1e3:.1f} | "
-            f"{floor / step:.0%} |"
+            f"| {r.n} | {r.context} | {r.variant.label} | {r.step * 1e3:.1f} | "
+            f"{r.n / r.step:.1f} | {r.forward * 1e3:.1f} | {r.lm_head * 1e3:.1f} | "
+            f"{r.prepare * 1e3:.2f} | {r.rest * 1e3:.1f} | "
+            f"{(r.forward + r.lm_head) / r.step:.0%} |"
         )
-    for n, table in ops.items():
-        lines += ["", f"Top operators, N={n}, {max(args.threads)} threads (5 steps):", ""]
+    base = {(r.n, r.context): r for r in rows if r.variant == variants[0]}
+    lines += [
+        "",
+        f"Step time relative to {variants[0].label} (lower is faster):",
+        "",
+        "| N | C | " + " | ".join(v.label for v in variants) + " |",
+        "|---|---|" + "---|" * len(variants),
+    ]
+    for n, context in cases:
+        cells = [
+            f"{r.step / base[(n, context)].step:.2f}"
+            for r in rows
+            if (r.n, r.context) == (n, context)
+        ]
+        lines.append(f"| {n} | {context} | " + " | ".join(cells) + " |")
+    for (n, context), table in ops.items():
+        lines += ["", f"Top operators, {variants[-1].label}, N={n}, C={context} (5 steps):", ""]
         lines += ["```", table.strip(), "```"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

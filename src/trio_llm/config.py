@@ -53,6 +53,14 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     block_size: int = 16
     kv_cache_memory: str | int = "1GiB"
     enable_prefix_caching: bool = True
+    model_impl: str = "auto"
+    """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
+    Mistral), or transformers' modules for every model."""
+    batch_invariant: str = "auto"
+    """auto | on | off: compute every row of every matmul the same way whatever else is in the
+    batch, so a request gets the same tokens alone or in company (engine/row_tiles.py). auto:
+    on where the start-up probe finds it free (bfloat16 on oneDNN), off where it would cost
+    padding (float32 on MKL); on: padded tiles there too."""
     attention_backend: str = "auto"
     """auto | torch | triton"""
     seed: int = 0

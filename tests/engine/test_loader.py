@@ -103,19 +103,60 @@ def test_cpu_flags_reads_this_machine() -> None:
     assert "flags" not in flags and ":" not in flags
 
 
-@pytest.mark.parametrize(("flags", "expected"), [(AVX2_ONLY, "float32"), (AMX, "bfloat16")])
-def test_an_auto_engine_reports_the_dtype_its_machine_gets(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], expected: str
+@pytest.mark.parametrize(
+    ("flags", "measured"), [(AVX2_ONLY, None), (AMX, "bfloat16"), (AMX, "float32")]
+)
+def test_an_auto_engine_takes_bf16_only_where_the_cpu_can_and_the_measurement_agrees(
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: frozenset[str],
+    measured: str | None,
 ) -> None:
     import torch
 
     from trio_llm.config import EngineArgs
+    from trio_llm.engine import dtype_policy
     from trio_llm.engine.core import EngineCore
 
+    asked: list[int] = []
+
+    def measure(weights: list[torch.Tensor], cpu: frozenset[str]) -> torch.dtype:
+        asked.append(len(weights))
+        assert cpu == flags and all(w.dtype is torch.float32 for w in weights)
+        return getattr(torch, measured or "float32")
+
     monkeypatch.setattr(loader, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(dtype_policy, "choose_cpu_dtype", measure)
     core = EngineCore(EngineArgs(model=str(tiny_model_dir), kv_cache_memory="1MiB"))
+    expected = measured or "float32"
     assert core.ready.dtype == expected
-    assert next(core.runner.model.parameters()).dtype is getattr(torch, expected)
+    assert core.runner.k_caches[0].dtype is getattr(torch, expected)
+    # AVX2-only: no bf16 to measure. AMX: 7 matmuls of the first layer and the LM head.
+    assert asked == ([] if measured is None else [8])
+
+
+def test_the_measured_choice_needs_bf16_no_slower_alone_and_faster_batched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torch
+
+    from trio_llm.engine import dtype_policy
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    weights = [torch.randn(32, 16), torch.randn(100, 16)]
+    cases = [
+        ({1: 1.0, 32: 3.0}, {1: 1.0, 32: 1.5}, torch.bfloat16),  # equal alone, faster batched
+        ({1: 1.0, 32: 3.0}, {1: 1.1, 32: 1.0}, torch.float32),  # slower alone
+        ({1: 1.0, 32: 1.0}, {1: 0.9, 32: 1.0}, torch.float32),  # not faster batched
+    ]
+    for i, (fp32, bf16, expected) in enumerate(cases):
+        flags = frozenset({"amx_bf16", f"case{i}"})  # a new machine each time: a new cache key
+        timings = {torch.float32: fp32, torch.bfloat16: bf16}
+        monkeypatch.setattr(dtype_policy, "_timings", lambda w, dtype, t=timings: t[dtype])
+        assert dtype_policy.choose_cpu_dtype(weights, flags) is expected
+        # Remembered: the same machine does not measure again (and so cannot flip on noise).
+        monkeypatch.setattr(dtype_policy, "_timings", lambda w, dtype: pytest.fail("measured"))
+        assert dtype_policy.choose_cpu_dtype(weights, flags) is expected
 
 
 def test_generation_config_is_read_as_written(

@@ -41,6 +41,8 @@ def test_every_flag() -> None:
             "--num-threads", "2",
             "--stream-interval", "4",
             "--single-token-dtype", "float16",
+            "--batch-invariant", "on",
+            "--model-impl", "transformers",
             "--allowed-origins", "https://a.example, https://b.example",
             "--max-queued-requests", "8",
             "--max-body-size", "1MiB",
@@ -60,6 +62,7 @@ def test_every_flag() -> None:
     )
     assert (e.kv_cache_memory, e.dtype, e.device) == ("64MiB", "float32", "cpu")
     assert (e.num_threads, e.stream_interval, e.single_token_dtype) == (2, 4, "float16")
+    assert (e.batch_invariant, e.model_impl) == ("on", "transformers")
     assert (config.host, config.port, config.api_key) == ("0.0.0.0", 9000, "k")
     assert config.allowed_origins == ("https://a.example", "https://b.example")
     assert (config.max_queued_requests, config.capacity) == (8, 12)
@@ -96,6 +99,8 @@ def test_environment_supplies_defaults_and_flags_win() -> None:
         (["--max-num-seqs", "0"], {}),
         (["--stream-interval", "0"], {}),
         (["--single-token-dtype", "float64"], {}),
+        (["--batch-invariant", "sometimes"], {}),
+        (["--model-impl", "vllm"], {}),
         (["--kv-cache-memory", "lots"], {}),
         (["--dtype", "int3"], {}),
         (["--certfile", "c.pem"], {}),

@@ -29,6 +29,11 @@ LONG = {
     "temperature": 0,
 }
 
+LONG_STREAM = {**LONG, "max_tokens": 2000}
+"""Streams that outlast the test's steps: the tiny model on the own forward decodes 400 tokens
+in under a second, and the test needs its streams running while it cancels and starts others
+(the last one is cancelled by the test, the others with it)."""
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
@@ -75,7 +80,7 @@ async def test_requests_spread_by_load_and_a_disconnect_aborts_on_its_replica(
         with scope:
             async with (
                 httpx.AsyncClient(base_url=server.url, timeout=60) as c,
-                c.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as r,
+                c.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "stream": True}) as r,
             ):
                 async for _ in r.aiter_lines():
                     pass

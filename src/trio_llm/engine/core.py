@@ -32,7 +32,7 @@ import msgspec
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import loader, pooling
+from trio_llm.engine import dtype_policy, loader, pooling
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
@@ -74,6 +74,7 @@ class _Parts:
     """What differs between a generating and a pooling engine."""
 
     runner: ModelRunner | PoolingRunner
+    dtype: torch.dtype
     num_blocks: int
     kv_cache_bytes: int
     max_model_len: int
@@ -138,7 +139,7 @@ class EngineCore:
             max_model_len=parts.max_model_len,
             vocab_size=self.vocab_size,
             eos_token_ids=sorted(self.eos_token_ids),
-            dtype=str(dtype).removeprefix("torch."),
+            dtype=str(parts.dtype).removeprefix("torch."),
             device=device,
             block_size=args.block_size,
             num_blocks=parts.num_blocks,
@@ -162,7 +163,13 @@ class EngineCore:
     ) -> _Parts:
         args = self.args
         backend = resolve_backend(args.attention_backend, device)
-        model = loader.load_model(source, dtype, device)
+        # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
+        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        if measure:
+            dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
+            if dtype is not torch.float32:
+                model.to(dtype)
         spec = kv_cache_spec(model, args.block_size, dtype)
         num_blocks = args.kv_cache_bytes() // spec.bytes_per_block
         if num_blocks < 1:
@@ -179,6 +186,9 @@ class EngineCore:
             device=self.device,
             backend=backend,
             seed=args.seed,
+            max_model_len=max_model_len,
+            model_impl=args.model_impl,
+            batch_invariant=args.batch_invariant,
             single_token_dtype=(
                 None
                 if args.single_token_dtype == "none"
@@ -187,6 +197,7 @@ class EngineCore:
         )
         return _Parts(
             runner=runner,
+            dtype=dtype,
             num_blocks=num_blocks,
             kv_cache_bytes=num_blocks * spec.bytes_per_block,
             max_model_len=max_model_len,
@@ -214,6 +225,7 @@ class EngineCore:
         num_blocks = -(-budget // args.block_size) + budget  # a partial block per input
         return _Parts(
             runner=PoolingRunner(model, pooling_config, self.device),
+            dtype=dtype,
             num_blocks=num_blocks,
             kv_cache_bytes=0,
             max_model_len=max_model_len,
@@ -452,3 +464,11 @@ def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
         log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
         limit = capacity
     return limit
+
+
+def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The matmul weights of the model's first decoder layer and its LM head: what a decode
+    step spends its time on, layer by layer."""
+    first_layer = model.model.layers[0]  # type: ignore[union-attr,index]
+    weights = [m.weight for m in first_layer.modules() if isinstance(m, torch.nn.Linear)]
+    return [*weights, model.get_output_embeddings().weight]

@@ -16,19 +16,25 @@ per-sequence Python is limited to reading each sequence's new tokens and block t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from trio_llm.engine import llama, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.interface import as_tensor
+from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.scheduler import ScheduledBatch
 from trio_llm.engine.sequence import Sequence
 from trio_llm.engine.structured import StepMasks, apply_bitmask
 from trio_llm.engine.weight_sets import WeightSets
 from trio_llm.ipc.messages import TokenLogprobs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -96,13 +102,25 @@ class ModelRunner:
         device: torch.device,
         backend: str,
         seed: int,
+        max_model_len: int,
+        model_impl: str = "auto",
+        batch_invariant: str = "auto",
         single_token_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.decoder = model.model
+        self.own: LlamaForward | None = None
+        """The engine's own forward, when it covers this model (and was not turned off)."""
         self.spec = spec
         self.block_size = spec.block_size
         self.device = device
+        self.row_tile = 0
+        """Rows per matmul call when batch invariance is on (0: off)."""
+        if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
+            self.own = LlamaForward(model, max_model_len, F.linear)
+            self.own.linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            # Its fused weights replace the layers' own: free them rather than hold both.
+            self.decoder.layers = torch.nn.ModuleList()
         self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler(seed, device)
@@ -125,10 +143,32 @@ class ModelRunner:
         self.single_token_steps = 0
         """Steps run on the single-token weight copies."""
 
-    @property
-    def lm_head(self) -> torch.nn.Module:
-        """The LM head of the selected weight set."""
-        return self.model.lm_head
+    def _invariant_linear(self, mode: str, shapes: list[tuple[int, int]]) -> row_tiles.Linear:
+        """The matmul the own forward uses: in row-exact tiles unless `mode` is off (see
+        row_tiles); `auto` turns invariance on only where it is free (an unpadded tile)."""
+        if mode == "off":
+            return F.linear
+        tile = row_tiles.probe(shapes, self.spec.dtype, self.device)
+        if tile:
+            self.row_tile = tile
+            log.info("batch invariance on: matmuls in tiles of %d rows", tile)
+            return row_tiles.tiled(tile)
+        if mode == "on":
+            self.row_tile = row_tiles.PADDED_TILE
+            log.info("batch invariance on: matmuls padded to %d rows", row_tiles.PADDED_TILE)
+            return row_tiles.padded(row_tiles.PADDED_TILE)
+        log.info(
+            "batch invariance off: %s matmuls here are not row-exact in any unpadded tile, and "
+            "padded tiles would slow a lone stream 2-3x (--batch-invariant on forces them)",
+            str(self.spec.dtype).removeprefix("torch."),
+        )
+        return F.linear
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of `hidden` rows, through the selected weight set's LM head."""
+        if self.own is not None:
+            return self.own.logits(hidden)
+        return self.model.lm_head(hidden)
 
     @torch.inference_mode()
     def execute(
@@ -142,12 +182,17 @@ class ModelRunner:
             single_token = inputs.input_ids.shape[1] == 1
             self.weight_sets.select(low_precision=single_token)
             self.single_token_steps += single_token
-        hidden = self.decoder(
-            input_ids=inputs.input_ids,
-            position_ids=inputs.positions,
-            use_cache=False,
-            trio_attn=inputs.attn,
-        ).last_hidden_state[0]
+        if self.own is not None:
+            hidden = self.own(
+                inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
+            )
+        else:
+            hidden = self.decoder(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.positions,
+                use_cache=False,
+                trio_attn=inputs.attn,
+            ).last_hidden_state[0]
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
@@ -201,6 +246,7 @@ class ModelRunner:
                     cu_seqlens_q=cu,
                     context_lens=ends,
                     slot_mapping=slots,
+                    key_bucket=row_tiles.KEY_BUCKET if self.row_tile else 0,
                 ),
                 self.k_caches[0],
             ),

@@ -211,6 +211,23 @@ def add_serve_arguments(
         "ones (default %(default)s)",
     )
     add(
+        "--batch-invariant",
+        choices=["auto", "on", "off"],
+        default=engine.batch_invariant,
+        help="the same request gets the same tokens alone or batched with others: auto turns "
+        "it on where a start-up probe finds it free (bfloat16 on oneDNN), on forces it "
+        "(padded matmuls where needed, 2-3x slower lone streams in float32), off (default "
+        "%(default)s)",
+    )
+    add(
+        "--model-impl",
+        choices=["auto", "transformers"],
+        default=engine.model_impl,
+        help="auto: the engine's own forward for Llama-family models, transformers' modules "
+        "for the rest; transformers: transformers' modules for every model (default "
+        "%(default)s)",
+    )
+    add(
         "--stream-interval",
         type=_positive_int,
         default=engine.stream_interval,
@@ -311,6 +328,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         stream_interval=args.stream_interval,
         single_token_dtype=args.single_token_dtype,
         jump_forward=not args.no_jump_forward,
+        batch_invariant=args.batch_invariant,
+        model_impl=args.model_impl,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     try:

@@ -44,6 +44,11 @@ class StepLayout:
     """[B]: each sequence's K/V length, this step's tokens included."""
     slot_mapping: np.ndarray
     """[T]: where each new token's K/V go."""
+    key_bucket: int = 0
+    """0: each query attends over exactly its context. B > 0: over its context rounded up to a
+    multiple of B (the rest masked), in calls grouped by that length, so that a query's
+    attention does not depend on the batch or the chunking (batch invariance, torch backend;
+    the Triton kernels ignore it)."""
 
 
 class AttentionMetadata(Protocol):

@@ -45,20 +45,32 @@ class DecodePlan:
     layer of the step (no allocation, no page faults per layer)."""
 
     @classmethod
-    def build(cls, block_tables: np.ndarray, context_lens: np.ndarray, cache: Tensor) -> DecodePlan:
-        """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device."""
+    def build(
+        cls,
+        block_tables: np.ndarray,
+        context_lens: np.ndarray,
+        cache: Tensor,
+        length: int | None = None,
+    ) -> DecodePlan:
+        """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device.
+        `length`: attend over this many positions (masking those past each context) rather
+        than over the longest context, and always through a mask."""
         device = cache.device
         block_size = cache.shape[1]
-        length = int(context_lens.max(initial=0))
+        fixed = length is not None
+        if length is None:
+            length = int(context_lens.max(initial=0))
         num_blocks = -(-length // block_size)
         needed = -(-context_lens // block_size)
+        if block_tables.shape[1] < num_blocks:  # a fixed length past every table's end
+            block_tables = np.pad(block_tables, ((0, 0), (0, num_blocks - block_tables.shape[1])))
         blocks = np.where(
             np.arange(num_blocks)[None, :] < needed[:, None], block_tables[:, :num_blocks], 0
         )
         width = cache[0].numel()
         rows = len(context_lens) * num_blocks
         mask = empty = None
-        if (context_lens != length).any():
+        if fixed or (context_lens != length).any():
             visible = np.arange(length)[None, :] < context_lens[:, None]
             mask = as_tensor(visible[:, None, None, :], device)
         if (context_lens == 0).any():
@@ -86,7 +98,12 @@ class PrefillChunk:
     """[context] int64: the cache slots of all its positions up to the chunk's end."""
     mask: Tensor | None
     """[chunk, context] bool causal mask offset by the earlier positions, when there are any (a
-    later chunk, or a prefix-cache hit); None when the chunk is the whole context."""
+    later chunk, or a prefix-cache hit); None when the chunk is the whole context. With
+    `padding`, one row per padded query row."""
+    padding: tuple[int, int] | None = None
+    """(rows before, rows in all): with key buckets, the queries sit at this offset among a
+    fixed number of query rows (the rest are idle), so the call's shape, and each query's row
+    in it, are the same however the prompt was chunked."""
 
 
 def plan_prefill(
@@ -95,21 +112,53 @@ def plan_prefill(
     context_lens: np.ndarray,
     block_size: int,
     device: torch.device,
+    key_bucket: int = 0,
 ) -> list[PrefillChunk]:
-    """One chunk per sequence with queries and context (the others' queries get zeros)."""
+    """One chunk per sequence with queries and context (the others' queries get zeros).
+
+    With `key_bucket` B, a sequence's queries are split by the bucket of their position, and the
+    queries at positions [kB, (k + 1)B) attend over the positions [0, (k + 1)B) through a mask
+    (those past the chunk's end point at slot 0 and are masked out): every query's attention
+    then has the same shape however its prompt was chunked and whatever else is in the step."""
     chunks = []
     for b, ctx in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         if start == end or ctx == 0:
             continue
-        j = np.arange(ctx)
-        slots = block_tables[b, j // block_size].astype(np.int64) * block_size + j % block_size
-        mask = None
         earlier = ctx - (end - start)
-        if earlier:
-            q_pos = np.arange(earlier, ctx)
-            mask = as_tensor(j[None, :] <= q_pos[:, None], device)
-        chunks.append(PrefillChunk(start, end, as_tensor(slots, device), mask))
+        if not key_bucket:
+            j = np.arange(ctx)
+            slots = block_tables[b, j // block_size].astype(np.int64) * block_size + j % block_size
+            mask = None
+            if earlier:
+                q_pos = np.arange(earlier, ctx)
+                mask = as_tensor(j[None, :] <= q_pos[:, None], device)
+            chunks.append(PrefillChunk(start, end, as_tensor(slots, device), mask))
+            continue
+        first = earlier
+        while first < ctx:
+            length = (first // key_bucket + 1) * key_bucket
+            last = min(length, ctx)  # queries [first, last) share this key range
+            j = np.arange(length)
+            real = j < ctx
+            blocks = block_tables[b, np.where(real, j, 0) // block_size].astype(np.int64)
+            slots = np.where(real, blocks * block_size + j % block_size, 0)
+            # All the bucket's query rows, the idle ones seeing position 0 only (a row that
+            # sees nothing would be NaN).
+            q_pos = np.arange(length - key_bucket, length)
+            visible = (j[None, :] <= q_pos[:, None]) & (q_pos[:, None] < ctx)
+            visible[:, 0] = True
+            offset = start - earlier
+            chunks.append(
+                PrefillChunk(
+                    offset + first,
+                    offset + last,
+                    as_tensor(slots, device),
+                    as_tensor(visible, device),
+                    padding=(first - (length - key_bucket), key_bucket),
+                )
+            )
+            first = last
     return chunks
 
 
@@ -121,20 +170,35 @@ class TorchAttentionMetadata:
     """[T] int64, never negative (the engine does not pad)."""
     num_decodes: int
     decode: DecodePlan | None = None
+    decode_groups: list[tuple[Tensor, DecodePlan]] = field(default_factory=list)
+    """With key buckets: (decode rows, their plan) per bucket, instead of `decode`."""
     prefills: list[PrefillChunk] = field(default_factory=list)
     """Row offsets relative to row `num_decodes`."""
+    fresh_kv: bool = True
+    """A chunk that is its sequence's whole context may attend over the new K/V directly."""
 
     @classmethod
     def build(cls, layout: StepLayout, cache: Tensor) -> TorchAttentionMetadata:
         device = cache.device
         nd = layout.num_decodes
-        meta = cls(slot_mapping=as_tensor(layout.slot_mapping, device), num_decodes=nd)
+        bucket = layout.key_bucket
+        meta = cls(
+            slot_mapping=as_tensor(layout.slot_mapping, device), num_decodes=nd, fresh_kv=not bucket
+        )
         tables, lens = layout.block_tables, layout.context_lens
-        if nd:
+        if nd and bucket:
+            lengths = -(-lens[:nd] // bucket) * bucket
+            for length in np.unique(lengths).tolist():
+                rows = np.flatnonzero(lengths == length)
+                plan = DecodePlan.build(tables[rows], lens[rows], cache, length=length)
+                meta.decode_groups.append((as_tensor(rows, device), plan))
+        elif nd:
             meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache)
         if nd < len(lens):
             cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
-            meta.prefills = plan_prefill(tables[nd:], cu, lens[nd:], cache.shape[1], device)
+            meta.prefills = plan_prefill(
+                tables[nd:], cu, lens[nd:], cache.shape[1], device, key_bucket=bucket
+            )
         return meta
 
     def forward(
@@ -144,11 +208,16 @@ class TorchAttentionMetadata:
         nd = self.num_decodes
 
         def decode(qd: Tensor) -> Tensor:
-            assert self.decode is not None  # built whenever there are decodes
-            return _decode(qd, k_cache, v_cache, self.decode, scale)
+            if self.decode is not None:
+                return _decode(qd, k_cache, v_cache, self.decode, scale)
+            out = qd.new_empty(qd.shape)
+            for rows, plan in self.decode_groups:
+                out[rows] = _decode(qd.index_select(0, rows), k_cache, v_cache, plan, scale)
+            return out
 
         def prefill(qp: Tensor, out: Tensor) -> None:
-            _prefill(qp, k_cache, v_cache, self.prefills, scale, out, (k[nd:], v[nd:]))
+            fresh = (k[nd:], v[nd:]) if self.fresh_kv else None
+            _prefill(qp, k_cache, v_cache, self.prefills, scale, out, fresh)
 
         return decodes_then_prefills(q, nd, decode, prefill)
 
@@ -269,13 +338,21 @@ def _prefill(
         else:
             kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
             vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+        queries = q[chunk.start : chunk.end]
+        if chunk.padding is not None:
+            before, rows = chunk.padding
+            padded = queries.new_zeros(rows, num_heads, head_dim)
+            padded[before : before + len(queries)] = queries
+            queries = padded
         attended = F.scaled_dot_product_attention(
-            q[chunk.start : chunk.end].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
+            queries.transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
             kc.transpose(0, 1).unsqueeze(0),
             vc.transpose(0, 1).unsqueeze(0),
             attn_mask=chunk.mask,
             is_causal=chunk.mask is None,
             scale=scale,
             enable_gqa=num_heads != num_kv_heads,
-        )
-        out[chunk.start : chunk.end] = attended[0].transpose(0, 1)
+        )[0].transpose(0, 1)
+        if chunk.padding is not None:
+            attended = attended[before : before + chunk.end - chunk.start]
+        out[chunk.start : chunk.end] = attended

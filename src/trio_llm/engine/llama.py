@@ -1,0 +1,165 @@
+"""The engine's own forward for the Llama family (Llama, Qwen2, Mistral), on the packed row.
+
+Why not transformers' modules: on a CPU a decode step of a small model is short, and a third of it
+went to the modules' small ops (views, transposes, separate q/k/v and gate/up projections,
+per-layer rotary embeddings, keyword plumbing), not to the matmuls. Here each layer is one fused
+QKV projection, rotary embeddings read from a table built once, the paged attention call, the
+output projection, and one fused gate-up projection: a handful of large ops per layer, on the
+`[T, hidden]` packed row directly (no batch dimension, no transposes).
+
+The weights are the loaded transformers model's, fused once at start-up (the separate tensors are
+then dropped); the numbers follow transformers' Llama exactly (RMSNorm in float32, rotary
+embeddings in float32 cast to the model's dtype, the same order of operations), so in float32 the
+greedy output equals Hugging Face's. Architectures it does not cover (another attention layout, a
+rotary embedding that changes with the sequence length) keep the transformers path.
+
+Every matmul goes through `linear`, a function the runner chooses (see `row_tiles`): that is
+where batch invariance is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trio_llm.engine.attention import AttentionMetadata
+
+ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
+_STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
+"""Rotary embeddings whose frequencies do not depend on the sequence length, so a table built
+once holds them for every position."""
+
+Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether this forward computes what `model`'s own forward does."""
+    config = model.config
+    if not set(getattr(config, "architectures", None) or ()) & ARCHITECTURES:
+        return False
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return (
+        rope_type in _STATIC_ROPE
+        and getattr(config, "hidden_act", "silu") == "silu"
+        and not getattr(config, "mlp_bias", False)
+    )
+
+
+@dataclass(slots=True)
+class _Layer:
+    input_norm: Tensor
+    qkv: Tensor
+    """[(Hq + 2 Hkv) * D, hidden]: q, k and v projections in one."""
+    qkv_bias: Tensor | None
+    o: Tensor
+    post_norm: Tensor
+    gate_up: Tensor
+    """[2 * intermediate, hidden]: the gate projection, then the up projection."""
+    down: Tensor
+
+
+class LlamaForward:
+    """A Llama-family model as plain tensors, computing hidden states for the packed row."""
+
+    def __init__(self, model: torch.nn.Module, max_positions: int, linear: Linear) -> None:
+        config = model.config
+        decoder = model.model
+        self.linear = linear
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads or self.num_heads)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        )
+        self.eps = float(config.rms_norm_eps)
+        self.embed = decoder.embed_tokens.weight.detach()
+        self.norm = decoder.norm.weight.detach()
+        self.lm_head = model.lm_head.weight.detach()
+        self.scale = self.head_dim**-0.5
+        self.layers = [self._fuse(layer) for layer in decoder.layers]
+        self.intermediate = self.layers[0].down.shape[1]
+        self.cos, self.sin = _rotary_table(decoder.rotary_emb, max_positions, self.embed)
+
+    @staticmethod
+    def _fuse(layer: torch.nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = None
+        if attn.q_proj.bias is not None:
+            bias = torch.cat([p.bias.detach() for p in projections])
+        return _Layer(
+            input_norm=layer.input_layernorm.weight.detach(),
+            qkv=torch.cat([p.weight.detach() for p in projections]),
+            qkv_bias=bias,
+            o=attn.o_proj.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            gate_up=torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]),
+            down=mlp.down_proj.weight.detach(),
+        )
+
+    def __call__(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        attn: AttentionMetadata,
+        k_caches: Sequence[Tensor],
+        v_caches: Sequence[Tensor],
+    ) -> Tensor:
+        """Hidden states after the final norm, [T, hidden], for the packed row's tokens."""
+        linear = self.linear
+        tokens = input_ids.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q_end, k_end = hq * d, (hq + hkv) * d
+        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin.index_select(0, positions).unsqueeze(1)
+        x = F.embedding(input_ids, self.embed)
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            qkv = linear(h, layer.qkv, layer.qkv_bias)
+            q = _rotate(qkv[:, :q_end].view(tokens, hq, d), cos, sin)
+            k = _rotate(qkv[:, q_end:k_end].view(tokens, hkv, d), cos, sin)
+            v = qkv[:, k_end:].view(tokens, hkv, d)
+            o = attn.forward(q, k, v, k_cache, v_cache, self.scale)
+            x = x + linear(o.reshape(tokens, q_end), layer.o, None)
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate_up = linear(h, layer.gate_up, None)
+            act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+            x = x + linear(act, layer.down, None)
+        return _rms_norm(x, self.norm, self.eps)
+
+    def weight_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every distinct matmul, the LM head's included."""
+        layer = self.layers[0]
+        weights = (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+        return list(dict.fromkeys((int(w.shape[0]), int(w.shape[1])) for w in weights))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.linear(hidden, self.lm_head, None)
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' LlamaRMSNorm: normalized in float32, scaled in the model's dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """transformers' apply_rotary_pos_emb on [T, H, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)
+
+
+def _rotary_table(
+    rotary: torch.nn.Module, max_positions: int, like: Tensor
+) -> tuple[Tensor, Tensor]:
+    """cos and sin for every position, [max_positions, D], exactly as the model's own rotary
+    module gives them (the frequencies, their scaling, the cast to the model's dtype)."""
+    positions = torch.arange(max_positions, device=like.device).unsqueeze(0)
+    cos, sin = rotary(like, positions)
+    return cos[0].contiguous(), sin[0].contiguous()
