@@ -1,15 +1,18 @@
 """/v1/responses over a fake engine: the response object and every stream event validated
 against the OpenAI SDK's own types, the event order and sequence numbers, the store (retrieve,
 delete, store false, eviction, previous_response_id's history in the next prompt), the 400s
-and 404s in OpenAI's shape, and a failed stream. (A disconnect aborting the generation is
+and 404s in OpenAI's shape, a failed stream, and the builder's function-call items and events
+over a scripted parser. (A disconnect aborting the generation is
 test_http_app.py's, for every streaming route.)"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import pydantic
 import pytest
 from http_fake_engine import FakeEngine
@@ -17,6 +20,9 @@ from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 
 from trio_llm.http import ServerConfig, build_app
+from trio_llm.http.protocol_responses import FunctionCall, OutputMessage, ResponseObject
+from trio_llm.http.responses_builder import ResponsesStream, complete_response
+from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
@@ -295,3 +301,129 @@ async def test_openapi_shows_the_endpoints(client: httpx.AsyncClient) -> None:
     assert {"post"} <= set(doc["paths"]["/v1/responses"])
     assert {"get", "delete"} <= set(doc["paths"]["/v1/responses/{response_id}"])
     assert "ResponsesRequest" in doc["components"]["schemas"]
+
+
+# -- function calls in the builder, over a scripted parser ------------------------------------
+
+
+@dataclass
+class Delta:
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
+class Call:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class ScriptedParser:
+    """Gives back, for each text fed, the next (content, deltas) of its script."""
+
+    script: list[tuple[str, list[Delta]]]
+    calls: list[Call] = field(default_factory=list)
+    content: str = ""
+
+    def feed(self, text: str) -> tuple[str, list[Delta]]:
+        return self.script.pop(0)
+
+    def end(self) -> tuple[str, list[Delta]]:
+        return self.script.pop(0) if self.script else ("", [])
+
+    def finish(self) -> tuple[str, list[Call]]:
+        return self.content, self.calls
+
+
+def _output(text: str, finish: str | None = None) -> RequestOutput:
+    o = CompletionOutput(0, text, [1] * len(text), finish_reason=finish)
+    return RequestOutput("r", None, [1, 2], [o], finish is not None, RequestMetrics(0.0))
+
+
+def _base() -> ResponseObject:
+    return ResponseObject(id="resp_x", created_at=0, status="in_progress", model="m")
+
+
+def test_a_streamed_message_then_two_calls() -> None:
+    parser = ScriptedParser(
+        [
+            ("Let me look.", []),
+            ("", [Delta(0, "call_1", "weather"), Delta(0, arguments='{"city":')]),
+            ("", [Delta(0, arguments='"Paris"}'), Delta(1, "call_2", "time", "{}")]),
+        ]
+    )
+    finished: list[ResponseObject] = []
+    stream = ResponsesStream(_base(), finished.append, parser=parser)
+    events = stream.begin()
+    events += stream.feed(0, _output("a"))
+    events += stream.feed(0, _output("b"))
+    events += stream.feed(0, _output("c", "stop"))
+    events += stream.end()
+    bodies = [json.loads(msgspec.json.encode(e)) for e in events]
+    for body in bodies:
+        EVENTS.validate_python(body)
+    assert [(b["type"], b.get("output_index")) for b in bodies] == [
+        ("response.created", None),
+        ("response.in_progress", None),
+        ("response.output_item.added", 0),
+        ("response.content_part.added", 0),
+        ("response.output_text.delta", 0),
+        ("response.output_text.done", 0),
+        ("response.content_part.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.done", 1),
+        ("response.output_item.done", 1),
+        ("response.output_item.added", 2),
+        ("response.function_call_arguments.delta", 2),
+        ("response.function_call_arguments.done", 2),
+        ("response.output_item.done", 2),
+        ("response.completed", None),
+    ]
+    assert [b["sequence_number"] for b in bodies] == list(range(len(bodies)))
+    [response] = finished
+    message, weather, clock = response.output
+    assert isinstance(message, OutputMessage) and message.content[0].text == "Let me look."
+    assert isinstance(weather, FunctionCall) and isinstance(clock, FunctionCall)
+    assert (weather.call_id, weather.name, weather.arguments) == (
+        "call_1",
+        "weather",
+        '{"city":"Paris"}',
+    )
+    assert (clock.call_id, clock.name, clock.arguments, clock.status) == (
+        "call_2",
+        "time",
+        "{}",
+        "completed",
+    )
+    assert bodies[11]["arguments"] == '{"city":"Paris"}' and bodies[11]["name"] == "weather"
+    assert bodies[-1]["response"]["output"] == [
+        b["item"] for b in bodies if b["type"].endswith("item.done")
+    ]
+    SDKResponse.model_validate(bodies[-1]["response"])
+
+
+def test_a_call_cut_by_max_output_tokens_is_incomplete() -> None:
+    parser = ScriptedParser([("", [Delta(0, "call_1", "weather", '{"ci')])])
+    stream = ResponsesStream(_base(), lambda _: None, parser=parser)
+    events = [*stream.begin(), *stream.feed(0, _output("x", "length")), *stream.end()]
+    final = events[-1].response
+    assert (final.status, final.output[0].status) == ("incomplete", "incomplete")
+    assert final.output[0].arguments == '{"ci'
+
+
+def test_a_complete_response_with_calls_only() -> None:
+    parser = ScriptedParser([("", []), ("", [])], [Call("call_9", "weather", "{}")], "")
+    response = complete_response(
+        _base(), _output("<tool_call>...", "stop"), lambda _: None, parser=parser
+    )
+    [call] = response.output
+    assert isinstance(call, FunctionCall) and (call.call_id, call.status) == ("call_9", "completed")
+    assert call.id.startswith("fc_")
+    SDKResponse.model_validate(json.loads(msgspec.json.encode(response)))
