@@ -51,6 +51,8 @@ class FakeEngine:
     params: dict[str, SamplingParams] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
     """What the real client reads from the model's generation_config.json."""
+    chat_template: str | None = None
+    """None: a template without tools (the server renders them into the system message)."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
     def __post_init__(self) -> None:

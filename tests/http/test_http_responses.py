@@ -25,11 +25,21 @@ from trio_llm.http.responses_builder import ResponsesStream, complete_response
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
+WEATHER = {
+    "type": "function",
+    "name": "weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 
 
 @pytest.fixture
 def engine() -> FakeEngine:
-    return FakeEngine(finish_reason="stop")
+    return FakeEngine(finish_reason="stop", max_model_len=4096)  # room for a tool block
 
 
 @pytest.fixture
@@ -248,6 +258,40 @@ async def test_text_format_json_schema_becomes_the_constraint(
     assert list(engine.params.values())[-1].constraint.kind.name == "JSON_OBJECT"
 
 
+async def test_function_tools_reach_the_prompt_and_the_grammar(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    body = await create(client, tools=[WEATHER], tool_choice="required")
+    assert body["tools"] == [{**WEATHER, "strict": None}] and body["tool_choice"] == "required"
+    [(request_id, params)] = engine.params.items()
+    assert params.constraint is not None and params.constraint.kind.name == "GRAMMAR"
+    assert "weather" in params.constraint.spec and "<tool_call>" in params.constraint.spec
+    prompt = "".join(map(chr, engine.prompts[request_id]))
+    assert prompt.startswith("<system>") and "<tools>" in prompt and '"weather"' in prompt
+    await create(client, tools=[WEATHER], tool_choice="none")
+    assert list(engine.params.values())[-1].constraint is None
+
+
+async def test_calls_and_their_outputs_in_the_input_become_the_history(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    call = {
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "weather",
+        "arguments": '{"city":"Paris"}',
+    }
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}
+    question = {"role": "user", "content": "Weather in Paris?"}
+    await create(client, input=[question, call, output], tools=[WEATHER])
+    prompt = "".join(map(chr, list(engine.prompts.values())[-1]))
+    assert prompt.endswith(
+        '<user>Weather in Paris?<assistant><tool_call>[{"name": "weather", "arguments": '
+        '{"city": "Paris"}}]</tool_call><tool><tool_response>\nSunny\n</tool_response>'
+        "<assistant>"
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
@@ -270,7 +314,15 @@ async def test_text_format_json_schema_becomes_the_constraint(
         ({"input": []}, "input", "empty"),
         ({"input": [{"type": []}]}, "input[0].type", "[]"),
         ({"input": [{"content": "x"}]}, "input[0]", "type"),
-        ({"tool_choice": {"type": "function", "name": []}}, "tool_choice.name", "[]"),
+        ({"tool_choice": {"type": "function", "name": []}}, "tool_choice.name", "required"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "time"}},
+            "tool_choice",
+            "'time' is not among the tools",
+        ),
+        ({"tools": [WEATHER, WEATHER]}, "tools", "given twice"),
+        ({"tools": [{**WEATHER, "name": "a b"}]}, "tools[0].name", "matching regex"),
+        ({"tool_choice": "sometimes"}, "tool_choice", "sometimes"),
         ({"tool_choice": {"type": "mcp"}}, "tool_choice.type", "'mcp'"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "robot"),
         ({"background": True}, "background", "Background"),

@@ -199,3 +199,72 @@ def test_logprobs_when_included(default_sdk: openai.OpenAI) -> None:
     assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
     plain = default_sdk.responses.create(model=DEFAULT_MODEL, input=QUESTION, max_output_tokens=4)
     assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The current weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_a_required_function_call_and_its_output(default_sdk: openai.OpenAI) -> None:
+    first = default_sdk.responses.create(
+        model=DEFAULT_MODEL,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=64,
+    )
+    assert first.status == "completed"
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls, first.output
+    call = calls[0]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    assert isinstance(json.loads(call.arguments)["city"], str)
+    assert call.id is not None and call.id.startswith("fc_")
+    second = default_sdk.responses.create(
+        model=DEFAULT_MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+        temperature=0,
+        max_output_tokens=32,
+    )
+    assert second.status in ("completed", "incomplete")
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+
+def test_a_streamed_function_call(default_sdk: openai.OpenAI) -> None:
+    with default_sdk.responses.stream(
+        model=DEFAULT_MODEL,
+        input="What is the weather in Tokyo?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
+        max_output_tokens=64,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    types = _collapsed([e.type for e in events])
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert "response.function_call_arguments.delta" in types
+    assert types[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    [call] = final.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    streamed = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    assert streamed == call.arguments and "city" in json.loads(call.arguments)

@@ -12,13 +12,21 @@ Quart or the engine; every malformed item ends in a `ProtocolError` naming its p
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import Struct
 
+from trio_llm.http import tools
 from trio_llm.http.errors import bad_request, not_supported
-from trio_llm.http.protocol import Int32, Int64, PositiveInt, RequestId, TopLogprobs
+from trio_llm.http.protocol import (
+    FunctionName,
+    Int32,
+    Int64,
+    PositiveInt,
+    RequestId,
+    TopLogprobs,
+)
 from trio_llm.http.responses import ChatTokenLogprob
 
 # ---------------------------------------------------------------------------------------------
@@ -213,27 +221,28 @@ def input_items(given: str | list[dict[str, Any]], param: str = "input") -> list
 class FunctionTool(Struct, tag="function", tag_field="type", kw_only=True):
     """A function tool in the flat Responses shape (chat nests these under `function`)."""
 
-    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-.]+$")]
+    name: FunctionName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    """Accepted; a forced call's arguments always match the schema."""
+
+    def as_tool(self) -> tools.FunctionTool:
+        """The tool as http/tools plans it."""
+        return tools.FunctionTool(self.name, self.description, self.parameters)
 
 
 def function_tools(given: list[dict[str, Any]] | None) -> list[FunctionTool]:
     """The request's tools: function tools only (web search, file search, computer use,
     image generation, MCP, ... are a 400 naming the tool)."""
-    tools = []
+    found = []
     for i, raw in enumerate(given or ()):
         where = f"tools[{i}]"
         kind = raw.get("type")
         if kind != "function":
             raise not_supported(f"{where}.type", f"The tool type {kind!r}")
-        tools.append(_convert(raw, FunctionTool, where))
-    names = [t.name for t in tools]
-    for i, name in enumerate(names):
-        if name in names[:i]:
-            raise bad_request(f"tools: the name {name!r} is given twice", param=f"tools[{i}].name")
-    return tools
+        found.append(_convert(raw, FunctionTool, where))
+    return found
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,11 +2,14 @@
 `SamplingParams`, the way chat plans its requests (plans.py).
 
 Owns what the Responses fields mean for the engine: the input items (with the history of a
-previous response) as chat messages, `max_output_tokens`, the sampling fields with the model's
-defaults, `text.format` as a structured-output constraint (http/structured.py validates it),
-and the refusals of what this server does not build (background responses, stored prompts,
-conversations, reasoning effort). Invariant: every way a request can be wrong ends
-in a `ProtocolError` naming the parameter, and nothing here touches Quart or the engine.
+previous response) as chat messages (function calls as an assistant's tool_calls, their
+outputs as tool messages), the function tools and tool_choice (checked by http/tools, which
+renders and constrains them once the model's template is known), `max_output_tokens`, the
+sampling fields with the model's defaults, `text.format` as a structured-output constraint
+(http/structured.py validates it), and the refusals of what this server does not build
+(background responses, stored prompts, conversations, reasoning effort). Invariant: every way
+a request can be wrong ends in a `ProtocolError` naming the parameter, and nothing here
+touches Quart or the engine.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.plans import RequestLimits, SamplingDefaults
 from trio_llm.http.protocol_responses import (
     FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionTool,
     InputItem,
     MessageItem,
@@ -30,6 +32,7 @@ from trio_llm.http.protocol_responses import (
     input_items,
 )
 from trio_llm.http.structured import validated
+from trio_llm.http.tools import NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -43,6 +46,8 @@ class ResponsesPlan:
     """This request's input, as items (a string input is one user message)."""
     params: SamplingParams
     tools: list[FunctionTool]
+    tool_choice: ToolChoiceValue | None = None
+    """As http/tools takes it; None: OpenAI's default (auto with tools)."""
     top_logprobs: int | None = None
     """Alternatives per output token; None: no logprobs in the response."""
     constraint_param: str | None = None
@@ -90,24 +95,26 @@ def text_constraint(text: TextConfig | None) -> tuple[Constraint, str] | None:
     return validated(Constraint.json_schema(format.schema), "text.format.schema")
 
 
-def _check_tool_choice(choice: str | dict[str, Any], tools: list[FunctionTool]) -> None:
-    if isinstance(choice, str):
-        if choice not in ("none", "auto", "required"):
-            raise bad_request(
-                f"tool_choice must be none, auto, required or a function, got {choice!r}",
-                param="tool_choice",
-            )
-        if choice == "required" and not tools:
-            raise bad_request("tool_choice required needs tools", param="tool_choice")
-        return
-    if choice.get("type") != "function":
-        raise not_supported("tool_choice.type", f"The tool type {choice.get('type')!r}")
-    name = choice.get("name")
-    if name not in [t.name for t in tools]:
+def tool_choice(choice: str | dict[str, Any], given: list[FunctionTool]) -> ToolChoiceValue | None:
+    """`tool_choice` as http/tools takes it (None: OpenAI's default), checked against the
+    tools (`check_tools`: a 400 for `required` without tools, a name not among them)."""
+    value: ToolChoiceValue | None
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise not_supported("tool_choice.type", f"The tool type {choice.get('type')!r}")
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise bad_request("tool_choice.name: a function's name is required", "tool_choice.name")
+        value = NamedFunction(name)
+    elif choice in ("none", "auto", "required"):
+        value = None if choice == "auto" else choice  # type: ignore[assignment]
+    else:
         raise bad_request(
-            f"tool_choice names the function {name!r}, which tools does not list",
-            param="tool_choice.name",
+            f"tool_choice must be none, auto, required or a function, got {choice!r}",
+            param="tool_choice",
         )
+    check_tools([t.as_tool() for t in given], value)
+    return value
 
 
 def plan_responses(
@@ -118,12 +125,7 @@ def plan_responses(
     _refuse_unbuilt(request)
     items = input_items(request.input)
     tools = function_tools(request.tools)
-    _check_tool_choice(request.tool_choice, tools)
-    if tools:
-        raise not_supported("tools", "Function tools")
-    for i, item in enumerate(items):
-        if not isinstance(item, MessageItem):
-            raise not_supported(f"input[{i}].type", "Function call items")
+    choice = tool_choice(request.tool_choice, tools)
     constraint = text_constraint(request.text)
     top_logprobs = None
     if _LOGPROBS_INCLUDE in (request.include or ()):
@@ -153,6 +155,7 @@ def plan_responses(
         items,
         params,
         tools,
+        tool_choice=choice,
         top_logprobs=top_logprobs,
         constraint_param=None if constraint is None else constraint[1],
     )
@@ -161,8 +164,11 @@ def plan_responses(
 def conversation_messages(
     instructions: str | None, history: Iterable[InputItem], items: Iterable[InputItem]
 ) -> list[dict[str, Any]]:
-    """The chat messages of a conversation: the instructions as a system message, then the
-    history (a previous response's input and output) and this request's items, in order."""
+    """The chat messages of a conversation, in OpenAI's chat shape (what http/tools renders
+    for the template): the instructions as a system message, then the history (a previous
+    response's input and output) and this request's items, in order. Function calls join the
+    assistant message before them (one turn: its text, then its calls); a call's output is a
+    `tool` message."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
@@ -171,7 +177,14 @@ def conversation_messages(
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": item.text})
         elif isinstance(item, FunctionCallItem):
-            raise not_supported("input", "Function call items")
-        elif isinstance(item, FunctionCallOutputItem):
-            raise not_supported("input", "Function call output items")
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            if not messages or messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": None})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text})
     return messages
