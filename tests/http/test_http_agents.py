@@ -1,6 +1,8 @@
 """The OpenAI Agents SDK against the real server: an agent on the SDK's default model kind
-(OpenAIResponsesModel, so /v1/responses) runs to its final output, plainly and streamed. Skipped
-where the `openai-agents` package (a test extra) is not installed."""
+(OpenAIResponsesModel, so /v1/responses) runs to its final output, plainly and streamed, and one
+with a function tool calls it (tool_choice required) and finishes, on the tool's output or with
+its own answer after it. Skipped where the `openai-agents` package (a test extra) is not
+installed."""
 
 from __future__ import annotations
 
@@ -48,3 +50,56 @@ def test_an_agent_answers_streamed(run_config: object) -> None:
     final, kinds = asyncio.run(run())
     assert "Paris" in final
     assert "raw_response_event" in kinds
+
+
+def test_an_agent_calls_a_function_tool_and_finishes(run_config: object) -> None:
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"Sunny, 21 C in {city}"
+
+    settings = agents.ModelSettings(temperature=0, max_tokens=64, tool_choice="required")
+    weather_agent = agents.Agent(
+        name="Weather",
+        instructions="Use the tool to answer.",
+        model=DEFAULT_MODEL,
+        model_settings=settings,
+        tools=[get_weather],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = agents.Runner.run_sync(
+        weather_agent, "What is the weather in Paris?", run_config=run_config
+    )
+    assert len(cities) == 1 and cities[0]
+    assert result.final_output == f"Sunny, 21 C in {cities[0]}"
+    kinds = [item.type for item in result.new_items]
+    assert kinds == ["tool_call_item", "tool_call_output_item"]
+
+
+def test_an_agent_answers_after_its_tool(run_config: object) -> None:
+    """The whole loop: the call (forced once, then tool_choice resets to auto), its output sent
+    back as a function_call_output item, and the model's answer after it."""
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return "Sunny, 21 C"
+
+    settings = agents.ModelSettings(temperature=0, max_tokens=48, tool_choice="required")
+    weather_agent = agents.Agent(
+        name="Weather",
+        instructions="Use the tool, then answer in one sentence.",
+        model=DEFAULT_MODEL,
+        model_settings=settings,
+        tools=[get_weather],
+    )
+    result = agents.Runner.run_sync(
+        weather_agent, "What is the weather in Paris?", run_config=run_config, max_turns=4
+    )
+    assert isinstance(result.final_output, str) and result.final_output
+    kinds = [item.type for item in result.new_items]
+    assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
+    assert kinds[-1] == "message_output_item"

@@ -1,7 +1,9 @@
 """The Responses API through the real server on the default model, driven by the official
 OpenAI SDK: `responses.create` (text, json_schema), `responses.parse`, `responses.stream` and
 `create(stream=True)` with the events in order, retrieve, delete, store false,
-previous_response_id chaining, and the SDK's errors for an unknown id and an unsupported tool.
+previous_response_id chaining, logprobs, function tools (a required call, its output sent back
+through previous_response_id; a named call streamed), and the SDK's errors for an unknown id
+and an unsupported tool.
 On the session's shared server (conftest.py's `default_server`)."""
 
 from __future__ import annotations
