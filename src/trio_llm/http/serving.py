@@ -213,6 +213,7 @@ async def serve_generation(
     admit(state, plan.sequences)
     engine, model = state.engine_for(body.model, sequences=plan.sequences)
     prompts = await endpoint.prompts(engine, model)
+    plan = endpoint.plan  # building the prompts may have added a constraint (tools)
     response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
     ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
     generations = [
