@@ -94,10 +94,39 @@ PromptLogprobs = list[dict[int, PromptLogprob] | None]
 first position is null (no context)."""
 
 
+class FunctionCallOut(Struct):
+    name: str
+    arguments: str
+    """The arguments object as JSON text."""
+
+
+class ToolCallOut(Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(Struct):
     role: str
     content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
+    """Present when the answer calls tools."""
+
+
+class FunctionDeltaOut(Struct, omit_defaults=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDeltaOut(Struct, kw_only=True, omit_defaults=True):
+    """A piece of a streamed call: the first carries id, type and the function's name, the
+    later ones fragments of its arguments (concatenated, they are the arguments' JSON text)."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: FunctionDeltaOut
 
 
 class ChatChoice(Struct, kw_only=True):
@@ -126,6 +155,7 @@ class ChatCompletionResponse(Struct, kw_only=True):
 class ChatDelta(Struct):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
 
 
 class ChatChunkChoice(Struct, kw_only=True):

@@ -55,7 +55,8 @@ def new_call_id() -> str:
 
 
 _SEPARATORS = " \t\r\n[],;"
-_ARGS_START = re.compile(r'\s*"(?:arguments|parameters)"\s*:\s*')
+_HEADER = re.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+"""A call object's start when its name comes first: where its arguments' text begins."""
 _HOLD = "} \t\r\n"
 """What the end of a streamed argument text may hold that belongs to the call object around
 it (its closing brace, whitespace): held back until the next character says which."""
@@ -264,19 +265,16 @@ class ToolCallParser:
             return
         if not isinstance(partial, dict) or not isinstance(partial.get("name"), str):
             return
-        keys = [k for k in partial if k in self.format.arguments_keys]
-        if not keys or next(iter(partial)) != "name":
+        if next(iter(partial)) != "name" or len(partial) < 2:
             return  # not name-then-arguments: read whole, when the object is complete
-        # The arguments' text starts after `"name": "...",`: find their key after the name.
-        name_end = text.find(json.dumps(partial["name"], ensure_ascii=False)[1:-1])
-        match = _ARGS_START.search(text, max(name_end, 0))
-        if match is None or match.end() >= len(text):
+        header = _HEADER.match(self._region, pending.start, visible)
+        if header is None or header.end() >= visible:
             return
-        if text[match.end()] != "{":
-            return  # arguments given as a string: read whole
+        if self._region[header.end()] != "{":
+            return  # arguments given as a string, or not an object: read whole
         call = ToolCall(new_call_id(), partial["name"], "")
         pending.call = call
-        pending.args_start = pending.sent = pending.start + match.end()
+        pending.args_start = pending.sent = header.end()
         deltas.append(ToolCallDelta(len(self.calls), call.id, call.name))
         self.calls.append(call)
 
@@ -291,7 +289,13 @@ class ToolCallParser:
             self._invalid = True
             return False
         call = pending.call
-        if call is None:
+        if call is None:  # seen whole at once: keep the model's own text of the arguments
+            header = _HEADER.match(region, pending.start)
+            if header is not None:
+                closing = region.rindex("}", header.end(), end)
+                written = region[header.end() : closing].rstrip()
+                if _same_json(written, arguments):
+                    arguments = written
             call = ToolCall(new_call_id(), obj["name"], arguments)
             deltas.append(ToolCallDelta(len(self.calls), call.id, call.name, arguments))
             self.calls.append(call)
@@ -340,5 +344,12 @@ def _arguments_of(obj: Any, format: ToolFormat) -> str | None:
 def _is_empty_list(text: str) -> bool:
     try:
         return json.loads(text) == []
+    except ValueError:
+        return False
+
+
+def _same_json(text: str, arguments: str) -> bool:
+    try:
+        return json.loads(text) == json.loads(arguments)
     except ValueError:
         return False
