@@ -78,6 +78,7 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
             req.parallel_tool_calls,
             messages,
             chat_template=engine.chat_template,
+            parser=current_state().config.tool_call_parser,
             constrain=forced or plan.params.constraint is None,
         )
         self._parser = tools.new_parser()
