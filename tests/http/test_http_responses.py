@@ -479,3 +479,37 @@ def test_a_complete_response_with_calls_only() -> None:
     assert isinstance(call, FunctionCall) and (call.call_id, call.status) == ("call_9", "completed")
     assert call.id.startswith("fc_")
     SDKResponse.model_validate(json.loads(msgspec.json.encode(response)))
+
+
+CALL_TEXT = '<tool_call>[{"name": "weather", "arguments": {"city": "Paris"}}]</tool_call>'
+
+
+async def test_a_scripted_call_end_to_end(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """The model writes a call: a function_call item, streamed and not alike, which the next
+    request answers through previous_response_id."""
+    engine.outputs = [CALL_TEXT]
+    body = await create(client, input="Weather in Paris?", tools=[WEATHER])
+    [call] = body["output"]
+    assert (call["type"], call["name"], call["status"]) == ("function_call", "weather", "completed")
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    streamed = await client.post(
+        "/v1/responses", json={"input": "Weather in Paris?", "tools": [WEATHER], "stream": True}
+    )
+    events = events_of(streamed.text)
+    [final] = events[-1]["response"]["output"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == final["arguments"] == call["arguments"]
+    assert not any(e["type"].startswith("response.output_text") for e in events)
+    engine.outputs = ["It is sunny."]
+    answer = await create(
+        client,
+        previous_response_id=body["id"],
+        tools=[WEATHER],
+        input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny"}],
+    )
+    assert answer["output"][0]["content"][0]["text"] == "It is sunny."
+    prompt = "".join(map(chr, list(engine.prompts.values())[-1]))
+    assert prompt.endswith(
+        f"<user>Weather in Paris?<assistant>{CALL_TEXT}"
+        "<tool><tool_response>\nSunny\n</tool_response><assistant>"
+    )
