@@ -52,8 +52,9 @@ def test_an_agent_answers_streamed(run_config: object) -> None:
     assert "raw_response_event" in kinds
 
 
-def test_an_agent_calls_a_function_tool_and_finishes(run_config: object) -> None:
-    cities: list[str] = []
+def weather_agent(cities: list[str], instructions: str, **fields: object) -> object:
+    """An agent with one function tool, forced on its first turn (the SDK then resets
+    tool_choice to auto); the tool records the cities it is asked about."""
 
     @agents.function_tool
     def get_weather(city: str) -> str:
@@ -62,17 +63,20 @@ def test_an_agent_calls_a_function_tool_and_finishes(run_config: object) -> None
         return f"Sunny, 21 C in {city}"
 
     settings = agents.ModelSettings(temperature=0, max_tokens=64, tool_choice="required")
-    weather_agent = agents.Agent(
+    return agents.Agent(
         name="Weather",
-        instructions="Use the tool to answer.",
+        instructions=instructions,
         model=DEFAULT_MODEL,
         model_settings=settings,
         tools=[get_weather],
-        tool_use_behavior="stop_on_first_tool",
+        **fields,
     )
-    result = agents.Runner.run_sync(
-        weather_agent, "What is the weather in Paris?", run_config=run_config
-    )
+
+
+def test_an_agent_calls_a_function_tool_and_finishes(run_config: object) -> None:
+    cities: list[str] = []
+    agent = weather_agent(cities, "Use the tool to answer.", tool_use_behavior="stop_on_first_tool")
+    result = agents.Runner.run_sync(agent, "What is the weather in Paris?", run_config=run_config)
     assert len(cities) == 1 and cities[0]
     assert result.final_output == f"Sunny, 21 C in {cities[0]}"
     kinds = [item.type for item in result.new_items]
@@ -80,26 +84,14 @@ def test_an_agent_calls_a_function_tool_and_finishes(run_config: object) -> None
 
 
 def test_an_agent_answers_after_its_tool(run_config: object) -> None:
-    """The whole loop: the call (forced once, then tool_choice resets to auto), its output sent
-    back as a function_call_output item, and the model's answer after it."""
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        return "Sunny, 21 C"
-
-    settings = agents.ModelSettings(temperature=0, max_tokens=48, tool_choice="required")
-    weather_agent = agents.Agent(
-        name="Weather",
-        instructions="Use the tool, then answer in one sentence.",
-        model=DEFAULT_MODEL,
-        model_settings=settings,
-        tools=[get_weather],
-    )
+    """The whole loop: the call, its output sent back as a function_call_output item, and
+    the model's answer after it."""
+    cities: list[str] = []
+    agent = weather_agent(cities, "Use the tool, then answer in one sentence.")
     result = agents.Runner.run_sync(
-        weather_agent, "What is the weather in Paris?", run_config=run_config, max_turns=4
+        agent, "What is the weather in Paris?", run_config=run_config, max_turns=4
     )
-    assert isinstance(result.final_output, str) and result.final_output
+    assert cities and isinstance(result.final_output, str) and result.final_output
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"]
     assert kinds[-1] == "message_output_item"
