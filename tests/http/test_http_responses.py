@@ -321,6 +321,11 @@ async def test_calls_and_their_outputs_in_the_input_become_the_history(
             "'time' is not among the tools",
         ),
         ({"tools": [WEATHER, WEATHER]}, "tools", "given twice"),
+        (
+            {"tools": [{**WEATHER, "parameters": {"type": 3}}], "tool_choice": "required"},
+            "tools",
+            "Invalid tools",
+        ),
         ({"tools": [{**WEATHER, "name": "a b"}]}, "tools[0].name", "matching regex"),
         ({"tool_choice": "sometimes"}, "tool_choice", "sometimes"),
         ({"tool_choice": {"type": "mcp"}}, "tool_choice.type", "'mcp'"),
