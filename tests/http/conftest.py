@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 
 import pytest
@@ -10,6 +10,7 @@ import trio
 from hypercorn.trio import serve as hypercorn_serve
 from quart_trio import QuartTrio
 
+from http_server_process import ServerProcess, run_server
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.server import hypercorn_config
 
@@ -32,3 +33,11 @@ def serve_app(nursery: trio.Nursery) -> ServeApp:
         return url
 
     return serve
+
+
+@pytest.fixture(scope="session")
+def default_server(default_model: object) -> Iterator[ServerProcess]:
+    """The default model behind one real server, shared by the test modules that need it
+    (structured outputs, tool calling): one engine start for all of them."""
+    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "2048") as server:
+        yield server

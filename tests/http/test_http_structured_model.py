@@ -15,7 +15,7 @@ import openai
 import pydantic
 import pytest
 
-from http_server_process import ServerProcess, run_server
+from http_server_process import ServerProcess
 from structured_cases import CHOICES, REGEXES, SCHEMAS, SchemaCase, assert_valid
 from trio_llm.config import DEFAULT_MODEL
 
@@ -25,9 +25,8 @@ MAX_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
-def server(default_model: object) -> Iterator[ServerProcess]:
-    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "1024") as server:
-        yield server
+def server(default_server: ServerProcess) -> ServerProcess:
+    return default_server
 
 
 @pytest.fixture(scope="module")
