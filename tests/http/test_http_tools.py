@@ -368,3 +368,21 @@ async def test_tool_choice_none_sends_no_tools_and_parses_nothing(
     [params] = engine.params.values()
     [prompt] = engine.prompts.values()
     assert params.constraint is None and "<tools>" not in "".join(map(chr, prompt))
+
+
+def test_openapi_shows_the_tool_fields() -> None:
+    from trio_llm.http.openapi import openapi_document
+
+    schemas = openapi_document("x")["components"]["schemas"]
+    fields = schemas["ChatCompletionRequest"]["properties"]
+    assert {"tools", "tool_choice", "parallel_tool_calls"} <= set(fields)
+    assert schemas["ChatTool"]["required"] == ["type", "function"]
+    assert set(schemas["FunctionDefinition"]["properties"]) == {
+        "name",
+        "description",
+        "parameters",
+        "strict",
+    }
+    assert {"tool_calls", "tool_call_id"} <= set(schemas["ChatMessage"]["properties"])
+    assert "tool_calls" in schemas["ChatMessageOut"]["properties"]
+    assert "tool_calls" in schemas["ChatDelta"]["properties"]
