@@ -39,9 +39,10 @@ def serve_app(nursery: trio.Nursery) -> ServeApp:
 
 @pytest.fixture(scope="session")
 def default_server(default_model: object) -> Iterator[ServerProcess]:
-    """`trio-llm serve` on the default model, started by the first test that asks and stopped
-    (checked to exit cleanly) when the session ends: one model load for every module."""
-    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "1024") as server:
+    """The default model behind one real server, shared by the test modules that need it
+    (structured outputs, tool calling, the Responses API, the Agents SDK): one engine start
+    for all of them, stopped (and checked to exit cleanly) when the session ends."""
+    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "2048") as server:
         yield server
 
 
