@@ -27,6 +27,9 @@ FIELDS = [
     "prompt_logprobs", "return_token_ids", "add_special_tokens", "use_beam_search",
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
     "response_format", "reasoning_effort",
+    # /v1/responses
+    "input", "instructions", "max_output_tokens", "text", "previous_response_id", "store",
+    "include", "reasoning", "background", "metadata", "parallel_tool_calls", "conversation",
 ]  # fmt: skip
 
 scalars = (
@@ -51,6 +54,7 @@ def base_bodies(model: str) -> dict[str, dict[str, Any]]:
         "/v1/chat/completions": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
         "/v1/completions": {"model": model, "prompt": "hi"},
         "/invocations": {"model": model, "prompt": "hi"},
+        "/v1/responses": {"model": model, "input": "hi"},
         "/tokenize": {"prompt": "hi"},
         "/detokenize": {"tokens": [104]},
     }
@@ -62,6 +66,7 @@ def mutated_bodies(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
 
     def build(changes: dict[str, Any]) -> dict[str, Any]:
         body = {**base, **changes, "max_tokens": changes.get("max_tokens", 2)}
+        body["max_output_tokens"] = changes.get("max_output_tokens", 2)
         if body.get("stream") is True:
             body["stream"] = False
         return body

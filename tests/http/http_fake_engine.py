@@ -38,6 +38,8 @@ class FakeEngine:
     hold_after_first: bool = False
     """Block after the first token until cancelled: a generation that never ends by itself."""
     die_after_first: bool = False
+    finish_reason: str = "length"
+    """What every choice finishes with once it has written max_tokens characters."""
     is_alive: bool = True
     task: str = "generate"
     name: str = "fake-model"
@@ -49,6 +51,10 @@ class FakeEngine:
     params: dict[str, SamplingParams] = field(default_factory=dict)
     generation_config: dict[str, Any] = field(default_factory=dict)
     """What the real client reads from the model's generation_config.json."""
+    chat_template: str | None = None
+    """None: a template without tools (the server renders them into the system message)."""
+    outputs: list[str] | None = None
+    """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
 
     def __post_init__(self) -> None:
@@ -127,7 +133,52 @@ class FakeEngine:
         """Each choice i writes 'a', 'b', 'c', ... (shifted by i) until max_tokens (default 8)."""
         if isinstance(prompt, list):
             self._inputs.check_request(prompt, params)
+        if self.outputs is not None:
+            return self._scripted(prompt, params, request_id or "req")
         return self._generate(prompt, params, request_id or "req")
+
+    async def _scripted(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Choice i writes `outputs[i]` a character a step, then stops (EOS)."""
+        assert self.outputs is not None
+        ids = prompt if isinstance(prompt, list) else await self.encode(prompt)
+        self.prompts[request_id] = ids
+        self.params[request_id] = params
+        texts = [self.outputs[i % len(self.outputs)] for i in range(params.n)]
+        steps = max(len(t) for t in texts)
+        for step in range(steps):
+            await trio.lowlevel.checkpoint()
+            deltas = []
+            for i, text in enumerate(texts):
+                if step >= len(text):
+                    continue
+                last = step == len(text) - 1
+                deltas.append(
+                    CompletionOutput(
+                        index=i,
+                        text=text[step],
+                        token_ids=[ord(text[step]) % self.vocab_size],
+                        finish_reason="stop" if last else None,
+                    )
+                )
+            if params.output_kind is RequestOutputKind.DELTA:
+                yield RequestOutput(
+                    request_id,
+                    None,
+                    ids,
+                    deltas,
+                    step == steps - 1,
+                    RequestMetrics(trio.current_time()),
+                )
+        if params.output_kind is not RequestOutputKind.DELTA:
+            final = [
+                CompletionOutput(i, t, [ord(c) % self.vocab_size for c in t], finish_reason="stop")
+                for i, t in enumerate(texts)
+            ]
+            yield RequestOutput(
+                request_id, None, ids, final, True, RequestMetrics(trio.current_time())
+            )
 
     async def _generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str
@@ -164,7 +215,7 @@ class FakeEngine:
                             index=i,
                             text=char,
                             token_ids=[ord(char)],
-                            finish_reason="length" if last else None,
+                            finish_reason=self.finish_reason if last else None,
                         )
                     )
                 if last:
@@ -174,7 +225,7 @@ class FakeEngine:
             if params.output_kind is not RequestOutputKind.DELTA:
                 final = [
                     CompletionOutput(
-                        i, texts[i], [ord(c) for c in texts[i]], finish_reason="length"
+                        i, texts[i], [ord(c) for c in texts[i]], finish_reason=self.finish_reason
                     )
                     for i in range(params.n)
                 ]

@@ -338,11 +338,20 @@ async def test_streams_outlive_quarts_response_timeout(engine: FakeEngine, serve
     )
 
 
-async def test_client_disconnect_aborts_streaming_over_http1(engine: FakeEngine, url: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/v1/responses", {"input": "hi", "stream": True}),
+    ],
+)
+async def test_client_disconnect_aborts_streaming_over_http1(
+    engine: FakeEngine, url: str, path: str, body: dict[str, object]
+) -> None:
     engine.hold_after_first = True
     async with (
         httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer sekrit"}) as c,
-        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response,
+        c.stream("POST", path, json=body) as response,
     ):
         async for _ in response.aiter_bytes():
             break

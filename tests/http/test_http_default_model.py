@@ -5,30 +5,26 @@ from __future__ import annotations
 import openai
 import pytest
 
-from http_server_process import run_server
 from trio_llm.config import DEFAULT_MODEL
 
 
 @pytest.mark.slow
-def test_default_model_answers_over_the_sdk(default_model: object) -> None:
-    with (
-        run_server("--kv-cache-memory", "64MiB", "--max-model-len", "1024") as server,
-        openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as sdk,
-    ):
-        [model] = sdk.models.list()
-        assert model.id == DEFAULT_MODEL
-        reply = sdk.chat.completions.create(
-            model=DEFAULT_MODEL,
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=24,
-            temperature=0,
-        )
-        assert "Paris" in (reply.choices[0].message.content or "")
-        stream = sdk.completions.create(
-            model=DEFAULT_MODEL,
-            prompt="The capital of France is",
-            max_tokens=4,
-            temperature=0,
-            stream=True,
-        )
-        assert "Paris" in "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+def test_default_model_answers_over_the_sdk(default_sdk: openai.OpenAI) -> None:
+    sdk = default_sdk
+    [model] = sdk.models.list()
+    assert model.id == DEFAULT_MODEL
+    reply = sdk.chat.completions.create(
+        model=DEFAULT_MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    stream = sdk.completions.create(
+        model=DEFAULT_MODEL,
+        prompt="The capital of France is",
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+    )
+    assert "Paris" in "".join(chunk.choices[0].text for chunk in stream if chunk.choices)

@@ -142,7 +142,9 @@ def test_each_model_refuses_the_others_endpoint_naming_which_serves_which(
     assert chat.status_code == 400
     for message in (wrong, chat.json()["error"]["message"]):
         assert f"/v1/embeddings: `{EMBED}`" in message
-        assert f"/v1/chat/completions and /v1/completions: `{DEFAULT_MODEL}`" in message
+        assert (
+            f"/v1/chat/completions, /v1/completions and /v1/responses: `{DEFAULT_MODEL}`" in message
+        )
     dims = post(server, {"model": EMBED, "input": "x", "dimensions": 384})
     assert dims.status_code == 200  # its own size is no cut
     m = server.wait_idle(5.0)

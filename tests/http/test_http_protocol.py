@@ -26,7 +26,7 @@ from trio_llm.http.plans import (
     plan_completion,
 )
 from trio_llm.http.protocol import ChatCompletionRequest, CompletionRequest, decode_request
-from trio_llm.http.responses import SSE_DONE, sse_error, sse_event
+from trio_llm.http.responses import SSE_DONE, sse_event
 from trio_llm.outputs import (
     CompletionOutput,
     Logprob,
@@ -203,16 +203,37 @@ def test_chat_messages_take_text_parts_and_developer_role() -> None:
     ]
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "fragment"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
-        ({"tool_choice": "required"}, "tool_choice", "not supported"),
+        ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         (
-            {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]},
-            "messages[0]",
-            "not supported",
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            "tool_choice",
+            "not among the tools",
         ),
+        ({"tools": [TOOL, TOOL]}, "tools", "given twice"),
+        (
+            {
+                "tools": [TOOL],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "tool_choice",
+            "cannot be combined",
+        ),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "required"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": [CALL]}]},
+            "messages[0].tool_calls",
+            "only an assistant",
+        ),
+        ({"messages": [{"role": "function", "content": "x"}]}, "messages[0]", "not supported"),
         (
             {
                 "messages": [
@@ -253,6 +274,25 @@ def test_top_logprobs_at_openai_limit_is_accepted() -> None:
 
 def test_text_response_format_and_none_tool_choice_are_fine() -> None:
     plan_chat(chat(response_format={"type": "text"}, tool_choice="none", tools=[]), LIMITS)
+
+
+def test_tools_default_to_auto_and_history_keeps_calls_and_results() -> None:
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    plan = plan_chat(chat(tools=[TOOL], messages=messages), LIMITS)
+    assert plan.tool_choice == "auto" and [t.name for t in plan.tools] == ["f"]
+    assert plan.messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    assert plan.messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    assert plan.with_tools
 
 
 # -- completions ------------------------------------------------------------------------------
@@ -446,7 +486,10 @@ def test_completion_stream_echo_and_logprob_offsets() -> None:
 
 def test_sse_framing_and_errors() -> None:
     assert SSE_DONE == b"data: [DONE]\n\n"
-    event = sse_error(ProtocolError(500, "boom", code="engine_dead"))
+    stream = ChatStream(Shape(response_id="x", model="m", created=0))
+    assert stream.done == SSE_DONE
+    [error] = stream.fail(ProtocolError(500, "boom", code="engine_dead"))
+    event = sse_event(error)
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
     assert json.loads(event[6:]) == {
         "error": {"message": "boom", "type": "server_error", "param": None, "code": "engine_dead"}

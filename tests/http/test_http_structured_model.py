@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -15,7 +14,7 @@ import openai
 import pydantic
 import pytest
 
-from http_server_process import ServerProcess, run_server
+from http_server_process import ServerProcess
 from structured_cases import CHOICES, REGEXES, SCHEMAS, SchemaCase, assert_valid
 from trio_llm.config import DEFAULT_MODEL
 
@@ -24,16 +23,14 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 160
 
 
-@pytest.fixture(scope="module")
-def server(default_model: object) -> Iterator[ServerProcess]:
-    with run_server("--kv-cache-memory", "64MiB", "--max-model-len", "1024") as server:
-        yield server
+@pytest.fixture
+def server(default_server: ServerProcess) -> ServerProcess:
+    return default_server
 
 
-@pytest.fixture(scope="module")
-def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client:
-        yield client
+@pytest.fixture
+def sdk(default_sdk: openai.OpenAI) -> openai.OpenAI:
+    return default_sdk
 
 
 class City(pydantic.BaseModel):

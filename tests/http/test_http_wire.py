@@ -62,8 +62,8 @@ async def refusal(sdk: openai.AsyncOpenAI, **extra: Any) -> dict[str, Any]:
     [
         ({"use_beam_search": True}, "use_beam_search"),
         ({"structural_tag": {"type": "structural_tag"}}, "structural_tag"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
         ({"reasoning_effort": "low"}, "reasoning_effort"),
         ({"chat_template": "{{ messages }}"}, "chat_template"),
         ({"logprob_token_ids": [1]}, "logprob_token_ids"),
@@ -209,7 +209,7 @@ async def test_any_role_reaches_the_chat_template(
     await chat(sdk, messages=messages)
     [prompt] = engine.prompts.values()
     assert "".join(map(chr, prompt)) == "<narrator>once<user>go<assistant>"
-    error = await refusal(sdk, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}])
+    error = await refusal(sdk, messages=[{"role": "function", "content": "x", "name": "f"}])
     assert error["param"] == "messages[0]"
 
 

@@ -382,6 +382,12 @@ class EngineClient:
         """Each id's entry in the vocabulary, as the tokenizer spells it ('Ġthe')."""
         return await self._tokenizer.token_strings(list(token_ids))
 
+    @property
+    def chat_template(self) -> str | None:
+        """The model's chat template text (None: it has none, or only named ones)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
     async def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

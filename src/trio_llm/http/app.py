@@ -28,6 +28,7 @@ from trio_llm.http import (
     serving_invocations,
     serving_models,
     serving_ops,
+    serving_responses,
     serving_ui,
 )
 from trio_llm.http.config import ServerConfig, config_from_env
@@ -45,6 +46,9 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/chat/completions", serving_chat.chat_completions),
     ("POST", "/v1/completions", serving_completions.completions),
     ("POST", "/v1/embeddings", serving_embeddings.embeddings),
+    ("POST", "/v1/responses", serving_responses.create_response),
+    ("GET", "/v1/responses/<response_id>", serving_responses.retrieve_response),
+    ("DELETE", "/v1/responses/<response_id>", serving_responses.delete_response),
     ("POST", "/invocations", serving_invocations.invocations),
     ("GET", "/v1/models", serving_models.list_models),
     ("GET", "/v1/models/<path:model_id>", serving_models.model_card),

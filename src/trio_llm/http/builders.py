@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from msgspec import UNSET, UnsetType
 
+from trio_llm.http.errors import ProtocolError
 from trio_llm.http.responses import (
+    SSE_DONE,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -30,12 +32,17 @@ from trio_llm.http.responses import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    FunctionCallOut,
+    FunctionDeltaOut,
     PromptLogprob,
     PromptLogprobs,
     PromptTokensDetails,
+    ToolCallDeltaOut,
+    ToolCallOut,
     TopLogprob,
     Usage,
 )
+from trio_llm.http.tools import ToolCallDelta, ToolCallParser
 from trio_llm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 
 # ---------------------------------------------------------------------------------------------
@@ -188,25 +195,53 @@ def _ids_to_send(shape: Shape, output: CompletionOutput) -> bool:
     return shape.return_token_ids and bool(output.token_ids)
 
 
+NewParser = Callable[[], ToolCallParser | None]
+"""A fresh tool-call parser for one choice (None: its calls are not read)."""
+
+
+def _finish_reason(reason: str | None, calls: bool) -> str | None:
+    """OpenAI's `tool_calls` for an answer that ended by itself after calling tools."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def _message(text: str, new_parser: NewParser | None) -> tuple[ChatMessageOut, bool]:
+    parser = new_parser() if new_parser is not None else None
+    if parser is None:
+        return ChatMessageOut("assistant", text), False
+    parser.feed(text)
+    content, calls = parser.finish()
+    if not calls:
+        return ChatMessageOut("assistant", content), False
+    out = [ToolCallOut(id=c.id, function=FunctionCallOut(c.name, c.arguments)) for c in calls]
+    return ChatMessageOut("assistant", content if content.strip() else None, tool_calls=out), True
+
+
 def chat_response(
-    shape: Shape, output: RequestOutput, *, echo_text: str | None = None
+    shape: Shape,
+    output: RequestOutput,
+    *,
+    echo_text: str | None = None,
+    new_parser: NewParser | None = None,
 ) -> ChatCompletionResponse:
-    """`echo_text` (chat echo) starts every choice's content."""
+    """`echo_text` (chat echo) starts every choice's content; `new_parser`: read each
+    choice's tool calls into `message.tool_calls`."""
     usage = _Usage()
     usage.add(0, output)
-    choices = [
-        ChatChoice(
-            index=o.index,
-            message=ChatMessageOut("assistant", (echo_text or "") + o.text),
-            logprobs=None
-            if shape.logprobs is None
-            else chat_logprobs(o.logprobs or (), shape.logprobs),
-            finish_reason=o.finish_reason,
-            stop_reason=o.stop_reason,
-            token_ids=_token_ids(shape, o.token_ids),
+    choices = []
+    for o in sorted(output.outputs, key=lambda o: o.index):
+        message, calls = _message((echo_text or "") + o.text, new_parser)
+        choices.append(
+            ChatChoice(
+                index=o.index,
+                message=message,
+                logprobs=None
+                if shape.logprobs is None
+                else chat_logprobs(o.logprobs or (), shape.logprobs),
+                finish_reason=_finish_reason(o.finish_reason, calls),
+                stop_reason=o.stop_reason,
+                token_ids=_token_ids(shape, o.token_ids),
+            )
         )
-        for o in sorted(output.outputs, key=lambda o: o.index)
-    ]
     response = ChatCompletionResponse(
         **shape.head(),
         choices=choices,
@@ -270,9 +305,11 @@ _Chunk = TypeVar("_Chunk", ChatCompletionChunk, CompletionResponse)
 class _Stream(Generic[_Chunk]):
     """What both streams share: every chunk names the response (id, model, created,
     fingerprint); with include_usage each carries `usage: null` (with continuous_usage, the
-    usage so far) and a last chunk with no choices carries the usage of the whole response."""
+    usage so far) and a last chunk with no choices carries the usage of the whole response.
+    A failure after the 200 is one error object; `[DONE]` closes the stream either way."""
 
     _chunk_type: ClassVar[type[Any]]
+    done: ClassVar[bytes] = SSE_DONE
     shape: Shape
     _usage: _Usage = field(default_factory=_Usage, init=False)
 
@@ -293,6 +330,9 @@ class _Stream(Generic[_Chunk]):
         chunk.usage = self._usage.usage()
         return [chunk]
 
+    def fail(self, error: ProtocolError) -> list[dict[str, Any]]:
+        return [error.to_dict()]
+
 
 @dataclass
 class ChatStream(_Stream[ChatCompletionChunk]):
@@ -303,6 +343,30 @@ class ChatStream(_Stream[ChatCompletionChunk]):
     """Sent on the first chunk with return_token_ids."""
     echo_text: str | None = None
     """Chat echo: sent as each choice's first content."""
+    new_parser: NewParser | None = None
+    """Read each choice's tool calls: their text becomes `tool_calls` deltas."""
+    _parsers: dict[int, ToolCallParser | None] = field(default_factory=dict, init=False)
+    _called: set[int] = field(default_factory=set, init=False)
+    """The choices that have called a tool."""
+
+    def _delta(self, o: CompletionOutput) -> ChatDelta:
+        """The choice's delta: its text, or with a parser the content and the call deltas."""
+        if self.new_parser is None:
+            return ChatDelta(content=o.text) if o.text else ChatDelta()
+        if o.index not in self._parsers:
+            self._parsers[o.index] = self.new_parser()
+        parser = self._parsers[o.index]
+        if parser is None:
+            return ChatDelta(content=o.text) if o.text else ChatDelta()
+        content, deltas = parser.feed(o.text)
+        if o.finished:
+            more, last = parser.end()
+            content, deltas = content + more, deltas + last
+        delta = ChatDelta(content=content) if content else ChatDelta()
+        if deltas:
+            self._called.add(o.index)
+            delta.tool_calls = [_call_delta(d) for d in _merged(deltas)]
+        return delta
 
     def begin(self) -> list[ChatCompletionChunk]:
         """The first chunk of every choice carries the role; with echo the next one the echoed
@@ -331,13 +395,16 @@ class ChatStream(_Stream[ChatCompletionChunk]):
         for o in output.outputs:
             if not o.text and not o.finished and not o.logprobs and not _ids_to_send(shape, o):
                 continue
-            delta = ChatDelta(content=o.text) if o.text else ChatDelta()
+            delta = self._delta(o)
+            held = delta.content is UNSET and delta.tool_calls is UNSET
+            if held and not o.finished and not o.logprobs and not _ids_to_send(shape, o):
+                continue  # all of it held back (the start of a tag, perhaps)
             lp = chat_logprobs(o.logprobs, top) if top is not None and o.logprobs else None
             choice = ChatChunkChoice(
                 index=o.index,
                 delta=delta,
                 logprobs=lp,
-                finish_reason=o.finish_reason,
+                finish_reason=_finish_reason(o.finish_reason, o.index in self._called),
                 stop_reason=o.stop_reason,
                 token_ids=_token_ids(shape, o.token_ids),
             )
@@ -393,6 +460,31 @@ class CompletionStream(_Stream[CompletionResponse]):
                 out.prompt_token_ids = list(output.prompt_token_ids)
             chunks.append(self._chunk([out]))
         return chunks
+
+
+def _merged(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """One delta per call in a chunk: a call's start and its first fragment travel together."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index and d.id is None:
+            last = out[-1]
+            out[-1] = ToolCallDelta(last.index, last.id, last.name, last.arguments + d.arguments)
+        else:
+            out.append(d)
+    return out
+
+
+def _call_delta(delta: ToolCallDelta) -> ToolCallDeltaOut:
+    if delta.id is None:
+        return ToolCallDeltaOut(
+            index=delta.index, function=FunctionDeltaOut(arguments=delta.arguments)
+        )
+    return ToolCallDeltaOut(
+        index=delta.index,
+        id=delta.id,
+        type="function",
+        function=FunctionDeltaOut(name=delta.name or "", arguments=delta.arguments),
+    )
 
 
 def merge_final(outputs: Iterable[RequestOutput]) -> RequestOutput:

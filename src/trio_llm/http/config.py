@@ -19,6 +19,7 @@ from pathlib import Path
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
 from trio_llm.http.model_specs import DTYPES, TASKS, ModelSpec, ModelSpecError, model_specs
 from trio_llm.http.plans import RequestLimits
+from trio_llm.http.tools.formats import PARSER_NAMES
 
 ENV_PREFIX = "TRIO_LLM_"
 GENERATION_CONFIG_MODES = ("auto", "none", "vllm")
@@ -53,8 +54,14 @@ class ServerConfig:
     get them from: `auto` the model's generation_config.json, `vllm` or `none` OpenAI's
     defaults, or a directory holding a generation_config.json (vLLM's --generation-config)."""
     max_restarts_per_minute: int = 3
+    tool_call_parser: str = "auto"
+    """The format tool calls are prompted, constrained and parsed in (http/tools/formats.py):
+    `hermes`, `llama3_json`, or `auto` (picked from each model's chat template)."""
     ui: bool = True
     """Serve the chat page at / (http/serving_ui.py)."""
+    responses_store_size: int = 1024
+    """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
+    recently used evicted first; 0 keeps none."""
 
     @property
     def model_specs(self) -> tuple[ModelSpec, ...]:
@@ -266,6 +273,13 @@ def add_serve_arguments(
         help="inputs one /v1/embeddings request may hold (default %(default)s)",
     )
     add(
+        "--responses-store-size",
+        default=defaults.responses_store_size,
+        type=_non_negative_int,
+        help="responses kept in memory for GET /v1/responses/{id} and previous_response_id; "
+        "past that the least recently used is evicted; 0 keeps none (default %(default)s)",
+    )
+    add(
         "--max-body-size",
         default=defaults.max_body_size,
         type=_size,
@@ -290,6 +304,14 @@ def add_serve_arguments(
         help="sampling defaults for requests that do not set temperature, top_p, top_k, min_p "
         "or repetition_penalty: 'auto' (the model's generation_config.json), 'none' (OpenAI's "
         "defaults; 'vllm' is the same), or a directory with a generation_config.json "
+        "(default %(default)s)",
+    )
+    add(
+        "--tool-call-parser",
+        default=defaults.tool_call_parser,
+        choices=list(PARSER_NAMES),
+        help="the format of tool calls: 'hermes' (<tool_call> tags, SmolLM2, Qwen, Hermes), "
+        "'llama3_json' (Llama 3.x JSON calls), or 'auto' (from the model's chat template) "
         "(default %(default)s)",
     )
     add(
@@ -362,7 +384,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         restart_engine=not args.no_engine_restart,
         limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
         generation_config=generation_config,
+        tool_call_parser=args.tool_call_parser,
         ui=not args.no_ui,
+        responses_store_size=args.responses_store_size,
     )
 
 

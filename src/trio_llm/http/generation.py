@@ -7,8 +7,10 @@ Invariants:
   entered in that task (Quart enters a streamed body's context around its whole send loop), never
   inside an async generator. So a client that goes away cancels the request's task, the
   cancellation unwinds through every `generate()`, and that aborts each engine request.
-- Once the 200 of a stream is out, an error becomes an SSE error event (`translate_error`),
-  followed, like every stream's end, by `[DONE]`.
+- Once the 200 of a stream is out, an error becomes the builder's failure events
+  (`translate_error`, then `Builder.fail`: an error object for chat and completions, a
+  `response.failed` for the Responses API), followed, like every stream's end, by the builder's
+  closing bytes (`[DONE]`; nothing for the Responses API).
 - Streaming responses have `timeout = None`: Quart's 60 s default would silently cut them.
 """
 
@@ -25,9 +27,9 @@ from quart import Response
 from quart.wrappers.response import ResponseBody
 
 from trio_llm.http.builders import merge_final
-from trio_llm.http.errors import translate_error
+from trio_llm.http.errors import ProtocolError, translate_error
 from trio_llm.http.metrics import ModelMetrics, RequestRecorder
-from trio_llm.http.responses import SSE_DONE, sse_error, sse_event
+from trio_llm.http.responses import sse_event
 from trio_llm.outputs import RequestOutput
 
 Generations = list[AsyncGenerator[RequestOutput, None]]
@@ -37,9 +39,15 @@ Generations = list[AsyncGenerator[RequestOutput, None]]
 class Builder(Protocol):
     """What turns a request's outputs into the chunks of its stream (builders.py)."""
 
+    done: bytes
+    """What closes the stream after its last event (`data: [DONE]`, or nothing)."""
+
     def begin(self) -> list[Any]: ...
     def feed(self, prompt_index: int, output: RequestOutput) -> list[Any]: ...
     def end(self) -> list[Any]: ...
+    def fail(self, error: ProtocolError) -> list[Any]:
+        """The events that tell the client the stream failed after its 200 went out."""
+        ...
 
 
 def engine_request_ids(response_id: str, count: int, user_given: bool) -> list[str]:
@@ -148,8 +156,10 @@ async def _sse_events(
         for chunk in builder.end():
             yield sse_event(chunk)
     except Exception as error:  # the 200 is out: the error becomes an event
-        yield sse_error(translate_error(error))
-    yield SSE_DONE
+        for chunk in builder.fail(translate_error(error)):
+            yield sse_event(chunk)
+    if builder.done:
+        yield builder.done
 
 
 @asynccontextmanager

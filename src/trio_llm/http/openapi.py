@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from trio_llm.http import protocol, responses
+from trio_llm.http import protocol, protocol_responses, responses
 
 _ERROR_STATUSES = (
     (400, "Invalid request: the message names the parameter"),
@@ -48,12 +48,18 @@ def _json(kind: type) -> dict[str, Any]:
 
 
 def _errors() -> dict[str, Any]:
+    errors: dict[str, Any] = {}
+    for status, text in _ERROR_STATUSES:
+        errors |= _errors_for(status, text)
+    return errors
+
+
+def _errors_for(status: int, text: str) -> dict[str, Any]:
     return {
         str(status): {
             "description": text,
             "content": {"application/json": {"schema": _ref("ErrorResponse")}},
         }
-        for status, text in _ERROR_STATUSES
     }
 
 
@@ -80,11 +86,22 @@ def _get(summary: str, response: type | None = None, **extra: Any) -> dict[str, 
 def openapi_document(version: str) -> dict[str, Any]:
     """OpenAPI 3.1 for every route the server has."""
     _, schemas = msgspec.json.schema_components(
-        (*protocol.REQUEST_TYPES, *responses.RESPONSE_TYPES),
+        (
+            *protocol.REQUEST_TYPES,
+            *responses.RESPONSE_TYPES,
+            *protocol_responses.RESPONSES_API_TYPES,
+        ),
         ref_template="#/components/schemas/{name}",
     )
     schemas["ErrorResponse"] = _ERROR_SCHEMA
     model_param = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    response_param = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+    stored = _errors_for(404, "No stored response with that id (never stored, evicted, deleted)")
     return {
         "openapi": "3.1.0",
         "info": {"title": "trio-llm", "version": version},
@@ -107,6 +124,37 @@ def openapi_document(version: str) -> dict[str, Any]:
                 responses.EmbeddingResponse,
                 streams=False,
             ),
+            "/v1/responses": _post(
+                "Responses API: a response to input items (with the history of "
+                "previous_response_id); streamed as response.* events",
+                protocol_responses.ResponsesRequest,
+                protocol_responses.ResponseObject,
+                streams=True,
+            ),
+            "/v1/responses/{response_id}": {
+                "get": {
+                    "summary": "A stored response",
+                    "parameters": [response_param],
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": _json(protocol_responses.ResponseObject),
+                        },
+                        **stored,
+                    },
+                },
+                "delete": {
+                    "summary": "Forget a stored response",
+                    "parameters": [response_param],
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": _json(protocol_responses.DeletedResponse),
+                        },
+                        **stored,
+                    },
+                },
+            },
             "/invocations": {
                 "post": {
                     "summary": "Chat completion (a body with messages), text completion (a "

@@ -1,9 +1,10 @@
 """OpenAI requests validated into plans: the prompts to build and the `SamplingParams`.
 
 Owns what the fields of a decoded request mean for the engine, and every check that needs no
-tokenizer: limits (`RequestLimits`), unsupported uses of known fields (tool messages, best_of;
-whole fields not built yet are refused earlier, by unsupported.py), the conversation's shape,
-the sampling parameters with their defaults (`SamplingDefaults`, the model's
+tokenizer: limits (`RequestLimits`), unsupported uses of known fields (legacy function
+messages, best_of; whole fields not built yet are refused earlier, by unsupported.py), the
+conversation's shape (tool calls and results included), the tool choice against the tools, the
+sampling parameters with their defaults (`SamplingDefaults`, the model's
 generation_config.json), and prompt truncation (`Truncation`). What needs the prompt's tokens
 (does it fit the context, are its token ids in the vocabulary) is the client's
 `InputProcessor.check_request`, which `generate()` runs. Invariant: every way a request can be
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
@@ -24,11 +25,13 @@ from trio_llm.http.protocol import (
     ChatMessage,
     CompletionRequest,
     EmbeddingRequest,
+    NamedToolChoice,
     RefusalPart,
     SamplingFields,
     TextPart,
 )
 from trio_llm.http.structured import constraint_of
+from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 log = logging.getLogger(__name__)
@@ -136,17 +139,19 @@ def check_model(requested: str | None, served: str) -> None:
         )
 
 
-def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[dict[str, str]]:
-    """The conversation as the chat template wants it: role and plain-text content."""
+def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[dict[str, Any]]:
+    """The conversation as the chat template wants it: role and plain-text content, with an
+    assistant's `tool_calls` and a tool message's `tool_call_id` in OpenAI's chat shape
+    (http/tools renders them for the template)."""
     if not messages:
         raise bad_request(f"{param} must contain at least one message", param=param)
-    rendered = []
+    rendered: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         where = f"{param}[{i}]"
-        if message.role in ("tool", "function") or message.tool_calls or message.tool_call_id:
-            raise not_supported(where, "Tool calling (tool messages and tool_calls)")
+        if message.role == "function":
+            raise not_supported(where, "Function messages (the legacy functions; use tools)")
         content = message.content
-        if content is None:
+        if content is None and not message.tool_calls:
             raise bad_request(f"{where}.content is required", param=f"{where}.content")
         if isinstance(content, list):
             texts = []
@@ -159,8 +164,37 @@ def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[
                     raise not_supported(f"{where}.content[{j}]", "Image and audio content")
             content = "\n".join(texts)
         role = "system" if message.role == "developer" else message.role
-        rendered.append({"role": role, "content": content})
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if message.tool_calls:
+            if role != "assistant":
+                raise bad_request(
+                    f"{where}.tool_calls: only an assistant message makes calls",
+                    param=f"{where}.tool_calls",
+                )
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+                for call in message.tool_calls
+            ]
+        if role == "tool":
+            if message.tool_call_id is None:
+                raise bad_request(
+                    f"{where}.tool_call_id is required in a tool message",
+                    param=f"{where}.tool_call_id",
+                )
+            out["tool_call_id"] = message.tool_call_id
+        if message.name is not None and role == "tool":
+            out["name"] = message.name
+        rendered.append(out)
     return rendered
+
+
+def uses_tools(messages: list[dict[str, Any]]) -> bool:
+    """Whether the conversation holds calls or their results (rendered by http/tools)."""
+    return any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
 
 
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -360,7 +394,7 @@ def _sampling_params(
 class ChatPlan:
     """A validated chat request: the conversation to render and how to sample the answer."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     params: SamplingParams
     max_tokens_param: str
     top_logprobs: int | None
@@ -370,11 +404,38 @@ class ChatPlan:
     echo_text: str | None = None
     """vLLM's chat echo: the last message's content, when it is the assistant's."""
     truncation: Truncation | None = None
+    tools: list[FunctionTool] = field(default_factory=list)
+    tool_choice: ToolChoiceValue = "none"
+    """In force (OpenAI's default applied)."""
+    parallel_tool_calls: bool | None = None
 
     @property
     def sequences(self) -> int:
         """What admission counts: one sequence per choice."""
         return self.params.n
+
+    @property
+    def with_tools(self) -> bool:
+        """Whether http/tools renders the conversation (tools given, or calls in it)."""
+        return bool(self.tools) or uses_tools(self.messages)
+
+
+def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoiceValue]:
+    tools = [
+        FunctionTool(t.function.name, t.function.description, t.function.parameters)
+        for t in request.tools or ()
+    ]
+    given = request.tool_choice
+    choice = NamedFunction(given.function.name) if isinstance(given, NamedToolChoice) else given
+    choice = check_tools(tools, choice)
+    forced = choice not in ("none", "auto")
+    if forced and constraint_of(request) is not None:
+        raise bad_request(
+            "tool_choice: a forced call cannot be combined with a structured-output constraint "
+            "(response_format, structured_outputs, guided_*)",
+            param="tool_choice",
+        )
+    return tools, choice
 
 
 def plan_chat(
@@ -412,6 +473,7 @@ def plan_chat(
     echo_text = None
     if request.echo and messages[-1]["role"] == "assistant":
         echo_text = messages[-1]["content"]
+    tools, tool_choice = _tools(request)
     return ChatPlan(
         messages,
         params,
@@ -420,6 +482,9 @@ def plan_chat(
         prompt_logprobs=request.prompt_logprobs,
         echo_text=echo_text,
         truncation=_truncation(request),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=request.parallel_tool_calls,
     )
 
 

@@ -61,14 +61,62 @@ class FilePart(Struct, tag="file", tag_field="type"):
 ContentPart = TextPart | ImageUrlPart | InputAudioPart | RefusalPart | VideoUrlPart | FilePart
 
 
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+"""OpenAI's rule for a function's name (letters, digits, `_`, `-`; `.` too, as vLLM allows)."""
+
+
+class FunctionDefinition(Struct, kw_only=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """A JSON schema of the arguments object; None: no arguments."""
+    strict: bool | None = None
+    """Accepted; a forced call's arguments always match the schema."""
+
+
+class ChatTool(Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(Struct, kw_only=True):
+    name: FunctionName
+
+
+class NamedToolChoice(Struct, kw_only=True):
+    """`tool_choice` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class ToolCallFunction(Struct, kw_only=True):
+    name: str
+    arguments: str
+    """The arguments object as JSON text, as the server returned it."""
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """An assistant message's earlier call, in a conversation's history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(Struct, kw_only=True):
     role: Annotated[str, Meta(min_length=1, max_length=64)]
     """Any role the chat template understands (vLLM passes custom roles to the template);
-    `developer` is rendered as `system`, `tool` messages are refused until tools are built."""
+    `developer` is rendered as `system`."""
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant message's calls (its content may then be null)."""
     tool_call_id: str | None = None
+    """A `tool` message's: the call it answers."""
 
 
 class StreamOptions(Struct, kw_only=True):
@@ -138,6 +186,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     add_special_tokens: bool = False
     """Special tokens (BOS) on top of what the chat template writes."""
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    """Default: `auto` with tools, `none` without."""
+    parallel_tool_calls: bool | None = None
+    """False: at most one call per answer (default: as many as the model writes)."""
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -17,25 +17,25 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from trio_llm.http.errors import ProtocolError
-
 _encoder = msgspec.json.Encoder()
 
 SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse_event(payload: Any) -> bytes:
-    """One server-sent event carrying one JSON object."""
-    return b"data: " + _encoder.encode(payload) + b"\n\n"
-
-
-def sse_error(error: ProtocolError) -> bytes:
-    """What a stream sends when it fails after the 200 went out; [DONE] follows it."""
-    return sse_event(error.to_dict())
+    """One server-sent event carrying one JSON object. A Struct tagged with its type (the
+    Responses API's events) names itself in an `event:` line too, as OpenAI's streams do."""
+    data = b"data: " + _encoder.encode(payload) + b"\n\n"
+    config = getattr(type(payload), "__struct_config__", None)
+    tag = getattr(config, "tag", None)
+    if isinstance(tag, str):
+        return b"event: " + tag.encode() + b"\n" + data
+    return data
 
 
 def new_response_id(prefix: str, request_id: str | None = None) -> str:
-    return f"{prefix}-{request_id or uuid.uuid4().hex}"
+    """`prefix` ends with its separator: `chatcmpl-`, `cmpl-`, `embd-`, `resp_`."""
+    return f"{prefix}{request_id or uuid.uuid4().hex}"
 
 
 def now() -> int:
@@ -94,10 +94,39 @@ PromptLogprobs = list[dict[int, PromptLogprob] | None]
 first position is null (no context)."""
 
 
+class FunctionCallOut(Struct):
+    name: str
+    arguments: str
+    """The arguments object as JSON text."""
+
+
+class ToolCallOut(Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(Struct):
     role: str
     content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
+    """Present when the answer calls tools."""
+
+
+class FunctionDeltaOut(Struct, omit_defaults=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ToolCallDeltaOut(Struct, kw_only=True, omit_defaults=True):
+    """A piece of a streamed call: the first carries id, type and the function's name, the
+    later ones fragments of its arguments (concatenated, they are the arguments' JSON text)."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: FunctionDeltaOut
 
 
 class ChatChoice(Struct, kw_only=True):
@@ -126,6 +155,7 @@ class ChatCompletionResponse(Struct, kw_only=True):
 class ChatDelta(Struct):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
 
 
 class ChatChunkChoice(Struct, kw_only=True):

@@ -157,7 +157,7 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
     request_type: ClassVar[type[Any]]
     """A msgspec Struct with the fields of `GenerationRequest`."""
     id_prefix: ClassVar[str]
-    """Of the response id: `chatcmpl-...`, `cmpl-...`."""
+    """Of the response id, with its separator: `chatcmpl-`, `cmpl-`, `resp_`."""
     plan: GenerationPlan
 
     def __init__(
@@ -184,6 +184,11 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
             continuous_usage=req.continuous_usage,
         )
 
+    async def check(self) -> None:
+        """The checks that need the grammar library, off the event loop: a 400 unless the
+        engine can enforce the request's structured-output constraint."""
+        await check_request(self.request)
+
     @abstractmethod
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
         """The token ids of each prompt, in order (one per prompt the plan holds)."""
@@ -209,10 +214,11 @@ async def serve_generation(
     _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
     endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
     req, plan = endpoint.request, endpoint.plan
-    await check_request(body)
+    await endpoint.check()
     admit(state, plan.sequences)
     engine, model = state.engine_for(body.model, sequences=plan.sequences)
     prompts = await endpoint.prompts(engine, model)
+    plan = endpoint.plan  # building the prompts may have added a constraint (tools)
     response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
     ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
     generations = [

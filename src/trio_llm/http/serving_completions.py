@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 class Completion(GenerationEndpoint[CompletionRequest]):
     request_type = CompletionRequest
-    id_prefix = "cmpl"
+    id_prefix = "cmpl-"
     plan: CompletionPlan
 
     def __init__(

@@ -36,7 +36,7 @@ async def embeddings(raw: bytes | None = None) -> Response:
     plan = plan_embedding(req, state.config.limits)
     admit(state, len(plan.inputs))
     engine, model = state.engine_for(req.model, task="embed", sequences=len(plan.inputs))
-    response_id = new_response_id("embd", req.request_id)
+    response_id = new_response_id("embd-", req.request_id)
     outputs = await engine.embed_batch(
         plan.inputs,
         truncate_prompt_tokens=req.truncate_prompt_tokens,

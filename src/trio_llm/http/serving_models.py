@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 from quart import Response
 
 from trio_llm.http.errors import bad_request
-from trio_llm.http.plans import chat_messages, check_template_kwargs, check_token_ids
+from trio_llm.http.plans import chat_messages, check_template_kwargs, check_token_ids, uses_tools
 from trio_llm.http.protocol import DetokenizeRequest, TokenizeRequest
 from trio_llm.http.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from trio_llm.http.serving import decode_body, json_response
 from trio_llm.http.state import ModelInfo, current_state
+from trio_llm.http.tools import plan_tools
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
@@ -51,8 +52,14 @@ async def tokenize() -> Response:
     else:
         assert req.messages is not None
         check_template_kwargs(req.chat_template_kwargs)
+        messages = chat_messages(req.messages)
+        if uses_tools(messages):  # written out as chat renders them
+            parser = current_state().config.tool_call_parser
+            messages = plan_tools(
+                [], None, None, messages, chat_template=engine.chat_template, parser=parser
+            ).messages
         ids = await engine.apply_chat_template(
-            chat_messages(req.messages),
+            messages,
             add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             chat_template_kwargs=req.chat_template_kwargs,

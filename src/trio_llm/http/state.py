@@ -36,6 +36,7 @@ from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.metrics import Metrics
 from trio_llm.http.middleware import on_request_end
 from trio_llm.http.plans import SamplingDefaults
+from trio_llm.http.response_store import ResponseStore
 from trio_llm.http.responses import now, system_fingerprint
 
 if TYPE_CHECKING:
@@ -47,7 +48,10 @@ log = logging.getLogger(__name__)
 
 _EXTENSION = "trio_llm"
 
-TASK_ENDPOINTS = {"generate": "/v1/chat/completions and /v1/completions", "embed": "/v1/embeddings"}
+TASK_ENDPOINTS = {
+    "generate": "/v1/chat/completions, /v1/completions and /v1/responses",
+    "embed": "/v1/embeddings",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,8 @@ class AppState:
     router: Router = field(init=False)
     metrics: Metrics = field(init=False)
     admission: Admission = field(init=False)
+    responses: ResponseStore = field(init=False)
+    """The Responses API's stored responses (--responses-store-size)."""
     engine_failed: trio.Event = field(default_factory=trio.Event)
     """Set when a supervisor gives up; `trio-llm serve` then exits non-zero."""
     _cards: dict[int, ModelInfo] = field(default_factory=dict)
@@ -80,6 +86,7 @@ class AppState:
         self.router = Router.with_replicas([s.replicas for s in self.config.model_specs])
         self.metrics = Metrics(self.router.stats, aggregate)
         self.admission = Admission(self.config.capacity)
+        self.responses = ResponseStore(self.config.responses_store_size)
 
     def attach(self, group: int, replica: int, engine: EngineClient | None) -> None:
         """Called by the supervisors (or build_app) as an engine comes up or goes down."""

@@ -128,12 +128,17 @@ def constraint_of(request: StructuredFields) -> tuple[Constraint, str] | None:
         raise bad_request(
             f"a request takes one structured-output constraint; got {names}", param=found[1][1]
         )
-    constraint, param = found[0]
+    return validated(*found[0])
+
+
+def validated(constraint: Constraint, param: str) -> tuple[Constraint, str]:
+    """`constraint` and its parameter, or a 400 naming it when its spec is malformed (the
+    checks that need no grammar library)."""
     try:
         constraint.validate()
     except ValueError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
-    return found[0]
+    return constraint, param
 
 
 async def check_constraint(constraint: Constraint | None, param: str | None) -> None:

@@ -1,13 +1,13 @@
 """The request fields this server knows but does not build yet: the one list of refusals.
 
-Each field here would change the output (beam search, tools, reasoning, ...), so a request that
-asks for it gets a 400 naming the field rather than a 200 with the wrong behaviour. When an
-issue builds one of these features, it removes the field's row here and gives the field its real
-type in protocol.py. Fields in neither place are unknown and stay ignored, as OpenAI's API
-ignores them.
+Each field here would change the output (beam search, legacy functions, reasoning, ...), so a
+request that asks for it gets a 400 naming the field rather than a 200 with the wrong behaviour.
+When an issue builds one of these features, it removes the field's row here and gives the field
+its real type in protocol.py. Fields in neither place are unknown and stay ignored, as OpenAI's
+API ignores them.
 
 Invariants: a field is refused only when its value asks for the feature (`use_beam_search:
-false`, `tool_choice: "none"` and empty `tools` pass),
+false`, `function_call: "none"` and empty `functions` pass),
 and the check reads only these fields of the body (a msgspec Struct made from this list), so
 the request types in protocol.py stay what the server implements.
 """
@@ -59,11 +59,9 @@ def _not_only_text(value: Any) -> bool:
 UNBUILT: tuple[Unbuilt, ...] = (
     Unbuilt("use_beam_search", "Beam search", _true),
     Unbuilt("structural_tag", "Structured outputs (structural_tag)", _given),
-    # Tools.
-    Unbuilt("tools", "Tool calling", _non_empty),
-    Unbuilt("tool_choice", "Tool calling", _tool_choice),
-    Unbuilt("functions", "Function calling", _non_empty),
-    Unbuilt("function_call", "Function calling", _tool_choice),
+    # The legacy function-calling fields (tools and tool_choice replace them).
+    Unbuilt("functions", "Function calling (the legacy functions; use tools)", _non_empty),
+    Unbuilt("function_call", "Function calling (function_call; use tool_choice)", _tool_choice),
     # Reasoning.
     Unbuilt("reasoning_effort", "reasoning_effort", _given),
     Unbuilt("thinking_token_budget", "thinking_token_budget", _given),

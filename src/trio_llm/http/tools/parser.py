@@ -1,0 +1,355 @@
+"""The streaming tool-call parser: a model's output text in, content and tool calls out.
+
+One parser per choice, fed the output's text as it arrives. It keeps the invariants a client
+relies on:
+- Text that might be the start of a call tag is held back, never sent as content; a held
+  prefix that turns out not to be a tag is sent once that is known (or at the end).
+- A call's first delta carries its index, id and name (as soon as the name is complete), the
+  later ones fragments of its arguments; the fragments concatenate to the call's final
+  `arguments`, which is the text the model wrote (so the streamed and the complete response
+  agree exactly).
+- Work is incremental: each character is scanned a bounded number of times. Completed JSON is
+  recognised by the standard library's decoder (tried only when a `}` arrives), a call's name
+  by `partial_json_parser` (the partial object parsed only until its name is known), never by
+  a hand-rolled brace counter.
+
+A region that does not hold a call (`<tool_call>hello</tool_call>`: an unconstrained model's
+mistake) comes back as content, unchanged. Output cut inside a call (max_tokens) ends that call
+with the arguments written so far, as OpenAI's API does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import partial_json_parser
+from partial_json_parser import Allow
+
+from trio_llm.http.tools.formats import ToolFormat
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+    """The arguments object as JSON text."""
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of a streamed call: the first carries `id` and `name`, later ones arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+_SEPARATORS = " \t\r\n[],;"
+_HEADER = re.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+"""A call object's start when its name comes first: where its arguments' text begins."""
+_HOLD = "} \t\r\n"
+"""What the end of a streamed argument text may hold that belongs to the call object around
+it (its closing brace, whitespace): held back until the next character says which."""
+
+
+_HEADER_WITHIN = 512
+"""How far into a call object its name and the start of its arguments are looked for."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The call being read: where its object starts, its header once known."""
+
+    start: int
+    call: ToolCall | None = None
+    args_start: int = -1
+    """Where its arguments' text starts; -1: not streamed (the object is read whole)."""
+    sent: int = 0
+    """How far into the region its arguments have been sent."""
+
+
+def _held_prefix(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that is a proper prefix of `tag`."""
+    for size in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0
+
+
+@dataclass
+class ToolCallParser:
+    """See the module docstring. `feed` each piece of text, then `end` (a stream's last
+    deltas) or `finish` (the whole content and every call)."""
+
+    format: ToolFormat
+    calls: list[ToolCall] = field(default_factory=list)
+    _content: list[str] = field(default_factory=list)
+    _text: str = ""
+    """Text mode: what is held back (a possible start of the open tag)."""
+    _in_call: bool = False
+    _region: str = ""
+    """Call mode: the text of the current call region (after the open tag)."""
+    _region_calls: int = 0
+    _pos: int = 0
+    _pending: _Pending | None = None
+    _invalid: bool = False
+    _decided: bool = False
+    """llama3_json: whether the answer's start has shown it is a call or text."""
+    _ended: bool = False
+
+    # -- the interface ----------------------------------------------------------------------
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """The content to send now, and the call deltas, for the next piece of output."""
+        content: list[str] = []
+        deltas: list[ToolCallDelta] = []
+        if text:
+            self._feed(text, content, deltas)
+        out = "".join(content)
+        self._content.append(out)
+        return out, deltas
+
+    def end(self) -> tuple[str, list[ToolCallDelta]]:
+        """The output is complete: the held-back content and the last deltas."""
+        if self._ended:
+            return "", []
+        self._ended = True
+        content: list[str] = []
+        deltas: list[ToolCallDelta] = []
+        if self._in_call:
+            self._close_region(content, deltas, closed=False)
+        content.append(self._text)
+        self._text = ""
+        out = "".join(content)
+        self._content.append(out)
+        return out, deltas
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The whole content (every call's text taken out) and the calls."""
+        self.end()
+        return "".join(self._content), list(self.calls)
+
+    # -- text mode --------------------------------------------------------------------------
+
+    def _feed(self, text: str, content: list[str], deltas: list[ToolCallDelta]) -> None:
+        if self._in_call:
+            self._feed_region(text, content, deltas)
+            return
+        tag = self.format.open_tag
+        buffer = self._text + text
+        if tag is None:
+            self._feed_answer_start(buffer, content, deltas)
+            return
+        at = buffer.find(tag)
+        if at < 0:
+            held = _held_prefix(buffer, tag)
+            content.append(buffer[: len(buffer) - held])
+            self._text = buffer[len(buffer) - held :]
+            return
+        content.append(buffer[:at])
+        self._text = ""
+        self._open_region()
+        self._feed_region(buffer[at + len(tag) :], content, deltas)
+
+    def _feed_answer_start(
+        self, buffer: str, content: list[str], deltas: list[ToolCallDelta]
+    ) -> None:
+        """llama3_json: the answer is a call when it starts with `{`."""
+        if self._decided:
+            content.append(buffer)
+            return
+        stripped = buffer.lstrip()
+        if not stripped:
+            self._text = buffer
+            return
+        self._decided = True
+        self._text = ""
+        if stripped.startswith("{"):
+            self._open_region()
+            self._feed_region(stripped, content, deltas)
+        else:
+            content.append(buffer)
+
+    def _open_region(self) -> None:
+        self._in_call = True
+        self._region = ""
+        self._region_calls = 0
+        self._pos = 0
+        self._pending = None
+        self._invalid = False
+
+    # -- call mode --------------------------------------------------------------------------
+
+    def _feed_region(self, text: str, content: list[str], deltas: list[ToolCallDelta]) -> None:
+        close = self.format.close_tag
+        searched = max(0, len(self._region) - len(close or "") + 1)
+        self._region += text
+        if close is None:
+            self._scan(len(self._region), deltas, "}" in text)
+            return
+        at = self._region.find(close, searched)
+        if at < 0:
+            visible = len(self._region) - _held_prefix(self._region, close)
+            self._scan(visible, deltas, "}" in text)
+            return
+        rest = self._region[at + len(close) :]
+        self._region = self._region[:at]
+        self._close_region(content, deltas, closed=True)
+        if rest:
+            self._feed(rest, content, deltas)
+
+    def _close_region(
+        self, content: list[str], deltas: list[ToolCallDelta], *, closed: bool
+    ) -> None:
+        """The region has ended (its close tag, or the output's end)."""
+        self._scan(len(self._region), deltas, True)
+        pending = self._pending
+        if pending is not None and pending.call is not None:
+            # Cut off inside the call: it keeps the arguments written so far.
+            if pending.args_start >= 0:
+                self._send_arguments(pending, len(self._region), deltas)
+            self._region_calls += 1
+        elif self._region_calls == 0 and _is_empty_list(self._region):
+            pass  # "no call needed", as SmolLM2's prompt teaches
+        elif self._region_calls == 0:
+            tags = self.format
+            opened = tags.open_tag or ""
+            closing = (tags.close_tag or "") if closed else ""
+            content.append(f"{opened}{self._region}{closing}")
+        self._in_call = False
+        self._pending = None
+        self._region = ""
+
+    def _scan(self, visible: int, deltas: list[ToolCallDelta], maybe_closed: bool) -> None:
+        """Read calls from the region's first `visible` characters."""
+        region = self._region
+        while not self._invalid:
+            pending = self._pending
+            if pending is None:
+                pos = self._pos
+                while pos < visible and region[pos] in _SEPARATORS:
+                    pos += 1
+                self._pos = pos
+                if pos >= visible:
+                    return
+                if region[pos] != "{":
+                    self._invalid = True
+                    return
+                pending = self._pending = _Pending(pos)
+            if pending.call is None:
+                self._read_header(pending, visible, deltas)
+            if maybe_closed and self._try_complete(pending, visible, deltas):
+                continue
+            if pending.args_start >= 0:
+                self._send_arguments(pending, visible, deltas, hold=True)
+            return
+
+    def _read_header(self, pending: _Pending, visible: int, deltas: list[ToolCallDelta]) -> None:
+        """Start the call once its name is complete and its arguments are next."""
+        text = self._region[pending.start : visible]
+        if len(text) > _HEADER_WITHIN:
+            return  # the name is not first: the object is read whole
+        try:
+            partial = partial_json_parser.loads(text, Allow.ALL & ~Allow.STR)
+        except Exception:  # the library raises its own and json's errors for bad prefixes
+            return
+        if not isinstance(partial, dict) or not isinstance(partial.get("name"), str):
+            return
+        if next(iter(partial)) != "name" or len(partial) < 2:
+            return  # not name-then-arguments: read whole, when the object is complete
+        header = _HEADER.match(self._region, pending.start, visible)
+        if header is None or header.end() >= visible:
+            return
+        if self._region[header.end()] != "{":
+            return  # arguments given as a string, or not an object: read whole
+        call = ToolCall(new_call_id(), partial["name"], "")
+        pending.call = call
+        pending.args_start = pending.sent = header.end()
+        deltas.append(ToolCallDelta(len(self.calls), call.id, call.name))
+        self.calls.append(call)
+
+    def _try_complete(self, pending: _Pending, visible: int, deltas: list[ToolCallDelta]) -> bool:
+        region = self._region[:visible]
+        try:
+            obj, end = json.JSONDecoder().raw_decode(region, pending.start)
+        except ValueError:
+            return False
+        arguments = _arguments_of(obj, self.format)
+        if arguments is None:
+            self._invalid = True
+            return False
+        call = pending.call
+        if call is None:  # seen whole at once: keep the model's own text of the arguments
+            header = _HEADER.match(region, pending.start)
+            if header is not None:
+                closing = region.rindex("}", header.end(), end)
+                written = region[header.end() : closing].rstrip()
+                if _same_json(written, arguments):
+                    arguments = written
+            call = ToolCall(new_call_id(), obj["name"], arguments)
+            deltas.append(ToolCallDelta(len(self.calls), call.id, call.name, arguments))
+            self.calls.append(call)
+        elif pending.args_start >= 0:
+            # The call object's own closing brace ends the arguments' text.
+            closing = region.rindex("}", pending.args_start, end)
+            self._send_arguments(pending, len(region[:closing].rstrip()), deltas)
+        self._region_calls += 1
+        self._pending = None
+        self._pos = end
+        return True
+
+    def _send_arguments(
+        self, pending: _Pending, upto: int, deltas: list[ToolCallDelta], *, hold: bool = False
+    ) -> None:
+        text = self._region[pending.sent : upto]
+        if hold:
+            text = text.rstrip(_HOLD)
+        if not text:
+            return
+        assert pending.call is not None
+        pending.sent += len(text)
+        pending.call.arguments += text
+        index = self.calls.index(pending.call)
+        deltas.append(ToolCallDelta(index, arguments=text))
+
+
+def _arguments_of(obj: Any, format: ToolFormat) -> str | None:
+    """A complete call object's arguments as JSON text; None when it is not a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    for key in format.arguments_keys:
+        if key in obj:
+            value = obj[key]
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    return None
+            if not isinstance(value, dict):
+                return None
+            return json.dumps(value, ensure_ascii=False)
+    return "{}"
+
+
+def _is_empty_list(text: str) -> bool:
+    try:
+        return json.loads(text) == []
+    except ValueError:
+        return False
+
+
+def _same_json(text: str, arguments: str) -> bool:
+    try:
+        return json.loads(text) == json.loads(arguments)
+    except ValueError:
+        return False

@@ -1,0 +1,109 @@
+"""A request's tools, choice and conversation turned into what generation needs.
+
+`plan_tools` is the one entry point, shared by /v1/chat/completions and the Responses API: it
+checks the choice against the tools, renders the conversation for the model's template, and
+returns the constraint that makes the calls well-formed and the parser that reads them back.
+Invariant: every way the tools can be wrong is a 400 naming the parameter (`ProtocolError`),
+raised before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trio_llm.constraint import Constraint
+from trio_llm.http.errors import bad_request
+from trio_llm.http.tools.formats import ToolFormat, pick_format
+from trio_llm.http.tools.grammar import tool_grammar
+from trio_llm.http.tools.parser import ToolCallParser
+from trio_llm.http.tools.prompting import FunctionTool, render_messages, template_takes_tools
+
+
+@dataclass(frozen=True, slots=True)
+class NamedFunction:
+    """`tool_choice` naming the one function to call."""
+
+    name: str
+
+
+ToolChoiceValue = Literal["none", "auto", "required"] | NamedFunction
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    messages: list[dict[str, Any]]
+    """The conversation as the chat template renders it."""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """For `apply_chat_template` (`tools`, when the template takes them)."""
+    constraint: Constraint | None = None
+    """The grammar of the calls; None with tool_choice none (and without tools)."""
+    format: ToolFormat | None = None
+    """None: the answer is not parsed for calls."""
+
+    def new_parser(self) -> ToolCallParser | None:
+        """A parser for one choice's output; None when calls are not read."""
+        return None if self.format is None else ToolCallParser(self.format)
+
+
+def check_tools(
+    tools: Sequence[FunctionTool], tool_choice: ToolChoiceValue | None, param: str = "tools"
+) -> ToolChoiceValue:
+    """The choice in force (OpenAI's default: auto with tools, none without), or a 400."""
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise bad_request(f"{param}: the function {duplicate!r} is given twice", param=param)
+    choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+    if choice != "none" and not tools:
+        raise bad_request(
+            "tool_choice: needs tools (there are none to choose from)", param="tool_choice"
+        )
+    if isinstance(choice, NamedFunction) and choice.name not in names:
+        raise bad_request(
+            f"tool_choice: the function {choice.name!r} is not among the tools",
+            param="tool_choice",
+        )
+    return choice
+
+
+def plan_tools(
+    tools: Sequence[FunctionTool],
+    tool_choice: ToolChoiceValue | None,
+    parallel_tool_calls: bool | None,
+    messages: Sequence[dict[str, Any]],
+    *,
+    chat_template: str | None,
+    parser: str = "auto",
+    constrain: bool = True,
+) -> ToolPlan:
+    """What generating with these tools takes.
+
+    `messages` are in OpenAI's chat shape (plain-text `content`; an assistant's `tool_calls`
+    as `[{"id", "type", "function": {"name", "arguments": JSON text}}]`; `tool` messages with
+    `tool_call_id`). `chat_template` is the model's (it decides whether tools go to the
+    template or into a system block the server writes); `parser` is `--tool-call-parser`.
+    `constrain` False (the request has another constraint, e.g. response_format with auto):
+    the calls are parsed but not constrained.
+    """
+    choice = check_tools(tools, tool_choice)
+    format = pick_format(parser, chat_template)
+    takes_tools = template_takes_tools(chat_template)
+    shown = list(tools) if choice != "none" else []
+    rendered = render_messages(messages, shown, format, takes_tools=takes_tools)
+    kwargs = {"tools": [t.openai() for t in shown]} if takes_tools and shown else {}
+    if choice == "none":
+        return ToolPlan(rendered, kwargs)
+    if isinstance(choice, NamedFunction):
+        forced = [t for t in tools if t.name == choice.name]
+        grammar = tool_grammar(format, forced, forced=True, parallel=False)
+    else:
+        grammar = tool_grammar(
+            format,
+            tools,
+            forced=choice == "required",
+            parallel=parallel_tool_calls is not False,
+        )
+    constraint = Constraint.grammar(grammar) if constrain else None
+    return ToolPlan(rendered, kwargs, constraint, format)
