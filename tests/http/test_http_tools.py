@@ -27,7 +27,7 @@ from trio_llm.http.tools import (
     template_takes_tools,
 )
 from trio_llm.http.tools.formats import HERMES, LLAMA3_JSON
-from trio_llm.http.tools.grammar import tool_grammar
+from trio_llm.http.tools.grammar import closed, tool_grammar
 
 WEATHER = FunctionTool(
     "get_weather",
@@ -386,3 +386,20 @@ def test_openapi_shows_the_tool_fields() -> None:
     assert {"tool_calls", "tool_call_id"} <= set(schemas["ChatMessage"]["properties"])
     assert "tool_calls" in schemas["ChatMessageOut"]["properties"]
     assert "tool_calls" in schemas["ChatDelta"]["properties"]
+
+
+def test_arguments_hold_only_the_listed_keys() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+        "$defs": {"D": {"type": "object", "properties": {}}},
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["a"]["additionalProperties"] is False
+    assert out["$defs"]["D"]["additionalProperties"] is False
+    assert closed({"type": "object", "additionalProperties": True}) == {
+        "type": "object",
+        "additionalProperties": True,
+    }
+    assert "additionalProperties" not in schema  # the tool's own schema is left alone

@@ -5,7 +5,8 @@ Forced (`required`, or a named function): the whole answer is one or more calls,
 `auto`: a lazily triggered grammar: any text, until the model writes the format's trigger (the
 open tag; llama3_json: a `{` at the start), and from there the call is constrained as when
 forced. Either way a call the server returns parses and its arguments validate. Arguments are
-compact JSON unless a tool's schema says otherwise (its own "x-guidance" options win).
+compact JSON unless a tool's schema says otherwise (its own "x-guidance" options win), and hold
+only the keys a schema lists (`closed`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,30 @@ from trio_llm.http.tools.prompting import FunctionTool
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` wherever it lists `properties` and says
+    nothing about others (in properties, items, anyOf and oneOf; not allOf, whose parts would
+    then exclude each other's keys). What it accepts still validates against `schema`, and a
+    small model can no longer add key after key until max_tokens (LangChain and pydantic send
+    schemas without the keyword)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    if isinstance(out.get("items"), dict):
+        out["items"] = closed(out["items"])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    if isinstance(out.get("$defs"), dict):
+        out["$defs"] = {k: closed(v) for k, v in out["$defs"].items()}
+    return out
+
+
 def _schema(tool: FunctionTool) -> str:
-    schema = dict(tool.parameters) if tool.parameters is not None else dict(_NO_ARGUMENTS)
+    schema = closed(tool.parameters) if tool.parameters is not None else dict(_NO_ARGUMENTS)
     schema.setdefault("x-guidance", {"whitespace_flexible": False})
     return json.dumps(schema, ensure_ascii=False)
 
