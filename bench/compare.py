@@ -3,7 +3,7 @@
 
 Each server is started in turn on loopback, waited for, loaded by bench/serve.py's closed loop at
 each concurrency level (streaming chat, or the --endpoint given; greedy, fixed output length),
-and stopped; then the table, the ratios against issue 6's targets, a plot and the machine go to
+and stopped; then the table, the ratios against issue 19's targets, a plot and the machine go to
 bench/results/serving.md.
 A peer whose virtualenv is missing is skipped with a note (bench/setup_peers.sh makes them); no
 number in the results is ever filled in without being measured in this run.

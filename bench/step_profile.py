@@ -6,7 +6,7 @@ with a context of C tokens), every core gets the same N random prompts of C toke
 them, and then the cores take turns of a few decode steps each, so that drift in a shared VM
 falls on every variant alike (measured one after the other, whichever ran first looked up to
 25% faster here). Each step is split into the model's forward, the LM head, input preparation,
-and the rest (scheduling, sampling, outputs): the engine's overhead over a bare forward of the
+sampling, and the rest (scheduling, outputs): the engine's overhead over a bare forward of the
 same model code on the same batch.
 
 Usage: python bench/step_profile.py [--cases 1x100 1x1000 32x100 32x1000] [--rounds 5]
@@ -78,7 +78,7 @@ class Split:
     """Times the runner's parts of every step by wrapping the instance's methods (the runner
     calls them through `self`, so the wrappers see each call)."""
 
-    PARTS = ("prepare", "lm_head", "execute")
+    PARTS = ("prepare", "sample", "lm_head", "execute")
 
     def __init__(self, core: EngineCore) -> None:
         self.times: dict[str, float] = defaultdict(float)
@@ -110,10 +110,13 @@ class Row:
     forward: float
     lm_head: float
     prepare: float
+    sampling: float
+    """The sampler and its tensors (the sample method less the LM head)."""
 
     @property
     def rest(self) -> float:
-        return self.step - self.forward - self.lm_head - self.prepare
+        """Scheduling and outputs: the step outside the runner."""
+        return self.step - self.forward - self.lm_head - self.prepare - self.sampling
 
 
 def run_case(
@@ -122,11 +125,12 @@ def run_case(
     n: int,
     context: int,
     rounds: int,
-) -> list[Row]:
+    profiled: Variant | None = None,
+) -> tuple[list[Row], str]:
     g = torch.Generator().manual_seed(n * 10_000 + context)
     prompts = [torch.randint(100, 40000, (context,), generator=g).tolist() for _ in range(n)]
     params = SamplingParams(
-        temperature=0.0, max_tokens=(rounds + 1) * STEPS_PER_TURN + 4, ignore_eos=True
+        temperature=0.0, max_tokens=(rounds + 1) * STEPS_PER_TURN + 8, ignore_eos=True
     )
     for core in cores.values():
         for i, prompt in enumerate(prompts):
@@ -146,6 +150,7 @@ def run_case(
                 parts = splits[variant].take()
                 if round_ and k:
                     samples[variant].append((elapsed, parts))
+    ops = op_table(cores[profiled]) if profiled is not None else ""
     rows = []
     for variant, core in cores.items():
         core.abort_requests([f"{n}x{context}-{i}" for i in range(n)])
@@ -162,36 +167,25 @@ def run_case(
                 n,
                 context,
                 step=median(lambda s: s[0]),
-                # execute holds prepare, the forward, the LM head and the sampler.
+                # execute holds prepare, the forward and sample (the LM head and the sampler).
                 forward=median(
-                    lambda s: s[1]["execute"] - s[1]["prepare"] - s[1].get("lm_head", 0.0)
+                    lambda s: s[1]["execute"] - s[1]["prepare"] - s[1].get("sample", 0.0)
                 ),
                 lm_head=median(lambda s: s[1].get("lm_head", 0.0)),
                 prepare=median(lambda s: s[1]["prepare"]),
+                sampling=median(lambda s: s[1].get("sample", 0.0) - s[1].get("lm_head", 0.0)),
             )
         )
-    return rows
+    return rows, ops
 
 
-def op_table(core: EngineCore, n: int, context: int) -> str:
+def op_table(core: EngineCore, steps: int = 3) -> str:
+    """The profiler's top operators over a few decode steps of the core's running sequences."""
     from torch.profiler import ProfilerActivity, profile
 
-    g = torch.Generator().manual_seed(0)
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    for i in range(n):
-        prompt = torch.randint(100, 40000, (context,), generator=g).tolist()
-        core.add_request(EngineCoreRequest(f"ops-{i}", prompt, params))
-    while core.scheduler.waiting or any(
-        s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.running
-    ):
-        core.step()
-    core.step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(5):
+        for _ in range(steps):
             core.step()
-    core.abort_requests([f"ops-{i}" for i in range(n)])
-    while core.has_work():
-        core.step()
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
 
 
@@ -224,16 +218,20 @@ def main() -> None:
     rows: list[Row] = []
     ops: dict[tuple[int, int], str] = {}
     for n, context in cases:
-        for row in run_case(cores, splits, n, context, args.rounds):
+        got, table = run_case(
+            cores, splits, n, context, args.rounds, variants[-1] if args.ops else None
+        )
+        for row in got:
             rows.append(row)
             print(
                 f"N={n} C={context} {row.variant.label}: step {row.step * 1e3:.1f} ms "
                 f"({n / row.step:.1f} tok/s), forward {row.forward * 1e3:.1f}, "
-                f"LM head {row.lm_head * 1e3:.1f}, prepare {row.prepare * 1e3:.2f}",
+                f"LM head {row.lm_head * 1e3:.1f}, prepare {row.prepare * 1e3:.2f}, "
+                f"sampling {row.sampling * 1e3:.2f}",
                 flush=True,
             )
-        if args.ops:
-            ops[(n, context)] = op_table(cores[variants[-1]], n, context)
+        if table:
+            ops[(n, context)] = table
 
     lines = [
         "# One decode step: forward implementation, dtype and batch invariance",
@@ -247,18 +245,20 @@ def main() -> None:
         f"turns of {STEPS_PER_TURN} steps in one process (the first of each turn untimed); "
         f"medians of {args.rounds * (STEPS_PER_TURN - 1)} steps. `forward`: the decoder's "
         "forward alone (hf: transformers' modules with the paged attention hooked in; own: "
-        "engine/llama.py), `LM head` and `prepare` (the step's input tensors) apart; `rest`: "
-        "scheduling, sampling and outputs. `bare share`: (forward + LM head) / step, what a bare "
-        "forward of the same code on the same batch would take of the engine's step.",
+        "engine/llama.py), `LM head`, `prepare` (the step's input tensors) and `sampling` (the "
+        "sampler and its tensors) apart; `rest`: scheduling and outputs. `bare share`: "
+        "(forward + LM head) / step, what a bare forward of the same code on the same batch "
+        "would take of the engine's step.",
         "",
-        "| N | C | variant | step (ms) | tok/s | forward | LM head | prepare | rest | bare share |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| N | C | variant | step (ms) | tok/s | forward | LM head | prepare | sampling | rest "
+        "| bare share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.n} | {r.context} | {r.variant.label} | {r.step * 1e3:.1f} | "
             f"{r.n / r.step:.1f} | {r.forward * 1e3:.1f} | {r.lm_head * 1e3:.1f} | "
-            f"{r.prepare * 1e3:.2f} | {r.rest * 1e3:.1f} | "
+            f"{r.prepare * 1e3:.2f} | {r.sampling * 1e3:.2f} | {r.rest * 1e3:.1f} | "
             f"{(r.forward + r.lm_head) / r.step:.0%} |"
         )
     base = {(r.n, r.context): r for r in rows if r.variant == variants[0]}
@@ -277,7 +277,7 @@ def main() -> None:
         ]
         lines.append(f"| {n} | {context} | " + " | ".join(cells) + " |")
     for (n, context), table in ops.items():
-        lines += ["", f"Top operators, {variants[-1].label}, N={n}, C={context} (5 steps):", ""]
+        lines += ["", f"Top operators, {variants[-1].label}, N={n}, C={context} (3 steps):", ""]
         lines += ["```", table.strip(), "```"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
