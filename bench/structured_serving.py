@@ -44,13 +44,19 @@ class Result:
     error: str = ""
 
 
-def one_request(client: httpx.Client, url: str, model: str, case_index: int) -> Result:
+def one_request(
+    client: httpx.Client, url: str, model: str, case_index: int, llama: bool = False
+) -> Result:
+    """`llama`: llama-cpp-python's server (0.3.x) refuses response_format json_schema and takes
+    the same schema as its own extension, `{"type": "json_object", "schema": ...}`."""
     case = SCHEMAS[case_index % len(SCHEMAS)]
     body = {
         **case.chat_body(model, MAX_TOKENS),
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if llama:
+        body["response_format"] = {"type": "json_object", "schema": case.schema}
     start = time.perf_counter()
     last = None
     text: list[str] = []
@@ -102,6 +108,8 @@ class Level:
 
     def row(self) -> str:
         ok = [r for r in self.results if r.ok]
+        if not ok:
+            return f"| {self.label} | {self.concurrency} | {len(self.results)} | all failed |"
         tokens = sum(r.tokens for r in ok)
         gaps = [g for r in ok for g in r.gaps]
         tpots = [(r.e2e - r.ttft) / (r.tokens - 1) for r in ok if r.tokens > 1]
@@ -136,7 +144,7 @@ def run_level(url: str, model: str, label: str, concurrency: int, num: int) -> L
                     i = next(counter, None)
                 if i is None:
                     return
-                r = one_request(client, url, model, i)
+                r = one_request(client, url, model, i, llama=label == llama_cpp_server.LABEL)
                 with lock:
                     results.append(r)
 
