@@ -187,7 +187,11 @@ def measure(peers_dir: Path, trio_llm_args: list[str], levels: list[int], uptime
                 table.append(level.row())
                 failures = [r.error for r in level.results if not r.valid]
                 if failures:
-                    notes.append(f"- {server.label} c={c}: {failures[0]}")
+                    first = failures[0].splitlines()[0] if failures[0] else "no error text"
+                    notes.append(
+                        f"- {server.label} c={c}: {len(failures)} invalid or failed; the first: "
+                        f"{first}"
+                    )
         notes.append(f"- {server.description}; load average {before} before, {uptime()} after.")
     ratios = []
     trio, llama = by_label.get(trio_llm_server.LABEL), by_label.get(llama_cpp_server.LABEL)
