@@ -49,6 +49,20 @@ class SamplingColumns:
     min_p: np.ndarray
     """[B] float32."""
 
+    @classmethod
+    def of(cls, seqs: Iterable[Sequence]) -> SamplingColumns:
+        """The columns read from the sequences themselves (a batch without persistent rows)."""
+        params = [s.params for s in seqs]
+        return cls(
+            greedy=np.array([p.greedy for p in params], dtype=bool),
+            temperature=np.array(
+                [1.0 if p.greedy else p.temperature for p in params], dtype=np.float32
+            ),
+            top_k=np.array([max(p.top_k, 0) for p in params], dtype=np.int64),
+            top_p=np.array([p.top_p for p in params], dtype=np.float32),
+            min_p=np.array([p.min_p for p in params], dtype=np.float32),
+        )
+
 
 class Staging:
     """Per-name pinned host buffers and device buffers that a step's arrays are copied through.

@@ -17,16 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from trio_llm.engine.input_batch import SamplingColumns
 from trio_llm.engine.sequence import Sequence
 from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from trio_llm.engine.input_batch import SamplingColumns
 
 _NEG_INF = float("-inf")
 
@@ -80,14 +77,11 @@ class SamplingTensors:
         """`columns`: the rows' sampling parameters as the persistent input batch holds them
         (the same values `seqs` would give, without a Python pass over them)."""
         params = [s.params for s in seqs]
-        if columns is not None:
-            st = cls(all_greedy=bool(columns.greedy.all()))
-            if not st.all_greedy:
-                st._set_sampling_columns(seqs, columns, device)
-        else:
-            st = cls(all_greedy=all(p.greedy for p in params))
-            if not st.all_greedy:
-                st._set_sampling(seqs, device)
+        if columns is None:
+            columns = SamplingColumns.of(seqs)
+        st = cls(all_greedy=bool(columns.greedy.all()))
+        if not st.all_greedy:
+            st._set_sampling(seqs, columns, device)
         if any(p.logit_bias for p in params):
             st._set_logit_bias(params, device)
         if any(s.num_output_tokens < s.params.min_tokens or s.bans is not None for s in seqs):
@@ -98,26 +92,11 @@ class SamplingTensors:
             st.num_logprobs = [p.logprobs for p in params]
         return st
 
-    def _set_sampling(self, seqs: Seq[Sequence], device: torch.device) -> None:
-        params = [s.params for s in seqs]
-        self.greedy = torch.tensor([p.greedy for p in params], device=device)
-        self.temperature = torch.tensor(
-            [1.0 if p.greedy else p.temperature for p in params], device=device
-        ).unsqueeze(1)
-        sampled = [p for p in params if not p.greedy]
-        if any(p.top_k > 0 for p in sampled):
-            self.top_k = torch.tensor([max(p.top_k, 0) for p in params], device=device)
-        if any(p.top_p < 1.0 for p in sampled):
-            self.top_p = torch.tensor([p.top_p for p in params], device=device)
-        if any(p.min_p > 0.0 for p in sampled):
-            self.min_p = torch.tensor([p.min_p for p in params], device=device)
-        gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
-        self.generators = gens or None
-
-    def _set_sampling_columns(
+    def _set_sampling(
         self, seqs: Seq[Sequence], columns: SamplingColumns, device: torch.device
     ) -> None:
-        """`_set_sampling` from the gathered columns: the same tensors, dtypes included."""
+        """The sampled rows' temperature, top-k, top-p and min-p tensors (only those some row
+        uses), and their seeded generators."""
         greedy = columns.greedy
         self.greedy = torch.from_numpy(greedy).to(device)
         self.temperature = torch.from_numpy(columns.temperature).to(device).unsqueeze(1)
