@@ -258,14 +258,14 @@ class ModelRunner:
         else:
             row_seq = np.repeat(np.arange(len(seqs)), num_tokens)
             positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[row_seq] + starts[row_seq]
-        # The rows hold committed tokens only: a chunk that computes drafts reads them from
-        # its sequence (positions past a row's columns are clipped, then overwritten).
+        # The rows hold committed tokens only: the few chunks that compute drafts (past their
+        # row's tokens) read those from their sequence.
+        held = ib.num_tokens[rows]
         ids = ib.token_ids[rows[row_seq], np.minimum(positions, ib.token_ids.shape[1] - 1)]
-        for i, s in enumerate(seqs):
-            if s.draft_token_ids and ends[i] > s.num_tokens:
-                committed, offset = s.num_tokens, int(cu[i] - starts[i])
-                first = max(int(starts[i]), committed)
-                ids[offset + first : offset + int(ends[i])] = s.tokens_between(first, int(ends[i]))
+        for i in np.flatnonzero(ends > held).tolist():
+            first, end = max(int(starts[i]), int(held[i])), int(ends[i])
+            offset = int(cu[i] - starts[i])
+            ids[offset + first : offset + end] = seqs[i].tokens_between(first, end)
         tables = ib.tables(rows)
         bs = self.block_size
         slots = tables[row_seq, positions // bs] * bs + positions % bs
