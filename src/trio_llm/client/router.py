@@ -317,8 +317,10 @@ async def _leased(
         async for output in stream:
             yield output
     finally:
-        await stream.aclose()
-        lease.release()
+        try:
+            await stream.aclose()  # aborts the request if it is still running
+        finally:
+            lease.release()  # even if the close was cancelled or failed
 
 
 @asynccontextmanager
