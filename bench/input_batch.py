@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import hostinfo  # bench/hostinfo.py
-from trio_llm.engine import row_tiles
+from trio_llm.engine import invariance
 from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.interface import as_tensor
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
@@ -76,7 +76,7 @@ def legacy_prepare(self: SimpleNamespace, batch: ScheduledBatch) -> tuple[object
             cu_seqlens_q=cu,
             context_lens=ends,
             slot_mapping=slots,
-            key_bucket=row_tiles.KEY_BUCKET if self.row_tile else 0,
+            key_bucket=invariance.KEY_BUCKET if self.invariance.on else 0,
         ),
         self.k_caches[0],
     )
@@ -111,7 +111,7 @@ def runner_state(max_model_len: int, attention: object) -> SimpleNamespace:
     return SimpleNamespace(
         block_size=BLOCK,
         device=device,
-        row_tile=0,
+        invariance=invariance.Decision(invariance.Matmul(), False, "benchmark"),
         _attention=attention,
         k_caches=[torch.zeros(CACHE_SHAPE)],
         input_batch=InputBatch(BLOCK, max_model_len),

@@ -11,12 +11,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Batch invariance in float32 needs MKL's reproducibility mode, which MKL takes only before its
+# first call: the engine process sets it first thing, and in-process engines here find it set
+# (engine/invariance.py).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 import pytest
 
 from trio_llm.engine.loader import ModelSource, load_tokenizer, resolve_model
 
 
-def build_tiny_llama(path: Path, tokenizer_source: ModelSource, *, seed: int = 0) -> Path:
+def build_tiny_llama(
+    path: Path, tokenizer_source: ModelSource, *, seed: int = 0, intermediate_size: int = 128
+) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -24,7 +31,7 @@ def build_tiny_llama(path: Path, tokenizer_source: ModelSource, *, seed: int = 0
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
-        intermediate_size=128,
+        intermediate_size=intermediate_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -65,3 +72,13 @@ def tokenizer_source() -> ModelSource:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer_source)
+
+
+@pytest.fixture(scope="session")
+def wide_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource) -> Path:
+    """The tiny Llama with an MLP of 1536 (the default model's): its down projection's inner
+    dimension is past 1024, where oneDNN computes a lone row its own way (the batch invariance
+    tests need the matmul shapes where the libraries differ)."""
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("wide-llama"), tokenizer_source, intermediate_size=1536
+    )

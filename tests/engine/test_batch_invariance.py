@@ -1,62 +1,330 @@
-"""Batch invariance: a request gets the same tokens alone, in any company, and however its prompt
-is chunked (engine/row_tiles.py, the torch backend's key buckets)."""
+"""Batch invariance (engine/invariance.py) on this machine's real matmuls: a request gets the same
+tokens alone, in any company, however its prompt is chunked, after a preemption, from a
+prefix-cache hit on blocks that decodes filled, with jump-forward drafts, and as one of n
+choices; and each CPU class's choice, with faked flags."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from engine_helpers import make_core, random_prompts, request, run
 
-from trio_llm.engine import row_tiles
+from trio_llm.constraint import Constraint
+from trio_llm.engine import invariance, loader
+from trio_llm.engine.attention import StepLayout
+from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
+from trio_llm.engine.core import EngineConfigError, EngineCore
+from trio_llm.engine.invariance import (
+    BF16_AMX,
+    BF16_AVX512,
+    BF16_PLAIN,
+    FP32_ONEDNN,
+    PADDED,
+    Matmul,
+    MatmulPlan,
+)
 from trio_llm.ipc.messages import EngineCoreRequest
 
 LENGTHS = [5, 17, 33, 64, 90, 120, 9, 45] * 4
+AVX2_ONLY = frozenset({"avx", "avx2", "fma"})
+AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_bf16"}
+AMX = AVX512_BF16 | {"amx_tile", "amx_bf16"}
+DTYPES = ["bfloat16", "float32"]
 
 
-def requests() -> list[EngineCoreRequest]:
-    """16 greedy and 16 seeded-sampling requests of mixed prompt lengths."""
+def requests(n: int = 32, max_tokens: int = 12) -> list[EngineCoreRequest]:
+    """Greedy and seeded-sampling requests (alternating) of mixed prompt lengths."""
     out = []
-    for i, prompt in enumerate(random_prompts(LENGTHS, seed=21)):
+    for i, prompt in enumerate(random_prompts(LENGTHS[:n], seed=21)):
         params = {"temperature": 0.8, "top_p": 0.95, "seed": 100 + i} if i % 2 else {}
-        out.append(request(str(i), prompt, max_tokens=12, ignore_eos=True, **params))
+        out.append(request(str(i), prompt, max_tokens=max_tokens, ignore_eos=True, **params))
     return out
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def tokens(core: EngineCore, reqs: list[EngineCoreRequest]) -> dict[str, list[int]]:
+    return {k: v.token_ids for k, v in run(core, reqs).items()}
+
+
+def alone(core: EngineCore, reqs: list[EngineCoreRequest]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in reqs:
+        out.update(tokens(core, [r]))
+    return out
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def dtype(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def solo(wide_model_dir: Path, dtype: str) -> dict[str, list[int]]:
+    """Every request of `requests()` alone, whole prompts in one step: the reference."""
+    core = make_core(wide_model_dir, dtype=dtype)
+    assert core.runner.invariance.on, core.runner.invariance.reason  # auto is on here
+    return alone(core, requests())
+
+
 def test_32_requests_alone_and_together_get_the_same_tokens(
-    tiny_model_dir: Path, dtype: str
+    wide_model_dir: Path, dtype: str, solo: dict[str, list[int]]
 ) -> None:
     # A small step budget chunks the prompts differently together than alone.
-    core = make_core(tiny_model_dir, dtype=dtype, batch_invariant="on", max_num_batched_tokens=64)
-    assert core.runner.row_tile > 0
-    reqs = requests()
-    alone = {}
-    for r in reqs:
-        alone.update({k: v.token_ids for k, v in run(core, [r]).items()})
-    together = {k: v.token_ids for k, v in run(core, reqs).items()}
-    assert together == alone
-    # and with the whole prompts in one step each, in another engine
-    roomy = make_core(tiny_model_dir, dtype=dtype, batch_invariant="on")
-    assert {k: v.token_ids for k, v in run(roomy, reqs).items()} == alone
+    core = make_core(wide_model_dir, dtype=dtype, max_num_batched_tokens=64)
+    assert tokens(core, requests()) == solo
+    assert alone(core, requests()[:6]) == {k: solo[k] for k in map(str, range(6))}
 
 
-def test_off_is_off_and_auto_follows_the_probe(
+def test_a_preempted_request_recomputes_the_same_tokens(
+    wide_model_dir: Path, dtype: str, solo: dict[str, list[int]]
+) -> None:
+    # Too few blocks for all 32 at once: the last ones are preempted and recompute their
+    # prompts and outputs as prefills, which a decode computed the first time.
+    core = make_core(wide_model_dir, dtype=dtype, kv_cache_memory="160KiB")
+    assert tokens(core, requests()) == solo
+    assert core.scheduler.num_preemptions > 0
+
+
+def test_a_prefix_cache_hit_on_decode_filled_blocks_changes_nothing(
+    wide_model_dir: Path, dtype: str
+) -> None:
+    """A second turn finds the first turn's output in the cache (K/V a decode computed); a
+    fresh engine computes the same positions in one prefill."""
+    (first, question) = random_prompts([40, 11], seed=5)
+    warm = make_core(wide_model_dir, dtype=dtype)
+    answer = tokens(warm, [request("t1", first, max_tokens=40, ignore_eos=True)])["t1"]
+    turn = first + answer + question
+    second = [
+        request("g", turn, max_tokens=10, ignore_eos=True),
+        request("s", turn, max_tokens=10, ignore_eos=True, temperature=1.0, seed=9),
+    ]
+    hit = run(warm, second[:1])
+    assert hit["g"].num_cached_tokens >= 64  # blocks past the prompt's: decode-filled
+    hit.update(run(warm, second[1:]))
+    cold = make_core(wide_model_dir, dtype=dtype, enable_prefix_caching=False)
+    assert {k: v.token_ids for k, v in hit.items()} == tokens(cold, second)
+
+
+def test_n_choices_get_what_each_gets_alone(wide_model_dir: Path, dtype: str) -> None:
+    """n > 1 as the frontend fans it out: n requests with one prompt and seeds seed + i, which
+    share the prompt's blocks when admitted together."""
+    (prompt,) = random_prompts([50], seed=8)
+    choices = [
+        request(f"c{i}", prompt, max_tokens=10, ignore_eos=True, temperature=1.0, seed=40 + i)
+        for i in range(4)
+    ]
+    core = make_core(wide_model_dir, dtype=dtype)
+    together = tokens(core, choices)
+    assert together == alone(make_core(wide_model_dir, dtype=dtype), choices)
+    assert len({tuple(t) for t in together.values()}) > 1
+
+
+PATTERN = r'\{"name": "(alice|bob|carol)", "age": [1-9][0-9]?, "tags": \["(a|b)", "(c|d)"\]\}'
+
+
+def test_structured_outputs_with_jump_forward_get_the_same_tokens(
+    wide_model_dir: Path, dtype: str
+) -> None:
+    """Jump-forward computes a request's forced tokens as drafts in one chunk whose length the
+    step's budget decides; the drafts' rows and their samples (seeded ones too) are what
+    token-by-token decoding computes."""
+    prompts = random_prompts([7, 30, 12, 55, 21, 40], seed=13)
+    reqs = [
+        request(
+            f"j{i}",
+            p,
+            max_tokens=60,
+            constraint=Constraint.regex(PATTERN),
+            **({"temperature": 1.0, "seed": 70 + i} if i % 2 else {}),
+        )
+        for i, p in enumerate(prompts)
+    ]
+    plain = make_core(wide_model_dir, dtype=dtype, jump_forward=False)
+    expected = alone(plain, reqs)
+    jumping = make_core(wide_model_dir, dtype=dtype, max_num_batched_tokens=32)
+    before = jumping.stats().num_steps
+    assert alone(jumping, reqs) == expected
+    assert jumping.stats().num_steps - before < plain.stats().num_steps  # drafts were taken
+    assert tokens(jumping, reqs) == expected
+
+
+def test_the_transformers_path_is_invariant_too(wide_model_dir: Path) -> None:
+    """transformers' modules with the engine's matmuls put in place of their Linears."""
+    reqs = requests(n=8)
+    core = make_core(wide_model_dir, model_impl="transformers", max_num_batched_tokens=64)
+    assert core.runner.invariance.on and core.runner.own is None
+    linears = [m for m in core.runner.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert not linears
+    assert tokens(core, reqs) == alone(make_core(wide_model_dir, model_impl="transformers"), reqs)
+
+
+# -- the pieces -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(dtype: torch.dtype) -> None:
+    heads, kv_heads, dim, block = 4, 2, 16, 16
+    length = 150
+    g = torch.Generator().manual_seed(3)
+    cache_shape = (12, block, kv_heads, dim)
+    k_cache = torch.randn(cache_shape, generator=g).to(dtype)
+    v_cache = torch.randn(cache_shape, generator=g).to(dtype)
+    table = np.array([[7, 2, 9, 0, 11, 4, 1, 8, 3, 10]])
+    slots = table[0, np.arange(length) // block] * block + np.arange(length) % block
+    q = torch.randn(length, heads, dim, generator=g).to(dtype)
+
+    def attend(positions: list[range]) -> torch.Tensor:
+        """Rows of `positions`, each range one sequence's chunk (a 1-long range: a decode);
+        the single-token chunks go first, as the scheduler orders them."""
+        chunks = sorted(positions, key=lambda r: len(r) > 1)
+        rows = np.concatenate([np.asarray(r) for r in chunks])
+        layout = StepLayout(
+            num_decodes=sum(len(r) == 1 for r in chunks),
+            block_tables=np.repeat(table, len(chunks), axis=0),
+            cu_seqlens_q=np.cumsum([0] + [len(r) for r in chunks]),
+            context_lens=np.array([r.stop for r in chunks]),
+            slot_mapping=slots[rows],
+            key_bucket=invariance.KEY_BUCKET,
+        )
+        meta = TorchAttentionMetadata.build(layout, k_cache)
+        rows_t = torch.from_numpy(slots[rows])
+        k = k_cache.view(-1, kv_heads, dim)[rows_t]  # what is there already: nothing changes
+        v = v_cache.view(-1, kv_heads, dim)[rows_t]
+        out = meta.forward(q[rows], k, v, k_cache, v_cache, dim**-0.5)
+        return out[np.argsort(rows, kind="stable")]
+
+    whole = attend([range(0, length)])
+    as_decodes = torch.cat([attend([range(p, p + 1)]) for p in range(length)])
+    assert torch.equal(as_decodes, whole)
+    chunked = attend([range(0, 37), range(37, 100), range(100, length)])
+    assert torch.equal(chunked, whole)
+    mixed = attend([range(5, 6), range(64, 65), range(100, 149), range(149, 150)])
+    assert torch.equal(mixed, whole[[5, 64, *range(100, length)]])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("plan", "dtype"),
+    [
+        (FP32_ONEDNN, torch.float32),
+        (BF16_AVX512, torch.bfloat16),
+        (PADDED, torch.bfloat16),
+        (PADDED, torch.float32),
+    ],
+)
+def test_a_plan_computes_each_row_as_alone_at_any_offset(
+    plan: MatmulPlan, dtype: torch.dtype, threads: int
+) -> None:
+    if plan is BF16_AVX512 and "avx512_bf16" not in loader.cpu_flags():
+        pytest.skip("the plan of AVX512-BF16 machines")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        shapes = [(96, 64), (64, 1536), (200, 2100)]
+        assert invariance.check_matmul(Matmul(plan), shapes, dtype, torch.device("cpu")) is None
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("plan", [FP32_ONEDNN, BF16_AVX512, BF16_AMX, PADDED])
+def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> None:
+    dtype = torch.float32 if plan is FP32_ONEDNN else torch.bfloat16
+    x, w = torch.randn(77, 2100).to(dtype), torch.randn(40, 2100).to(dtype)
+    b = torch.randn(40).to(dtype)
+    matmul = Matmul(plan)
+    weight = matmul.prepare(w)
+    plain = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    for rows in (slice(None), slice(0, 1), slice(3, 40)):
+        got = matmul(x[rows], weight, b).float()
+        torch.testing.assert_close(got, plain[rows], rtol=3e-2, atol=0.5)
+
+
+@pytest.mark.parametrize(
+    ("flags", "bf16", "fp32"),
+    [
+        (AVX2_ONLY, BF16_PLAIN, FP32_ONEDNN),
+        (AVX512_BF16, BF16_AVX512, FP32_ONEDNN),
+        (AMX, BF16_AMX, FP32_ONEDNN),
+    ],
+    ids=["avx2-only", "avx512-bf16", "amx"],
+)
+def test_each_cpu_class_gets_its_plan(
+    flags: frozenset[str], bf16: MatmulPlan, fp32: MatmulPlan
+) -> None:
+    assert invariance.plan_for(torch.bfloat16, flags) is bf16
+    assert invariance.plan_for(torch.float32, flags) is fp32
+    assert invariance.plan_for(torch.float16, flags) is None
+
+
+def test_an_amx_plan_tiles_its_calls(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an AMX machine's flags, bf16 matmuls go in calls of at most 32 rows; this machine's
+    oneDNN computes those row-exactly where no inner dimension passes 1024 (the tiny model)."""
+    monkeypatch.setattr(loader, "cpu_flags", lambda: AMX)
+    core = make_core(tiny_model_dir, dtype="bfloat16")
+    matmul = core.runner.invariance.matmul
+    assert core.runner.invariance.on and matmul.plan is BF16_AMX
+    calls: list[int] = []
+    monkeypatch.setattr(
+        invariance.F, "linear", lambda x, w, b=None: calls.append(len(x)) or x @ w.T
+    )
+    matmul(torch.zeros(70, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16))
+    assert calls == [32, 32, 6]
+
+
+def test_off_is_off(tiny_model_dir: Path) -> None:
+    decision = make_core(tiny_model_dir, batch_invariant="off").runner.invariance
+    assert not decision.on and decision.matmul.plan is None
+
+
+def test_auto_turns_off_and_on_falls_back_where_the_check_fails(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert make_core(tiny_model_dir, batch_invariant="off").runner.row_tile == 0
-    monkeypatch.setattr(row_tiles, "probe", lambda shapes, dtype, device: 0)
-    assert make_core(tiny_model_dir, batch_invariant="auto").runner.row_tile == 0
-    assert make_core(tiny_model_dir, batch_invariant="on").runner.row_tile == row_tiles.PADDED_TILE
-    monkeypatch.setattr(row_tiles, "probe", lambda shapes, dtype, device: 32)
-    assert make_core(tiny_model_dir, batch_invariant="auto").runner.row_tile == 32
+    monkeypatch.setattr(
+        invariance,
+        "check_matmul",
+        lambda matmul, *_: None if matmul.plan is PADDED else "rows differ in calls of 7",
+    )
+    auto = make_core(tiny_model_dir).runner.invariance
+    assert not auto.on and auto.reason == "rows differ in calls of 7"
+    on = make_core(tiny_model_dir, batch_invariant="on").runner.invariance
+    assert on.on and on.matmul.plan is PADDED
+    monkeypatch.setattr(invariance, "check_matmul", lambda *_: "rows differ in calls of 7")
+    with pytest.raises(EngineConfigError, match="cannot be kept: rows differ in calls of 7"):
+        make_core(tiny_model_dir, batch_invariant="on")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tiled_and_padded_matmuls_equal_plain_ones_in_value(dtype: torch.dtype) -> None:
-    x, w = torch.randn(77, 48).to(dtype), torch.randn(40, 48).to(dtype)
-    b = torch.randn(40).to(dtype)
-    plain = torch.nn.functional.linear(x, w, b).float()
-    for linear in (row_tiles.tiled(16), row_tiles.padded(8)):
-        torch.testing.assert_close(linear(x, w, b).float(), plain, rtol=2e-2, atol=2e-2)
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"single_token_dtype": "bfloat16"}, "single-token-dtype"),
+        ({"attention_backend": "triton"}, "triton attention backend"),
+    ],
+)
+def test_on_is_refused_at_start_where_it_cannot_be_kept(
+    tiny_model_dir: Path, kwargs: dict[str, object], reason: str
+) -> None:
+    if kwargs.get("attention_backend") == "triton":
+        pytest.importorskip("triton")
+    with pytest.raises(EngineConfigError, match=reason):
+        make_core(tiny_model_dir, batch_invariant="on", **kwargs)
+    assert not make_core(tiny_model_dir, **kwargs).runner.invariance.on  # auto: off
+
+
+def test_unavailable_reasons() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    ok = {"backend": "torch", "single_token": False, "model_path": None}
+    assert invariance.unavailable_reason(torch.bfloat16, cpu, **ok) is None  # type: ignore[arg-type]
+    assert "cuda" in (invariance.unavailable_reason(torch.bfloat16, cuda, **ok) or "")  # type: ignore[arg-type]
+    from transformers.pytorch_utils import Conv1D
+
+    model = torch.nn.Sequential(Conv1D(8, 4), torch.nn.Linear(8, 8))
+    assert "Conv1D" in (invariance.unsupported_modules(model) or "")
+    assert invariance.unsupported_modules(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None
+
+
+def test_mkl_reproducibility_is_on_in_this_process() -> None:
+    """tests/conftest.py sets MKL_CBWR as the engine process sets CNR first thing."""
+    assert invariance.mkl_reproducible()
+    assert invariance.enable_reproducible_mkl()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,17 +100,40 @@ def test_seeded_rows_repeat_and_unseeded_rows_do_not_disturb_them() -> None:
     seeded = SamplingParams(seed=42)
 
     def draw(batch: list[SamplingParams], engine_seed: int) -> list[int]:
-        seqs = seqs_for(*batch)
-        for seq in seqs:
-            if seq.params.seed is not None:
-                seq.generator = torch.Generator().manual_seed(seq.params.seed)
-        st = SamplingTensors.build(seqs, frozenset({EOS}), 10, CPU)
+        """The seeded row's token at each of 20 output positions."""
         sampler = Sampler(engine_seed, CPU)
-        return [sampler(logits[: len(seqs)], st).token_ids[batch.index(seeded)] for _ in range(20)]
+        tokens = []
+        for position in range(20):
+            seqs = seqs_for(*batch, outputs=[11] * position)
+            st = SamplingTensors.build(seqs, frozenset({EOS}), 10, CPU)
+            tokens.append(sampler(logits[: len(seqs)], st).token_ids[batch.index(seeded)])
+        return tokens
 
     alone = draw([seeded], 0)
     assert draw([SamplingParams(), seeded, SamplingParams()], 1) == alone
     assert len(set(alone)) > 1
+
+
+def test_a_seeded_draw_depends_on_the_seed_and_output_position_alone() -> None:
+    """A draft row samples a later output position than its sequence's last committed token:
+    its draw is the one that position gets without drafts, however many rows the step has."""
+    logits = probs_logits(*[0.1] * 10, rows=4)
+    seeded = SamplingParams(seed=7)
+
+    def token(seqs: list[Sequence], offsets: list[int], row: int) -> int:
+        st = SamplingTensors.build(seqs, frozenset({EOS}), 10, CPU, draft_offsets=np.array(offsets))
+        return Sampler(0, CPU)(logits[: len(seqs)], st).token_ids[row]
+
+    # Output position 3: a sequence with 3 outputs, or one with 1 output and 2 draft rows.
+    direct = token(seqs_for(seeded, outputs=[11, 12, 13]), [0], 0)
+    drafted = seqs_for(seeded, outputs=[11]) * 3
+    assert token(drafted, [0, 1, 2], 2) == direct
+    # Positions and seeds each get their own stream.
+    by_position = [token(seqs_for(seeded, outputs=[11] * p), [0], 0) for p in range(12)]
+    other_seed = [
+        token(seqs_for(SamplingParams(seed=8), outputs=[11] * p), [0], 0) for p in range(12)
+    ]
+    assert len(set(by_position)) > 1 and by_position != other_seed
 
 
 def test_logit_bias_moves_the_argmax() -> None:

@@ -32,7 +32,7 @@ import msgspec
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling
+from trio_llm.engine import dtype_policy, invariance, loader, pooling
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
@@ -91,6 +91,10 @@ class EngineCore:
         """`on_stage` hears the start-up stages as they begin (the process sends them on as
         EngineLoading progress)."""
         stage = on_stage or (lambda _: None)
+        if args.batch_invariant != "off":
+            # fp32 attention keeps invariance only in MKL's reproducibility mode, which MKL
+            # takes before its first call alone (engine/invariance.py).
+            invariance.enable_reproducible_mkl()
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         stage("resolving the model")
@@ -183,24 +187,28 @@ class EngineCore:
         max_num_seqs = min(args.max_num_seqs, budget)
         max_model_len = _max_model_len(args, config, num_blocks * args.block_size)
         stage("allocating the KV cache")
-        runner = ModelRunner(
-            model,
-            spec,
-            num_blocks,
-            device=self.device,
-            backend=backend,
-            seed=args.seed,
-            max_model_len=max_model_len,
-            model_impl=args.model_impl,
-            batch_invariant=args.batch_invariant,
-            single_token_dtype=(
-                None
-                if args.single_token_dtype == "none"
-                else loader.resolve_dtype(args.single_token_dtype, device)
-            ),
-            cuda_graphs=not args.enforce_eager,
-            max_num_seqs=max_num_seqs,
-        )
+        try:
+            runner = ModelRunner(
+                model,
+                spec,
+                num_blocks,
+                device=self.device,
+                backend=backend,
+                seed=args.seed,
+                max_model_len=max_model_len,
+                model_impl=args.model_impl,
+                batch_invariant=args.batch_invariant,
+                single_token_dtype=(
+                    None
+                    if args.single_token_dtype == "none"
+                    else loader.resolve_dtype(args.single_token_dtype, device)
+                ),
+                cuda_graphs=not args.enforce_eager,
+                max_num_seqs=max_num_seqs,
+                cpu_flags=loader.cpu_flags(),
+            )
+        except invariance.InvarianceUnavailable as exc:
+            raise EngineConfigError(str(exc)) from None
         return _Parts(
             runner=runner,
             dtype=dtype,
@@ -302,9 +310,6 @@ class EngineCore:
         )
         if self.pooling:
             return seq
-        if params.seed is not None and not params.greedy:
-            seq.generator = torch.Generator(device=self.device)
-            seq.generator.manual_seed(params.seed)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None]
         seq.bans = TokenBans.build(params, self.vocab_size, self.device)

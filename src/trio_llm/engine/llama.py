@@ -13,8 +13,9 @@ embeddings in float32 cast to the model's dtype, the same order of operations), 
 greedy output equals Hugging Face's. Architectures it does not cover (another attention layout, a
 rotary embedding that changes with the sequence length) keep the transformers path.
 
-Every matmul goes through `linear`, a function the runner chooses (see `row_tiles`): that is
-where batch invariance is kept.
+Every matmul goes through `linear`, a `Matmul` the runner chooses, on weights it prepared
+(engine/invariance.py): that is where batch invariance is kept, with the activation computed
+row by row when it is on.
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.attention import AttentionMetadata
+from trio_llm.engine.invariance import Matmul, Weight, rowwise
 
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 """Rotary embeddings whose frequencies do not depend on the sequence length, so a table built
 once holds them for every position."""
-
-Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -53,23 +53,29 @@ def supports(model: torch.nn.Module) -> bool:
 @dataclass(slots=True)
 class _Layer:
     input_norm: Tensor
-    qkv: Tensor
+    qkv: Weight
     """[(Hq + 2 Hkv) * D, hidden]: q, k and v projections in one."""
     qkv_bias: Tensor | None
-    o: Tensor
+    o: Weight
     post_norm: Tensor
-    gate_up: Tensor
+    gate_up: Weight
     """[2 * intermediate, hidden]: the gate projection, then the up projection."""
-    down: Tensor
+    down: Weight
 
 
 class LlamaForward:
     """A Llama-family model as plain tensors, computing hidden states for the packed row."""
 
-    def __init__(self, model: torch.nn.Module, max_positions: int, linear: Linear) -> None:
+    def __init__(
+        self, model: torch.nn.Module, max_positions: int, linear: Matmul | None = None
+    ) -> None:
+        """The weights are prepared for `linear` (plain F.linear when None) as they are fused."""
         config = model.config
         decoder = model.model
-        self.linear = linear
+        self.linear = linear = linear or Matmul()
+        self.activation: Callable[[Tensor], Tensor] = (
+            F.silu if linear.plan is None else lambda x: rowwise(F.silu, x)
+        )
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(config.num_key_value_heads or self.num_heads)
         self.head_dim = int(
@@ -78,14 +84,14 @@ class LlamaForward:
         self.eps = float(config.rms_norm_eps)
         self.embed = decoder.embed_tokens.weight.detach()
         self.norm = decoder.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
+        self.lm_head = linear.prepare(model.lm_head.weight)
         self.scale = self.head_dim**-0.5
-        self.layers = [self._fuse(layer) for layer in decoder.layers]
-        self.intermediate = self.layers[0].down.shape[1]
+        self.layers = [self._fuse(layer, linear.prepare) for layer in decoder.layers]
+        self.intermediate = int(self.layers[0].down.shape[1])
         self.cos, self.sin = _rotary_table(decoder.rotary_emb, max_positions, self.embed)
 
     @staticmethod
-    def _fuse(layer: torch.nn.Module) -> _Layer:
+    def _fuse(layer: torch.nn.Module, prepare: Callable[[Tensor], Weight]) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         bias = None
@@ -93,12 +99,12 @@ class LlamaForward:
             bias = torch.cat([p.bias.detach() for p in projections])
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach(),
-            qkv=torch.cat([p.weight.detach() for p in projections]),
+            qkv=prepare(torch.cat([p.weight.detach() for p in projections])),
             qkv_bias=bias,
-            o=attn.o_proj.weight.detach(),
+            o=prepare(attn.o_proj.weight),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]),
-            down=mlp.down_proj.weight.detach(),
+            gate_up=prepare(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()),
+            down=prepare(mlp.down_proj.weight),
         )
 
     def __call__(
@@ -127,15 +133,27 @@ class LlamaForward:
             x = x + linear(o.reshape(tokens, q_end), layer.o, None)
             h = _rms_norm(x, layer.post_norm, self.eps)
             gate_up = linear(h, layer.gate_up, None)
-            act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+            act = self.activation(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
             x = x + linear(act, layer.down, None)
         return _rms_norm(x, self.norm, self.eps)
 
-    def weight_shapes(self) -> list[tuple[int, int]]:
-        """(out_features, in_features) of every distinct matmul, the LM head's included."""
-        layer = self.layers[0]
-        weights = (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
-        return list(dict.fromkeys((int(w.shape[0]), int(w.shape[1])) for w in weights))
+    @staticmethod
+    def weight_shapes(config: object) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every distinct matmul of a model with `config`, as this
+        forward fuses them, the LM head's included."""
+        heads = int(config.num_attention_heads)  # type: ignore[attr-defined]
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        hidden = int(config.hidden_size)  # type: ignore[attr-defined]
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        inter = int(config.intermediate_size)  # type: ignore[attr-defined]
+        shapes = [
+            ((heads + 2 * kv_heads) * head_dim, hidden),
+            (hidden, heads * head_dim),
+            (2 * inter, hidden),
+            (hidden, inter),
+            (int(config.vocab_size), hidden),  # type: ignore[attr-defined]
+        ]
+        return list(dict.fromkeys(shapes))
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.linear(hidden, self.lm_head, None)

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from trio_llm.engine import llama, row_tiles
+from trio_llm.engine import invariance, llama
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -113,10 +112,14 @@ class ModelRunner:
         single_token_dtype: torch.dtype | None = None,
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
+        cpu_flags: frozenset[str] = frozenset(),
     ) -> None:
         """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
         MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
-        the engine's own forward, without single-token weight sets. Elsewhere it is ignored."""
+        the engine's own forward, without single-token weight sets. Elsewhere it is ignored.
+
+        `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
+        (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable."""
         self.model = model
         self.decoder = model.model
         self.own: LlamaForward | None = None
@@ -124,13 +127,29 @@ class ModelRunner:
         self.spec = spec
         self.block_size = spec.block_size
         self.device = device
-        self.row_tile = 0
-        """Rows per matmul call when batch invariance is on (0: off)."""
-        if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
-            self.own = LlamaForward(model, max_model_len, F.linear)
-            self.own.linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+        own = model_impl == "auto" and single_token_dtype is None and llama.supports(model)
+        config = model.config
+        self.invariance = invariance.decide(
+            batch_invariant,
+            dtype=spec.dtype,
+            device=device,
+            flags=cpu_flags,
+            shapes=(LlamaForward.weight_shapes(config) if own else invariance.linear_shapes(model)),
+            heads=(int(config.num_attention_heads), spec.num_kv_heads, spec.head_dim),
+            backend=backend,
+            single_token=single_token_dtype is not None,
+            model_path=None if own else invariance.unsupported_modules(model),
+        )
+        """Whether every row is computed one way whatever shares its step, and how."""
+        log.info(
+            "batch invariance %s: %s", "on" if self.invariance.on else "off", self.invariance.reason
+        )
+        if own:
+            self.own = LlamaForward(model, max_model_len, self.invariance.matmul)
             # Its fused weights replace the layers' own: free them rather than hold both.
             self.decoder.layers = torch.nn.ModuleList()
+        elif self.invariance.on:
+            invariance.replace_linears(model, self.invariance.matmul)
         self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
         self.staging = Staging(device)
@@ -174,27 +193,6 @@ class ModelRunner:
         """What a decode graph captures: the own forward and the LM head over every row."""
         assert self.own is not None
         return self.own.logits(self.own(input_ids, positions, attn, self.k_caches, self.v_caches))
-
-    def _invariant_linear(self, mode: str, shapes: list[tuple[int, int]]) -> row_tiles.Linear:
-        """The matmul the own forward uses: in row-exact tiles unless `mode` is off (see
-        row_tiles); `auto` turns invariance on only where it is free (an unpadded tile)."""
-        if mode == "off":
-            return F.linear
-        tile = row_tiles.probe(shapes, self.spec.dtype, self.device)
-        if tile:
-            self.row_tile = tile
-            log.info("batch invariance on: matmuls in tiles of %d rows", tile)
-            return row_tiles.tiled(tile)
-        if mode == "on":
-            self.row_tile = row_tiles.PADDED_TILE
-            log.info("batch invariance on: matmuls padded to %d rows", row_tiles.PADDED_TILE)
-            return row_tiles.padded(row_tiles.PADDED_TILE)
-        log.info(
-            "batch invariance off: %s matmuls here are not row-exact in any unpadded tile, and "
-            "padded tiles would slow a lone stream 2-3x (--batch-invariant on forces them)",
-            str(self.spec.dtype).removeprefix("torch."),
-        )
-        return F.linear
 
     def _tokens_to_host(self, tokens: torch.Tensor) -> list[int]:
         """The step's sampled tokens: one non-blocking copy into pinned memory, one sync."""
@@ -303,7 +301,7 @@ class ModelRunner:
                     cu_seqlens_q=cu,
                     context_lens=ends,
                     slot_mapping=slots,
-                    key_bucket=row_tiles.KEY_BUCKET if self.row_tile else 0,
+                    key_bucket=invariance.KEY_BUCKET if self.invariance.on else 0,
                 ),
                 self.k_caches[0],
                 stage,
@@ -338,8 +336,15 @@ class ModelRunner:
                 logits = logits.float()
                 apply_bitmask(logits, masks)
             sample_seqs = [seqs[i] for i in index]
+            # Each row's place among its sequence's rows: its draft rows' samples come first.
+            first = np.searchsorted(inputs.sample_index, inputs.sample_index)
             st = SamplingTensors.build(
-                sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
+                sample_seqs,
+                eos_token_ids,
+                self.vocab_size,
+                self.device,
+                inputs.sampling,
+                draft_offsets=np.arange(len(index)) - first,
             )
             out = self.sampler(logits, st)
             lps = out.logprobs

@@ -7,9 +7,11 @@ and bad words, each request's built once in `TokenBans`; EOS and stop tokens bef
 then greedy argmax or temperature, min-p, top-k, top-p and a draw. Work a batch does not ask
 for is skipped, so a batch of plain greedy requests costs one argmax.
 
-Invariant: a seeded request's draw uses only its own `torch.Generator`, advanced exactly once
-per step, so its tokens do not depend on what else is in the batch. Unseeded rows share the
-engine's generator.
+Invariant: a seeded request's draw for its output position p is a function of its seed and p
+alone (counter-based: a generator seeded with `noise_seed(seed, p)` draws that row's noise), so
+its tokens depend neither on what else is in the batch, nor on how many draft rows its step
+samples (jump-forward), nor on a preemption that recomputes it. Unseeded rows share the engine's
+generator.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from trio_llm.engine.input_batch import SamplingColumns
@@ -26,6 +29,17 @@ from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
+_MASK64 = (1 << 64) - 1
+
+
+def noise_seed(seed: int, position: int) -> int:
+    """The seed of the draw for output `position` of a request seeded with `seed`: the two
+    mixed by splitmix64's finalizer, so that neighbouring seeds and positions get unrelated
+    streams."""
+    z = ((seed & _MASK64) ^ ((position + 1) * 0x9E3779B97F4A7C15)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 @dataclass(slots=True)
@@ -41,8 +55,9 @@ class SamplingTensors:
     """[B] int64, 0 where disabled."""
     top_p: torch.Tensor | None = None
     min_p: torch.Tensor | None = None
-    generators: dict[int, torch.Generator] | None = None
-    """Row -> the request's own generator."""
+    noise_seeds: dict[int, int] | None = None
+    """Seeded rows -> the seed of this draw (`noise_seed` of the request's seed and the
+    output position the row samples)."""
     bias_rows: torch.Tensor | None = None
     bias_cols: torch.Tensor | None = None
     bias_values: torch.Tensor | None = None
@@ -73,15 +88,19 @@ class SamplingTensors:
         vocab_size: int,
         device: torch.device,
         columns: SamplingColumns | None = None,
+        draft_offsets: np.ndarray | None = None,
     ) -> SamplingTensors:
         """`columns`: the rows' sampling parameters as the persistent input batch holds them
-        (the same values `seqs` would give, without a Python pass over them)."""
+        (the same values `seqs` would give, without a Python pass over them).
+        `draft_offsets`: per row, how many rows of its sequence come before it (its draft
+        rows'), so that row samples output position `num_output_tokens + offset`; zeros when
+        None."""
         params = [s.params for s in seqs]
         if columns is None:
             columns = SamplingColumns.of(seqs)
         st = cls(all_greedy=bool(columns.greedy.all()))
         if not st.all_greedy:
-            st._set_sampling(seqs, columns, device)
+            st._set_sampling(seqs, columns, device, draft_offsets)
         if any(p.logit_bias for p in params):
             st._set_logit_bias(params, device)
         if any(s.num_output_tokens < s.params.min_tokens or s.bans is not None for s in seqs):
@@ -93,10 +112,14 @@ class SamplingTensors:
         return st
 
     def _set_sampling(
-        self, seqs: Seq[Sequence], columns: SamplingColumns, device: torch.device
+        self,
+        seqs: Seq[Sequence],
+        columns: SamplingColumns,
+        device: torch.device,
+        draft_offsets: np.ndarray | None,
     ) -> None:
         """The sampled rows' temperature, top-k, top-p and min-p tensors (only those some row
-        uses), and their seeded generators."""
+        uses), and the seeds of the seeded rows' draws."""
         greedy = columns.greedy
         self.greedy = torch.from_numpy(greedy).to(device)
         self.temperature = torch.from_numpy(columns.temperature).to(device).unsqueeze(1)
@@ -107,8 +130,15 @@ class SamplingTensors:
             self.top_p = torch.from_numpy(columns.top_p).to(device)
         if (columns.min_p[sampled] > 0.0).any():
             self.min_p = torch.from_numpy(columns.min_p).to(device)
-        gens = {i: s.generator for i, s in enumerate(seqs) if s.generator is not None}
-        self.generators = gens or None
+        seeds = {
+            i: noise_seed(
+                s.params.seed,
+                s.num_output_tokens + (0 if draft_offsets is None else int(draft_offsets[i])),
+            )
+            for i, s in enumerate(seqs)
+            if s.params.seed is not None and not greedy[i]
+        }
+        self.noise_seeds = seeds or None
 
     def _set_logit_bias(self, params: list[SamplingParams], device: torch.device) -> None:
         pairs = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
@@ -187,6 +217,8 @@ class Sampler:
         non-blocking copy into pinned memory); `tolist` without it."""
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.keyed = torch.Generator(device=device)
+        """Re-seeded for every seeded row's draw."""
         self.to_host = to_host or torch.Tensor.tolist
 
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
@@ -218,18 +250,17 @@ class Sampler:
         if st.top_k is not None or st.top_p is not None:
             logits = apply_top_k_top_p(logits, st.top_k, st.top_p)
         probs = logits.softmax(dim=-1)
-        sampled = self._draw(probs, st.generators)
+        sampled = self._draw(probs, st.noise_seeds)
         return torch.where(st.greedy, greedy_tokens, sampled)
 
-    def _draw(
-        self, probs: torch.Tensor, generators: dict[int, torch.Generator] | None
-    ) -> torch.Tensor:
+    def _draw(self, probs: torch.Tensor, seeds: dict[int, int] | None) -> torch.Tensor:
         """Gumbel-style race: argmax(p / E) with E ~ Exp(1) draws index i with probability p_i,
-        and it lets each row take its noise from its own generator."""
+        and it lets each seeded row take its noise from its own seed."""
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
-        for row, gen in (generators or {}).items():
-            noise[row].exponential_(generator=gen)
+        for row, seed in (seeds or {}).items():
+            self.keyed.manual_seed(seed)
+            noise[row].exponential_(generator=self.keyed)
         return probs.div_(noise).argmax(dim=-1)
 
 

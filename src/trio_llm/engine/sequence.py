@@ -3,7 +3,7 @@
 What it owns: the token list (prompt then output), how many of those tokens have their K/V in
 the cache (`num_computed_tokens`), the block table, and the request's finish state. The
 scheduler moves sequences between its queues; the block manager fills `block_table`; the model
-runner reads them. Nothing here touches tensors except the optional seeded generator.
+runner reads them. Nothing here touches tensors.
 
 Invariant: `num_computed_tokens <= num_tokens`, and `block_table` covers at least
 `num_computed_tokens` positions. After a preemption (recompute) `num_computed_tokens` is 0 and
@@ -26,8 +26,6 @@ from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from trio_llm.engine.structured import Grammar
     from trio_llm.engine.token_bans import TokenBans
 
@@ -62,7 +60,6 @@ class Sequence:
     sent_first_output: bool = False
     finish_reason: str | None = None
     stop_reason: int | None = None
-    generator: torch.Generator | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     grammar: Grammar | None = None
     """The constraint's matcher, once compiled; it has consumed exactly the output tokens."""

@@ -49,10 +49,11 @@ class StepLayout:
     slot_mapping: np.ndarray
     """[T]: where each new token's K/V go."""
     key_bucket: int = 0
-    """0: each query attends over exactly its context. B > 0: over its context rounded up to a
-    multiple of B (the rest masked), in calls grouped by that length, so that a query's
-    attention does not depend on the batch or the chunking (batch invariance, torch backend;
-    the Triton kernels ignore it)."""
+    """0: each query attends over exactly its context. B > 0: every query, decode or prefill,
+    attends as a decode does, over its context rounded up to a multiple of B (the rest
+    masked), so that its attention depends neither on the batch nor on the path that computes
+    it (batch invariance, engine/invariance.py; torch backend only, the Triton kernels ignore
+    it and the engine does not run them with invariance on)."""
 
 
 class AttentionMetadata(Protocol):

@@ -103,12 +103,30 @@ class PrefillChunk:
     """[context] int64: the cache slots of all its positions up to the chunk's end."""
     mask: Tensor | None
     """[chunk, context] bool causal mask offset by the earlier positions, when there are any (a
-    later chunk, or a prefix-cache hit); None when the chunk is the whole context. With
-    `padding`, one row per padded query row."""
-    padding: tuple[int, int] | None = None
-    """(rows before, rows in all): with key buckets, the queries sit at this offset among a
-    fixed number of query rows (the rest are idle), so the call's shape, and each query's row
-    in it, are the same however the prompt was chunked."""
+    later chunk, or a prefix-cache hit); None when the chunk is the whole context."""
+
+
+@dataclass(slots=True)
+class BucketedQueries:
+    """Queries of one sequence whose contexts round up to the same bucket: each attends as a
+    decode with that context does (its own batch entry, `length` keys, the rest masked)."""
+
+    start: int
+    end: int
+    """Rows [start, end) of the prefill queries."""
+    length: int
+    mask: Tensor
+    """[end - start, 1, 1, length] bool: each query's positions up to its own."""
+
+
+@dataclass(slots=True)
+class BucketedChunk:
+    """One sequence's chunk with key buckets: its context gathered once, then its queries in
+    groups by bucket."""
+
+    context_slots: Tensor
+    """[longest bucket] int64: the cache slots of its positions; slot 0 past its context."""
+    groups: list[BucketedQueries]
 
 
 def plan_prefill(
@@ -117,53 +135,65 @@ def plan_prefill(
     context_lens: np.ndarray,
     block_size: int,
     device: torch.device,
-    key_bucket: int = 0,
 ) -> list[PrefillChunk]:
-    """One chunk per sequence with queries and context (the others' queries get zeros).
-
-    With `key_bucket` B, a sequence's queries are split by the bucket of their position, and the
-    queries at positions [kB, (k + 1)B) attend over the positions [0, (k + 1)B) through a mask
-    (those past the chunk's end point at slot 0 and are masked out): every query's attention
-    then has the same shape however its prompt was chunked and whatever else is in the step."""
+    """One chunk per sequence with queries and context (the others' queries get zeros)."""
     chunks = []
     for b, ctx in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         if start == end or ctx == 0:
             continue
         earlier = ctx - (end - start)
-        if not key_bucket:
-            j = np.arange(ctx)
-            slots = block_tables[b, j // block_size].astype(np.int64) * block_size + j % block_size
-            mask = None
-            if earlier:
-                q_pos = np.arange(earlier, ctx)
-                mask = as_tensor(j[None, :] <= q_pos[:, None], device)
-            chunks.append(PrefillChunk(start, end, as_tensor(slots, device), mask))
+        j = np.arange(ctx)
+        slots = block_tables[b, j // block_size].astype(np.int64) * block_size + j % block_size
+        mask = None
+        if earlier:
+            q_pos = np.arange(earlier, ctx)
+            mask = as_tensor(j[None, :] <= q_pos[:, None], device)
+        chunks.append(PrefillChunk(start, end, as_tensor(slots, device), mask))
+    return chunks
+
+
+def plan_bucketed_prefill(
+    block_tables: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    context_lens: np.ndarray,
+    block_size: int,
+    device: torch.device,
+    key_bucket: int,
+) -> list[BucketedChunk]:
+    """Batch invariance's prefill: the query at position p attends over positions
+    [0, roundup(p + 1, key_bucket)) with those past p masked, in a batch entry of its own, which
+    is exactly what a decode at position p computes (`DecodePlan` with a fixed length). So a
+    token's row is the same whether a decode, a prefill chunk of any size, a recompute after a
+    preemption or a draft chunk computes it."""
+    chunks = []
+    for b, ctx in enumerate(context_lens.tolist()):
+        start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        if start == end or ctx == 0:
             continue
+        earlier = ctx - (end - start)
+        longest = -(-ctx // key_bucket) * key_bucket
+        j = np.arange(longest)
+        real = j < ctx
+        blocks = block_tables[b, np.where(real, j, 0) // block_size].astype(np.int64)
+        slots = np.where(real, blocks * block_size + j % block_size, 0)
+        groups = []
         first = earlier
         while first < ctx:
             length = (first // key_bucket + 1) * key_bucket
-            last = min(length, ctx)  # queries [first, last) share this key range
-            j = np.arange(length)
-            real = j < ctx
-            blocks = block_tables[b, np.where(real, j, 0) // block_size].astype(np.int64)
-            slots = np.where(real, blocks * block_size + j % block_size, 0)
-            # All the bucket's query rows, the idle ones seeing position 0 only (a row that
-            # sees nothing would be NaN).
-            q_pos = np.arange(length - key_bucket, length)
-            visible = (j[None, :] <= q_pos[:, None]) & (q_pos[:, None] < ctx)
-            visible[:, 0] = True
-            offset = start - earlier
-            chunks.append(
-                PrefillChunk(
-                    offset + first,
-                    offset + last,
-                    as_tensor(slots, device),
-                    as_tensor(visible, device),
-                    padding=(first - (length - key_bucket), key_bucket),
+            last = min(length, ctx)  # positions [first, last) share this bucket
+            q_pos = np.arange(first, last)
+            visible = j[None, :length] <= q_pos[:, None]
+            groups.append(
+                BucketedQueries(
+                    start + first - earlier,
+                    start + last - earlier,
+                    length,
+                    as_tensor(visible[:, None, None, :], device),
                 )
             )
             first = last
+        chunks.append(BucketedChunk(as_tensor(slots, device), groups))
     return chunks
 
 
@@ -179,6 +209,8 @@ class TorchAttentionMetadata:
     """With key buckets: (decode rows, their plan) per bucket, instead of `decode`."""
     prefills: list[PrefillChunk] = field(default_factory=list)
     """Row offsets relative to row `num_decodes`."""
+    bucketed: list[BucketedChunk] = field(default_factory=list)
+    """With key buckets: the prefill queries as decodes, instead of `prefills`."""
     fresh_kv: bool = True
     """A chunk that is its sequence's whole context may attend over the new K/V directly."""
 
@@ -208,9 +240,12 @@ class TorchAttentionMetadata:
             meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache)
         if nd < len(lens):
             cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
-            meta.prefills = plan_prefill(
-                tables[nd:], cu, lens[nd:], cache.shape[1], device, key_bucket=bucket
-            )
+            if bucket:
+                meta.bucketed = plan_bucketed_prefill(
+                    tables[nd:], cu, lens[nd:], cache.shape[1], device, bucket
+                )
+            else:
+                meta.prefills = plan_prefill(tables[nd:], cu, lens[nd:], cache.shape[1], device)
         return meta
 
     def forward(
@@ -228,6 +263,9 @@ class TorchAttentionMetadata:
             return out
 
         def prefill(qp: Tensor, out: Tensor) -> None:
+            if self.bucketed:
+                _prefill_as_decodes(qp, k_cache, v_cache, self.bucketed, scale, out)
+                return
             fresh = (k[nd:], v[nd:]) if self.fresh_kv else None
             _prefill(qp, k_cache, v_cache, self.prefills, scale, out, fresh)
 
@@ -351,11 +389,6 @@ def _prefill(
             kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
             vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
         queries = q[chunk.start : chunk.end]
-        if chunk.padding is not None:
-            before, rows = chunk.padding
-            padded = queries.new_zeros(rows, num_heads, head_dim)
-            padded[before : before + len(queries)] = queries
-            queries = padded
         attended = F.scaled_dot_product_attention(
             queries.transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
             kc.transpose(0, 1).unsqueeze(0),
@@ -365,6 +398,35 @@ def _prefill(
             scale=scale,
             enable_gqa=num_heads != num_kv_heads,
         )[0].transpose(0, 1)
-        if chunk.padding is not None:
-            attended = attended[before : before + chunk.end - chunk.start]
         out[chunk.start : chunk.end] = attended
+
+
+def _prefill_as_decodes(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    chunks: list[BucketedChunk],
+    scale: float,
+    out: Tensor,
+) -> None:
+    """Each chunk's queries as `_decode` computes a decode: [n, Hkv, group, D] queries, each
+    over its own batch entry of `length` keys (the chunk's context, shared, not copied)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    k_rows, v_rows = _rows(k_cache), _rows(v_cache)
+    for chunk in chunks:
+        # [Hkv, longest, D], as the decode's gathered blocks are laid out per entry.
+        kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+        vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
+        kc, vc = kc.transpose(0, 1), vc.transpose(0, 1)
+        for g in chunk.groups:
+            n = g.end - g.start
+            attended = F.scaled_dot_product_attention(
+                q[g.start : g.end].reshape(n, num_kv_heads, group, head_dim),
+                kc[:, : g.length].expand(n, -1, -1, -1),
+                vc[:, : g.length].expand(n, -1, -1, -1),
+                attn_mask=g.mask,
+                scale=scale,
+            )
+            out[g.start : g.end] = attended.reshape(n, num_heads, head_dim)
