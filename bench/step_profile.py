@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
+from trio_llm.engine import invariance
 from trio_llm.engine.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -65,13 +66,16 @@ class Variant:
 
 
 VARIANTS = {
-    "hf-fp32": Variant("hf", "float32", "off"),
     "own-fp32": Variant("own", "float32", "off"),
     "own-fp32-inv": Variant("own", "float32", "on"),
-    "hf-bf16": Variant("hf", "bfloat16", "off"),
     "own-bf16-noinv": Variant("own", "bfloat16", "off"),
-    "own-bf16": Variant("own", "bfloat16", "auto"),
+    "own-bf16": Variant("own", "bfloat16", "on"),
+    "hf-fp32": Variant("hf", "float32", "off"),
+    "hf-fp32-inv": Variant("hf", "float32", "on"),
+    "hf-bf16": Variant("hf", "bfloat16", "off"),
+    "hf-bf16-inv": Variant("hf", "bfloat16", "on"),
 }
+DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]
 
 
 class Split:
@@ -179,6 +183,26 @@ def run_case(
     return rows, ops
 
 
+def prefill_times(
+    cores: dict[Variant, EngineCore], context: int, rounds: int
+) -> dict[Variant, float]:
+    """Median seconds to compute one fresh prompt of `context` tokens alone (in the default
+    step budget's chunks), per variant, the variants taking turns."""
+    g = torch.Generator().manual_seed(context)
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    times: dict[Variant, list[float]] = defaultdict(list)
+    for round_ in range(rounds + 1):  # round 0 warms up
+        for variant, core in cores.items():
+            prompt = torch.randint(100, 40000, (context,), generator=g).tolist()
+            core.add_request(EngineCoreRequest(f"prefill-{round_}", prompt, params))
+            t0 = time.perf_counter()
+            while core.has_work():
+                core.step()
+            if round_:
+                times[variant].append(time.perf_counter() - t0)
+    return {v: statistics.median(t) for v, t in times.items()}
+
+
 def op_table(core: EngineCore, steps: int = 3) -> str:
     """The profiler's top operators over a few decode steps of the core's running sequences."""
     from torch.profiler import ProfilerActivity, profile
@@ -187,6 +211,35 @@ def op_table(core: EngineCore, steps: int = 3) -> str:
         for _ in range(steps):
             core.step()
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
+
+
+def invariance_cost(
+    rows: list[Row], variants: list[Variant], cases: list[tuple[int, ...]]
+) -> list[str]:
+    """The table of step time with invariance on over off, per forward and dtype measured both
+    ways (the issue's bound: at most 1.10 at N=32 and 1.05 at N=1)."""
+    pairs = [
+        (off, on)
+        for off in variants
+        for on in variants
+        if (off.impl, off.dtype) == (on.impl, on.dtype)
+        and off.invariant == "off"
+        and on.invariant != "off"
+    ]
+    if not pairs:
+        return []
+    step = {(r.variant, r.n, r.context): r.step for r in rows}
+    lines = [
+        "",
+        "Batch invariance's cost: the step with invariance on over the step with it off:",
+        "",
+        "| N | C | " + " | ".join(f"{on.impl}, {on.dtype}" for _, on in pairs) + " |",
+        "|---|---|" + "---|" * len(pairs),
+    ]
+    for n, context in cases:
+        cells = [f"{step[(on, n, context)] / step[(off, n, context)]:.3f}" for off, on in pairs]
+        lines.append(f"| {n} | {context} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def kv_bytes(dtype: str, cases: list[tuple[int, int]], rounds: int) -> int:
@@ -199,22 +252,34 @@ def kv_bytes(dtype: str, cases: list[tuple[int, int]], rounds: int) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cases", nargs="+", default=["1x100", "1x1000", "32x100", "32x1000"])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ops", action="store_true", help="the profiler's top ops, first variant")
+    p.add_argument(
+        "--prefill", type=int, nargs="*", default=[1000], help="prompt lengths to time alone"
+    )
     p.add_argument("--out", type=Path, default=BENCH / "results" / "step_profile.md")
     args = p.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases]
 
     variants = [VARIANTS[v] for v in args.variants]
+    if any(v.invariant != "off" for v in variants):
+        # fp32 invariance needs MKL's CNR mode from MKL's first call on, as the engine process
+        # sets it: here it is on for the variants without invariance too.
+        invariance.enable_reproducible_mkl()
     cores = {
         v: EngineCore(v.args(args.threads, kv_bytes(v.dtype, cases, args.rounds)))  # type: ignore[arg-type]
         for v in variants
     }
     splits = {v: Split(core) for v, core in cores.items()}
     for v, core in cores.items():
-        print(f"{v.label}: dtype {core.ready.dtype}, row tile {core.runner.row_tile}", flush=True)
+        decision = core.runner.invariance
+        print(
+            f"{v.label}: dtype {core.ready.dtype}, invariance "
+            f"{'on' if decision.on else 'off'} ({decision.reason})",
+            flush=True,
+        )
     rows: list[Row] = []
     ops: dict[tuple[int, int], str] = {}
     for n, context in cases:
@@ -276,6 +341,20 @@ def main() -> None:
             if (r.n, r.context) == (n, context)
         ]
         lines.append(f"| {n} | {context} | " + " | ".join(cells) + " |")
+    lines += invariance_cost(rows, variants, cases)
+    for context in args.prefill:
+        times = prefill_times(cores, context, args.rounds)
+        first = times[variants[0]]
+        lines += [
+            "",
+            f"One prompt of {context} tokens computed alone (time to first token, medians of "
+            f"{args.rounds}):",
+            "",
+            "| variant | seconds | relative |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {v.label} | {t:.2f} | {t / first:.2f} |" for v, t in times.items()]
+        print(f"prefill {context}: " + ", ".join(f"{v.label} {t:.2f} s" for v, t in times.items()))
     for (n, context), table in ops.items():
         lines += ["", f"Top operators, {variants[-1].label}, N={n}, C={context} (3 steps):", ""]
         lines += ["```", table.strip(), "```"]

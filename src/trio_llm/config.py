@@ -65,10 +65,12 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
     Mistral), or transformers' modules for every model."""
     batch_invariant: str = "auto"
-    """auto | on | off: compute every row of every matmul the same way whatever else is in the
-    batch, so a request gets the same tokens alone or in company (engine/row_tiles.py). auto:
-    on where the start-up probe finds it free (bfloat16 on oneDNN), off where it would cost
-    padding (float32 on MKL); on: padded tiles there too."""
+    """auto | on | off: compute every row of a step one way whatever else the step holds, so a
+    request gets the same tokens alone or in company, however its prompt is chunked, after a
+    preemption or from the prefix cache (engine/invariance.py). auto: on where this CPU class's
+    matmul plan passes its start-up check (every class measured so far); on: also padded
+    matmuls where only those pass, and refused at start-up where it cannot be kept (CUDA, the
+    Triton backend, single-token weight sets, matmuls outside nn.Linear); off."""
     attention_backend: str = "auto"
     """auto | torch | triton"""
     enforce_eager: bool = False

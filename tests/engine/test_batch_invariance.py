@@ -31,7 +31,9 @@ from trio_llm.engine.invariance import (
 )
 from trio_llm.ipc.messages import EngineCoreRequest
 
-LENGTHS = [5, 17, 33, 64, 90, 120, 9, 45] * 4
+LENGTHS = [5, 17, 33, 65, 90, 120, 1, 45] * 4
+"""Prompt lengths: with a budget of 64 tokens a step, 65 ends in a one-token chunk that runs as a
+decode does; 1 is a prompt computed as a decode."""
 AVX2_ONLY = frozenset({"avx", "avx2", "fma"})
 AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_bf16"}
 AMX = AVX512_BF16 | {"amx_tile", "amx_bf16"}

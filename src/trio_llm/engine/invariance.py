@@ -330,9 +330,16 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+GRAIN_SIZE = 32768
+"""ATen's `at::internal::GRAIN_SIZE`: an elementwise op over fewer elements runs on one thread."""
+
+
 def rowwise(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """`fn(x)` for an elementwise `fn` with vectorized and scalar code paths, each row of `x`
-    through the same path whatever rows share the call: one thread walks the rows in order."""
+    through the same path whatever rows share the call: one thread walks the rows in order
+    (as ATen does by itself below GRAIN_SIZE elements, where the switch is skipped)."""
+    if x.numel() < GRAIN_SIZE:
+        return fn(x)
     with single_threaded():
         return fn(x)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -69,13 +70,9 @@ class LlamaForward:
     def __init__(
         self, model: torch.nn.Module, max_positions: int, linear: Matmul | None = None
     ) -> None:
-        """The weights are prepared for `linear` (plain F.linear when None) as they are fused."""
+        """The matmuls run through `linear` (plain F.linear when None), see `use`."""
         config = model.config
         decoder = model.model
-        self.linear = linear = linear or Matmul()
-        self.activation: Callable[[Tensor], Tensor] = (
-            F.silu if linear.plan is None else lambda x: rowwise(F.silu, x)
-        )
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(config.num_key_value_heads or self.num_heads)
         self.head_dim = int(
@@ -84,14 +81,33 @@ class LlamaForward:
         self.eps = float(config.rms_norm_eps)
         self.embed = decoder.embed_tokens.weight.detach()
         self.norm = decoder.norm.weight.detach()
-        self.lm_head = linear.prepare(model.lm_head.weight)
+        self.lm_head: Weight = model.lm_head.weight.detach()
         self.scale = self.head_dim**-0.5
-        self.layers = [self._fuse(layer, linear.prepare) for layer in decoder.layers]
+        self.layers = [self._fuse(layer) for layer in decoder.layers]
         self.intermediate = int(self.layers[0].down.shape[1])
         self.cos, self.sin = _rotary_table(decoder.rotary_emb, max_positions, self.embed)
+        self.use(linear or Matmul())
+
+    def use(self, linear: Matmul) -> None:
+        """Run every matmul through `linear`, on the weights `linear.prepare` makes of the
+        current ones (once, at start-up: a packed plan replaces them), with the activation
+        computed row by row (`rowwise`) when it keeps batch invariance. Weights that are not
+        plain tensors are left as they are."""
+        self.linear = linear
+        self.activation: Callable[[Tensor], Tensor] = (
+            F.silu if linear.plan is None else partial(rowwise, F.silu)
+        )
+
+        def prepare(weight: Weight) -> Weight:
+            return linear.prepare(weight) if isinstance(weight, Tensor) else weight
+
+        self.lm_head = prepare(self.lm_head)
+        for layer in self.layers:
+            layer.qkv, layer.o = prepare(layer.qkv), prepare(layer.o)
+            layer.gate_up, layer.down = prepare(layer.gate_up), prepare(layer.down)
 
     @staticmethod
-    def _fuse(layer: torch.nn.Module, prepare: Callable[[Tensor], Weight]) -> _Layer:
+    def _fuse(layer: torch.nn.Module) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         bias = None
@@ -99,12 +115,12 @@ class LlamaForward:
             bias = torch.cat([p.bias.detach() for p in projections])
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach(),
-            qkv=prepare(torch.cat([p.weight.detach() for p in projections])),
+            qkv=torch.cat([p.weight.detach() for p in projections]),
             qkv_bias=bias,
-            o=prepare(attn.o_proj.weight),
+            o=attn.o_proj.weight.detach(),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=prepare(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()),
-            down=prepare(mlp.down_proj.weight),
+            gate_up=torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]),
+            down=mlp.down_proj.weight.detach(),
         )
 
     def __call__(

@@ -218,10 +218,10 @@ def add_serve_arguments(
         "--batch-invariant",
         choices=["auto", "on", "off"],
         default=engine.batch_invariant,
-        help="the same request gets the same tokens alone or batched with others: auto turns "
-        "it on where a start-up probe finds it free (bfloat16 on oneDNN), on forces it "
-        "(padded matmuls where needed, 2-3x slower lone streams in float32), off (default "
-        "%(default)s)",
+        help="the same request gets the same tokens alone or batched with others, however "
+        "its prompt is chunked: auto turns it on where the CPU's matmul plan passes its start-up "
+        "check, on also pads matmuls where only that works and refuses to start where it cannot "
+        "be kept (CUDA, --single-token-dtype), off (default %(default)s)",
     )
     add(
         "--model-impl",
