@@ -71,16 +71,26 @@ def test_start_up_shows_each_engines_progress(server: ServerProcess) -> None:
     assert len(server.engine_pids()) == 2
 
 
+def story(topic: str) -> dict:  # type: ignore[type-arg]
+    """A long stream whose prompt shares nothing with another topic's but the template's
+    first block, so that load, not a cached prefix, decides its replica."""
+    content = f"Tell me a story about {topic}. " * 8
+    messages = [{"role": "user", "content": content}]
+    return {**LONG_STREAM, "max_tokens": 1800, "stream": True, "messages": messages}
+
+
 async def test_requests_spread_by_load_and_a_disconnect_aborts_on_its_replica(
     server: ServerProcess,
 ) -> None:
     scopes: list[trio.CancelScope] = []
+    topics = iter(("ships", "bees", "clocks", "rain", "maps", "owls"))
 
     async def stream(scope: trio.CancelScope) -> None:
+        body = story(next(topics))
         with scope:
             async with (
                 httpx.AsyncClient(base_url=server.url, timeout=60) as c,
-                c.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "stream": True}) as r,
+                c.stream("POST", "/v1/chat/completions", json=body) as r,
             ):
                 async for _ in r.aiter_lines():
                     pass
@@ -116,9 +126,10 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(server: ServerP
         httpx.Client(base_url=server.url, timeout=120) as c,
         ThreadPoolExecutor(4) as pool,
     ):
+        bodies = [story(topic) for topic in ("ships", "bees", "clocks", "rain")]
         posts = [
-            pool.submit(c.post, "/v1/chat/completions", json={**LONG, "max_tokens": 300})
-            for _ in range(4)
+            pool.submit(c.post, "/v1/chat/completions", json={**b, "stream": False, "max_tokens": 300})
+            for b in bodies
         ]
         wait_for(lambda: running(server) == {"0": 2, "1": 2})
         os.kill(victim, signal.SIGKILL)

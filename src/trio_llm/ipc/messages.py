@@ -69,6 +69,8 @@ class EngineReady(_Msg, tag="ready"):
     matryoshka_dimensions: list[int] | None = None
     """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
     ([]: any); None when it may not be."""
+    priority_scheduling: bool = False
+    """Requests may carry a non-zero priority (scheduling_policy 'priority')."""
 
 
 class EngineLoading(_Msg, tag="loading"):

@@ -22,6 +22,7 @@ from trio_llm.http.generate.endpoint import (
     ResponseHead,
     check_constraint,
     serve_generation,
+    serve_render,
 )
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
@@ -101,3 +102,8 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
 
 async def chat_completions() -> Response:
     return await serve_generation(ChatCompletion)
+
+
+async def render_chat_completion() -> Response:
+    """POST /v1/chat/completions/render: the conversation's token ids, not generated."""
+    return await serve_render(ChatCompletion, one=True)

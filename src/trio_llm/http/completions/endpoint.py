@@ -16,6 +16,7 @@ from trio_llm.http.generate.endpoint import (
     Prompt,
     ResponseHead,
     serve_generation,
+    serve_render,
 )
 from trio_llm.http.runtime.state import ModelInfo
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults, check_token_ids
@@ -83,3 +84,8 @@ class Completion(GenerationEndpoint[CompletionRequest]):
 
 async def completions() -> Response:
     return await serve_generation(Completion)
+
+
+async def render_completion() -> Response:
+    """POST /v1/completions/render: each prompt's token ids, not generated."""
+    return await serve_render(Completion, one=False)

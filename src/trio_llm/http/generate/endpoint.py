@@ -2,8 +2,9 @@
 
 An endpoint that generates is a `GenerationEndpoint`: it plans the request (its constructor),
 builds the prompts' token ids, and shapes the stream or the response. `serve_generation` does
-the rest, in this order: decode the body, check the model, plan, admit, route to the model's
-least-loaded engine, build the prompts, make the ids, generate, then stream or collect.
+the rest, in this order: decode the body, check the model, plan, admit, build the prompts,
+route to the model's replica for that prompt (cache-aware), make the ids, generate, then
+stream or collect.
 Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
 `decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `lease`.
 
@@ -42,6 +43,7 @@ from trio_llm.http.errors import bad_request
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import engine_request_ids, new_response_id, now
 from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.middleware import header_request_id
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.http.structured import StructuredFields, constraint_of
@@ -185,16 +187,23 @@ async def serve_generation(
     when the caller has read it already."""
     state = current_state()
     body = await decode_body(endpoint_type.request_type, raw)
-    _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
+    served, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
     endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
     req, plan = endpoint.request, endpoint.plan
     await endpoint.check()
-    state.admit(plan.sequences)
-    lease, model = state.lease(body.model, sequences=plan.sequences)
-    prompts = await endpoint.prompts(lease.client, model)
+    state.admit(served, plan.sequences)
+    # Any replica tokenizes (they share the tokenizer); the prompt then picks the replica.
+    prompts = await endpoint.prompts(state.engine_for(served), card)
     plan = endpoint.plan  # building the prompts may have added a constraint (tools)
-    response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
-    ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
+    lease, model = state.lease(
+        body.model,
+        sequences=plan.sequences,
+        prompt=prompts[0].token_ids if prompts else (),
+        cache_salt=plan.params.cache_salt,
+    )
+    given_id = req.request_id or header_request_id()
+    response_id = new_response_id(endpoint_type.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prompts), given_id is not None)
     generations = [
         _generate(lease, prompt, plan, engine_id, req.priority)
         for prompt, engine_id in zip(prompts, ids, strict=True)
@@ -218,3 +227,52 @@ def _generate(
         renames = {"prompt": prompt.param, "max_tokens": plan.max_tokens_param}
         error.param = renames.get(error.param, error.param)
         raise
+
+
+class RenderedPrompt(Struct, omit_defaults=True):
+    """vLLM's render routes' answer (its token-in, token-out `GenerateRequest`): what a request
+    would send the engine. Routers (vllm-router, llm-d) ask for it to learn a chat request's
+    token ids for cache-aware routing without generating."""
+
+    request_id: str
+    token_ids: list[int]
+    model: str
+    sampling_params: dict[str, Any]
+    stream: bool = False
+    cache_salt: str | None = None
+    priority: int = 0
+
+
+_RENDERED_SAMPLING = ("n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")
+
+
+async def serve_render(endpoint_type: type[GenerationEndpoint[Any]], *, one: bool) -> Response:
+    """A generating request rendered, not run: its prompts' token ids as the engine would get
+    them (chat template, tools and truncation applied), checked as the request would be, but
+    neither admitted nor generated. `one`: answer the first prompt as an object (chat),
+    else the list of every prompt's (completions, vLLM's shape)."""
+    state = current_state()
+    body = await decode_body(endpoint_type.request_type)
+    served, card = state.model_for(body.model, task="generate")
+    endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
+    await endpoint.check()
+    prompts = await endpoint.prompts(state.engine_for(served), card)
+    params = endpoint.plan.params
+    sampling = {name: getattr(params, name) for name in _RENDERED_SAMPLING}
+    given_id = body.request_id or header_request_id()
+    response_id = new_response_id(endpoint_type.id_prefix, given_id)
+    rendered = [
+        RenderedPrompt(
+            request_id=engine_id,
+            token_ids=prompt.token_ids,
+            model=card.name,
+            sampling_params=sampling,
+            stream=body.stream,
+            cache_salt=params.cache_salt,
+            priority=body.priority,
+        )
+        for prompt, engine_id in zip(
+            prompts, engine_request_ids(response_id, len(prompts), False), strict=True
+        )
+    ]
+    return json_response(rendered[0] if one else rendered)
