@@ -5,10 +5,11 @@ prompt to the worker that already holds its prefix. It learns what each worker h
 worker's events, in vLLM's format and transport: a ZeroMQ PUB socket sending multipart messages
 `[topic, seq, payload]`, `seq` an 8-byte big-endian counter (a gap or a restart from 0 tells the
 subscriber it missed events), `payload` a msgpack array `[timestamp, events, data_parallel_rank]`
-whose events are `BlockStored` (the chained block hashes of a run of blocks, the hash of the
-block before the run, their token ids, the block size), `BlockRemoved` (hashes) and
-`AllBlocksCleared`. A router indexes the stored blocks by their token ids (it tokenizes each
-prompt itself, through the worker's `/tokenize` or render routes) and chains them by the hashes.
+whose events are maps tagged by `type`: `BlockStored` (the chained block hashes of a run of
+blocks, the hash of the block before the run, their token ids, the block size), `BlockRemoved`
+(hashes) and `AllBlocksCleared`. A router indexes the stored blocks by their token ids (it
+learns each prompt's ids from the worker's render or `/tokenize` routes) and chains them by the
+hashes.
 
 Invariants:
 - Events are sent in the order the block manager made them, once per engine step at most (a
@@ -35,8 +36,9 @@ log = logging.getLogger(__name__)
 _U64 = (1 << 64) - 1
 
 
-class _Event(msgspec.Struct, array_like=True, omit_defaults=False, tag=True):
-    """vLLM's `KVCacheEvent`: an array whose first element names the event."""
+class _Event(msgspec.Struct, tag_field="type", tag=True):
+    """vLLM's `KVCacheEvent`, as routers read it: a map whose `type` names the event
+    (vllm-router 0.1.17 refuses the positional form: "KV event must be a tagged map")."""
 
 
 class BlockStored(_Event, tag="BlockStored"):

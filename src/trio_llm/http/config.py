@@ -64,6 +64,11 @@ class ServerConfig:
     responses_store_size: int = 1024
     """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
     recently used evicted first; 0 keeps none."""
+    responses_store: str | None = None
+    """Where stored responses live: None (memory, this process) or a redis:// URL that several
+    frontends share behind a router."""
+    responses_store_ttl: float = 0.0
+    """Seconds a stored response is kept after its last use; 0: until evicted."""
     prefix_routing: bool = True
     """A model's replicas are chosen cache-aware (client/prefix_index.py); False: the least
     loaded."""
@@ -305,6 +310,18 @@ def add_serve_arguments(
         "past that the least recently used is evicted; 0 keeps none (default %(default)s)",
     )
     add(
+        "--responses-store",
+        help="where stored responses live: memory (default, this process) or a redis:// URL "
+        "shared by several servers behind a router, so previous_response_id works on any",
+    )
+    add(
+        "--responses-store-ttl",
+        default=defaults.responses_store_ttl,
+        type=_seconds,
+        help="seconds a stored response is kept after its last use; 0 keeps it until evicted "
+        "(default %(default)s)",
+    )
+    add(
         "--max-body-size",
         default=defaults.max_body_size,
         type=_size,
@@ -384,6 +401,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         specs = model_specs(args.model or [DEFAULT_MODEL], engine, replicas=args.data_parallel_size)
     except ModelSpecError as error:
         raise ValueError(str(error)) from None
+    store = args.responses_store or None
+    if store not in (None, "memory") and not store.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"--responses-store {store!r}: give memory or a redis:// URL")
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     generation_config = args.generation_config
     if (
@@ -414,6 +434,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=args.tool_call_parser,
         ui=not args.no_ui,
         responses_store_size=args.responses_store_size,
+        responses_store=args.responses_store or None,
+        responses_store_ttl=args.responses_store_ttl,
         prefix_routing=args.data_parallel_routing == "prefix",
     )
 

@@ -32,6 +32,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
+import trio
 from msgspec import Struct
 from quart import Response
 
@@ -167,6 +168,12 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
         engine can enforce the request's structured-output constraint."""
         await check_request(self.request)
 
+    async def settle(self) -> None:
+        """What must be done once the response is built and before its last bytes go out (the
+        Responses API stores the response here, so a request that continues it at once finds
+        it); nothing by default."""
+        await trio.lowlevel.checkpoint()
+
     @abstractmethod
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
         """The token ids of each prompt, in order (one per prompt the plan holds)."""
@@ -211,9 +218,11 @@ async def serve_generation(
     head = ResponseHead(response_id, model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
     if req.stream:
-        return sse_response(generations, endpoint.stream(head), metrics)
+        return sse_response(generations, endpoint.stream(head), metrics, endpoint.settle)
     outputs = await collect(generations, metrics)
-    return json_response(endpoint.response(head, outputs))
+    response = endpoint.response(head, outputs)
+    await endpoint.settle()
+    return json_response(response)
 
 
 def _generate(

@@ -18,6 +18,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import msgspec
+import trio
 from quart import Response
 
 from trio_llm.http.generate.endpoint import (
@@ -60,11 +61,16 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
         self._history: tuple[InputItem, ...] = ()
         self._parser: ToolCallParser | None = None
         """Reads the function calls out of the answer (set with the prompt)."""
-        if request.previous_response_id is not None:
-            previous = self._store.get(request.previous_response_id, "previous_response_id")
-            self._history = previous.continued()
+        self._to_store: StoredResponse | None = None
+        """The finished response, until `settle` stores it."""
 
     async def check(self) -> None:
+        """The previous response (a 404 if the store has none by that id), then the
+        constraint."""
+        previous_id = self.request.previous_response_id
+        if previous_id is not None:
+            previous = await self._store.get(previous_id, "previous_response_id")
+            self._history = previous.continued()
         await check_constraint(self.plan.params.constraint, self.plan.constraint_param)
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
@@ -103,7 +109,14 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
     def _finished(self, response: ResponseObject) -> None:
         if self.request.store:
             conversation = (*self._history, *self.plan.items)
-            self._store.put(StoredResponse(response, conversation))
+            self._to_store = StoredResponse(response, conversation)
+
+    async def settle(self) -> None:
+        stored, self._to_store = self._to_store, None
+        if stored is not None:
+            await self._store.put(stored)
+        else:
+            await trio.lowlevel.checkpoint()
 
     def stream(self, head: ResponseHead) -> ResponsesStream:
         return ResponsesStream(
@@ -122,9 +135,10 @@ async def create_response() -> Response:
 
 
 async def retrieve_response(response_id: str) -> Response:
-    return json_response(current_state().responses.get(response_id).response)
+    stored = await current_state().responses.get(response_id)
+    return json_response(stored.response)
 
 
 async def delete_response(response_id: str) -> Response:
-    current_state().responses.delete(response_id)
+    await current_state().responses.delete(response_id)
     return json_response(DeletedResponse(response_id))

@@ -43,7 +43,7 @@ from trio_llm.engine.loader import read_generation_config
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.ids import now, system_fingerprint
-from trio_llm.http.responses.store import ResponseStore
+from trio_llm.http.responses.store import ResponseStore, open_response_store
 from trio_llm.http.runtime.admission import Admission
 from trio_llm.http.runtime.metrics import Metrics
 from trio_llm.http.runtime.middleware import on_request_end
@@ -98,7 +98,11 @@ class AppState:
         self.router.policy = PrefixPolicy(enabled=self.config.prefix_routing)
         self.metrics = Metrics(self.router.stats, aggregate)
         self.admissions = [Admission(0) for _ in self.config.model_specs]
-        self.responses = ResponseStore(self.config.responses_store_size)
+        self.responses = open_response_store(
+            self.config.responses_store,
+            self.config.responses_store_size,
+            self.config.responses_store_ttl,
+        )
 
     def attach(self, group: int, replica: int, engine: EngineClient | None) -> None:
         """Called by the supervisors (or build_app) as an engine comes up or goes down."""
