@@ -40,8 +40,9 @@ from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
 from trio_llm.engine.scheduler import Scheduler
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
-from trio_llm.engine.structured import Grammar, StructuredOutputs
+from trio_llm.engine.structured import StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
+from trio_llm.grammar import Grammar
 from trio_llm.ipc.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
