@@ -58,6 +58,7 @@ from trio_llm.client.errors import (
 )
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
+from trio_llm.client.scoring import cosine, pair_up, text_params
 from trio_llm.config import EngineArgs
 from trio_llm.engine.launch import EngineLaunch
 from trio_llm.engine.loader import load_tokenizer, read_generation_config, resolve_model
@@ -79,8 +80,16 @@ from trio_llm.ipc.messages import (
     SchedulerStats,
     Shutdown,
 )
-from trio_llm.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from trio_llm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from trio_llm.sampling_params import SamplingParams
+from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -101,13 +110,13 @@ before it fails the requests in flight itself (a bound, should the handler be st
 ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
 the served model name (`served_model_name`, else the resolved model's name), and `task` what
-it serves (generate or embed)."""
+it serves (generate, embed, score or classify: `trio_llm.tasks`)."""
 
 OnStage = Callable[[str], None]
 """Hears each start-up stage of the engine as it begins ('loading the weights', ...)."""
 
 _POOLING_PARAMS = SamplingParams()
-"""What an embedding request carries as its (unused) sampling parameters."""
+"""What a pooling request carries as its (unused) sampling parameters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +181,7 @@ class EngineClient:
         self._embeddings = PendingEmbeddings()
         self._process_outputs = (
             self._embeddings.process_outputs
-            if ready.task == "embed"
+            if is_pooling(ready.task)
             else self._outputs.process_outputs
         )
         self._scheduler_stats = SchedulerStats(
@@ -219,7 +228,7 @@ class EngineClient:
 
     @property
     def task(self) -> str:
-        """What the engine serves: 'generate' or 'embed'."""
+        """What the engine serves: 'generate', 'embed', 'score' or 'classify'."""
         return self.model_config.task
 
     def generate(
@@ -305,15 +314,140 @@ class EngineClient:
             truncate_prompt_tokens=truncate_prompt_tokens,
             add_special_tokens=add_special_tokens,
         )
+        ids, embeddings = await self._pool(request_id, inputs, priority=priority)
+        if cut is not None:
+            embeddings = [self._cut(embedding, cut) for embedding in embeddings]
+        return [
+            EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
+            for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
+        ]
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[ClassificationRequestOutput]:
+        """Each input's class probabilities (one per label of `model_config.labels`), in
+        order, from a classifier or a cross-encoder; inputs, checks and ids as
+        `embed_batch`'s. Raises `UnsupportedTaskError` on another engine."""
+        self._check_alive()
+        self._check_task("classify")
+        inputs = await self._inputs.embedding_inputs(
+            prompts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            add_special_tokens=add_special_tokens,
+        )
+        ids, outputs = await self._pool(request_id, inputs, priority=priority)
+        labels = self.model_config.labels or []
+        return [
+            ClassificationRequestOutput(
+                engine_id,
+                token_ids,
+                ClassificationOutput(probs.tolist(), labels[int(np.argmax(probs))]),
+            )
+            for engine_id, token_ids, probs in zip(ids, inputs, outputs, strict=True)
+        ]
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[ScoringRequestOutput]:
+        """One score per pair, in order: `text_1` against each of `text_2` (1:1 or 1:N), or
+        text_1[i] against text_2[i] (N:N). A cross-encoder scores the pair in the tokenizer's
+        pair encoding by its activated logit; an embedding model by the cosine of the two
+        texts' embeddings (vLLM's). Every pair is checked before any is sent
+        (`InvalidPromptError`, `PromptTooLongError` naming `text_1`/`text_2[i]`); the engine
+        packs them into its steps with everyone else's. Raises `UnsupportedTaskError` on an
+        engine that scores nothing (generation, a classifier of several labels)."""
+        self._check_alive()
+        self._check_task("score")
+        firsts, seconds = pair_up(text_1, text_2)
+        params = text_params("text_2", text_2)
+        if self.task == "embed":
+            return await self._cosine_scores(
+                firsts,
+                seconds,
+                text_params("text_1", text_1),
+                params,
+                truncate_prompt_tokens,
+                request_id,
+                priority,
+            )
+        pairs = await self._inputs.pair_inputs(
+            firsts, seconds, params=params, truncate_prompt_tokens=truncate_prompt_tokens
+        )
+        inputs = [token_ids for token_ids, _ in pairs]
+        starts = [start for _, start in pairs]
+        ids, outputs = await self._pool(request_id, inputs, starts, priority=priority)
+        return [
+            ScoringRequestOutput(engine_id, token_ids, ScoringOutput(float(output[0])))
+            for engine_id, token_ids, output in zip(ids, inputs, outputs, strict=True)
+        ]
+
+    async def _cosine_scores(
+        self,
+        firsts: list[str],
+        seconds: list[str],
+        first_params: list[str],
+        params: list[str],
+        truncate_prompt_tokens: int | None,
+        request_id: str | None,
+        priority: int,
+    ) -> list[ScoringRequestOutput]:
+        """An embedding model's scores: each distinct first text and every second one
+        embedded once, in one batch."""
+        distinct = list(dict.fromkeys(firsts))
+        texts: list[str | list[int]] = [*distinct, *seconds]
+        named = [first_params[firsts.index(text) % len(first_params)] for text in distinct]
+        inputs = await self._inputs.embedding_inputs(
+            texts, truncate_prompt_tokens=truncate_prompt_tokens, params=[*named, *params]
+        )
+        ids, vectors = await self._pool(request_id, inputs, priority=priority)
+        by_text = {text: (inputs[i], vectors[i]) for i, text in enumerate(distinct)}
+        out = []
+        for i, first in enumerate(firsts):
+            j = len(distinct) + i
+            first_ids, first_vector = by_text[first]
+            out.append(
+                ScoringRequestOutput(
+                    ids[j],
+                    first_ids + inputs[j],
+                    ScoringOutput(cosine(first_vector, vectors[j])),
+                )
+            )
+        return out
+
+    async def _pool(
+        self,
+        request_id: str | None,
+        inputs: list[list[int]],
+        token_type_starts: list[int] | None = None,
+        *,
+        priority: int,
+    ) -> tuple[list[str], list[np.ndarray]]:
+        """Send checked inputs to the pooling engine and wait for each one's output (float32:
+        an embedding, or one score per label), in order. Request i's engine id is
+        `request_id-i` (just `request_id` for one input); cancellation (or any exception)
+        aborts the inputs still in the engine."""
         self._check_alive()
         base = request_id or uuid.uuid4().hex
         ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
         if any(map(self._embeddings.has_request, ids)):
             raise ValueError(f"request id {base!r} is already in flight")
+        starts = token_type_starts or [0] * len(inputs)
         arrival_time = time.time()
         waiters = [self._embeddings.add(engine_id) for engine_id in ids]
         try:
-            for engine_id, token_ids in zip(ids, inputs, strict=True):
+            for engine_id, token_ids, start in zip(ids, inputs, starts, strict=True):
                 self._post(
                     encode(
                         EngineCoreRequest(
@@ -323,21 +457,17 @@ class EngineClient:
                             arrival_time=arrival_time,
                             priority=priority,
                             pooling=True,
+                            token_type_start=start,
                         )
                     )
                 )
-            embeddings = [await waiter.wait() for waiter in waiters]
+            outputs = [await waiter.wait() for waiter in waiters]
         finally:
             # No await here, as in generate(): this runs when the scope is cancelled too.
             unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
-        if cut is not None:
-            embeddings = [self._cut(embedding, cut) for embedding in embeddings]
-        return [
-            EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
-            for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
-        ]
+        return ids, outputs
 
     def _check_dimensions(self, dimensions: int | None) -> int | None:
         """The size to cut embeddings to, None for none; `InvalidPromptError` (param
@@ -493,13 +623,14 @@ class EngineClient:
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
 
-    def _check_task(self, task: str) -> None:
-        if self.task != task:
+    def _check_task(self, use: str) -> None:
+        """`UnsupportedTaskError` unless this engine serves `use` (`trio_llm.tasks`)."""
+        if not serves(self.task, use):
             name = self.model_config.model
             raise UnsupportedTaskError(
-                f"the model {name!r} serves embeddings, not generation"
-                if task == "generate"
-                else f"the model {name!r} is generative: it does not serve embeddings"
+                f"the model {name!r} is generative: it does not serve {USE_WORDS[use]}"
+                if self.task == "generate"
+                else f"the model {name!r} serves {TASK_WORDS[self.task]}, not {USE_WORDS[use]}"
             )
 
     def _check_alive(self) -> None:
