@@ -360,23 +360,29 @@ class EngineClient:
         truncate_prompt_tokens: int | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        max_tokens_per_doc: int | None = None,
+        names: tuple[str, str] = ("text_1", "text_2"),
     ) -> list[ScoringRequestOutput]:
         """One score per pair, in order: `text_1` against each of `text_2` (1:1 or 1:N), or
         text_1[i] against text_2[i] (N:N). A cross-encoder scores the pair in the tokenizer's
         pair encoding by its activated logit; an embedding model by the cosine of the two
         texts' embeddings (vLLM's). Every pair is checked before any is sent
-        (`InvalidPromptError`, `PromptTooLongError` naming `text_1`/`text_2[i]`); the engine
-        packs them into its steps with everyone else's. Raises `UnsupportedTaskError` on an
+        (`InvalidPromptError`, `PromptTooLongError` naming `text_1`/`text_2[i]`, or what
+        `names` calls the two sides); the engine packs them into its steps with everyone
+        else's. `max_tokens_per_doc` cuts each of `text_2` to its first that many tokens
+        before it is paired (Cohere's rerank option). Raises `UnsupportedTaskError` on an
         engine that scores nothing (generation, a classifier of several labels)."""
         self._check_alive()
         self._check_task("score")
-        firsts, seconds = pair_up(text_1, text_2)
-        params = text_params("text_2", text_2)
+        firsts, seconds = pair_up(text_1, text_2, names)
+        if max_tokens_per_doc is not None:
+            seconds = await self._inputs.cut_texts(seconds, max_tokens_per_doc)
+        params = text_params(names[1], text_2)
         if self.task == "embed":
             return await self._cosine_scores(
                 firsts,
                 seconds,
-                text_params("text_1", text_1),
+                text_params(names[0], text_1),
                 params,
                 truncate_prompt_tokens,
                 request_id,

@@ -177,6 +177,12 @@ class InputProcessor:
             self._check_pooling_input(ids, param)
         return pairs
 
+    async def cut_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Each text cut after its first `max_tokens` tokens (without special tokens), at the
+        end of the last kept token: Cohere's `max_tokens_per_doc`, which cuts a document
+        before it is paired with the query."""
+        return await self.tokenizer.run(sum(map(len, texts)), _cut_texts, list(texts), max_tokens)
+
     def _truncation(self, truncate_prompt_tokens: int | None) -> int | None:
         limit = self.max_model_len
         if truncate_prompt_tokens == -1:
@@ -291,6 +297,14 @@ def _encode_pairs(
         start = list(types[i]).index(1) if types is not None and 1 in types[i] else 0
         pairs.append((list(ids), start))
     return pairs
+
+
+def _cut_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_tokens: int) -> list[str]:
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [
+        text if len(offsets) <= max_tokens else text[: offsets[max_tokens - 1][1]]
+        for text, offsets in zip(texts, encoded["offset_mapping"], strict=True)
+    ]
 
 
 def _input_params(count: int) -> list[str]:

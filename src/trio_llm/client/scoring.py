@@ -17,14 +17,16 @@ from trio_llm.client.errors import InvalidPromptError
 
 
 def pair_up(
-    text_1: str | Sequence[str], text_2: str | Sequence[str]
+    text_1: str | Sequence[str],
+    text_2: str | Sequence[str],
+    names: tuple[str, str] = ("text_1", "text_2"),
 ) -> tuple[list[str], list[str]]:
     """The pairs to score, as two lists of equal length: 1:1, 1:N (text_1 repeated) or N:N.
-    `InvalidPromptError` naming `text_1` or `text_2` for an empty side, an empty text, or
-    lengths that pair up none of these ways."""
+    `InvalidPromptError` naming the side (`names`: what the caller calls the two) for an
+    empty side, an empty text, or lengths that pair up none of these ways."""
     firsts = [text_1] if isinstance(text_1, str) else list(text_1)
     seconds = [text_2] if isinstance(text_2, str) else list(text_2)
-    for param, given, texts in (("text_1", text_1, firsts), ("text_2", text_2, seconds)):
+    for param, given, texts in ((names[0], text_1, firsts), (names[1], text_2, seconds)):
         if not texts:
             raise InvalidPromptError(f"{param} must not be empty", param=param)
         for i, text in enumerate(texts):
@@ -36,11 +38,12 @@ def pair_up(
     if len(firsts) == 1:
         firsts = firsts * len(seconds)
     elif len(firsts) != len(seconds):
+        first, second = names
         raise InvalidPromptError(
-            f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: score one text against "
-            "one or many (1:1, 1:N), or as many against as many (N:N, pair i is text_1[i] "
-            "with text_2[i])",
-            param="text_2",
+            f"{first} has {len(firsts)} texts and {second} {len(seconds)}: score one text "
+            f"against one or many (1:1, 1:N), or as many against as many (N:N, pair i is "
+            f"{first}[i] with {second}[i])",
+            param=second,
         )
     return firsts, seconds
 

@@ -36,6 +36,7 @@ from trio_llm.http.errors import ProtocolError, from_http_exception, translate_e
 from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
 from trio_llm.http.middleware import install_middleware
 from trio_llm.http.model_specs import ModelSpec
+from trio_llm.http.pooling import endpoint as pooling
 from trio_llm.http.serving import error_response
 from trio_llm.http.state import AppState, install_state
 
@@ -49,6 +50,13 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/responses", serving_responses.create_response),
     ("GET", "/v1/responses/<response_id>", serving_responses.retrieve_response),
     ("DELETE", "/v1/responses/<response_id>", serving_responses.delete_response),
+    ("POST", "/pooling", pooling.pooling),
+    ("POST", "/classify", pooling.classify),
+    ("POST", "/score", pooling.score),
+    ("POST", "/v1/score", pooling.score),
+    ("POST", "/rerank", pooling.rerank),
+    ("POST", "/v1/rerank", pooling.rerank),
+    ("POST", "/v2/rerank", pooling.rerank),
     ("POST", "/invocations", serving_invocations.invocations),
     ("GET", "/v1/models", serving_models.list_models),
     ("GET", "/v1/models/<path:model_id>", serving_models.model_card),
