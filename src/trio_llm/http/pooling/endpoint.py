@@ -17,8 +17,9 @@ import numpy as np
 from quart import Response
 
 from trio_llm.client.errors import InvalidPromptError
+from trio_llm.http.conversation import chat_messages
 from trio_llm.http.errors import bad_request
-from trio_llm.http.plans import chat_messages
+from trio_llm.http.ids import new_response_id, now
 from trio_llm.http.pooling.build import (
     Head,
     classify_response,
@@ -41,10 +42,8 @@ from trio_llm.http.pooling.protocol import (
     RerankRequest,
     ScoreRequest,
 )
-from trio_llm.http.protocol import decode_request
-from trio_llm.http.responses import new_response_id, now
-from trio_llm.http.serving import admit, json_response, read_body
-from trio_llm.http.state import AppState, current_state
+from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.state import AppState, current_state
 from trio_llm.tasks import Use
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ async def _decode(raw: bytes | None, kind: type[R], use: Use) -> tuple[AppState,
     """The body as a `kind`, from a model that serves `use` (404, or a 400 naming those
     that do, before anything else)."""
     state = current_state()
-    req = decode_request(await read_body() if raw is None else raw, kind)
+    req = await decode_body(kind, raw)
     state.model_for(req.model, task=use)
     return state, req
 
@@ -69,7 +68,7 @@ def _route(
     state: AppState, req: PoolingFields, use: Use, sequences: int, id_prefix: str
 ) -> tuple[EngineClient, Head]:
     """Admit `sequences` engine requests and hold the least-loaded replica for them."""
-    admit(state, sequences)
+    state.admit(sequences)
     engine, model = state.engine_for(req.model, task=use, sequences=sequences)
     return engine, Head(new_response_id(id_prefix, req.request_id), model.name, now())
 

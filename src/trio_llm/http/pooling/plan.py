@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trio_llm.http.conversation import check_template_kwargs
 from trio_llm.http.errors import bad_request
-from trio_llm.http.plans import RequestLimits, check_template_kwargs, prompt_forms
 from trio_llm.http.pooling.protocol import (
     ClassificationRequest,
     PoolingRequest,
     RerankRequest,
     ScoreRequest,
 )
+from trio_llm.http.sampling import RequestLimits, prompt_forms
 
 
 @dataclass(frozen=True, slots=True)

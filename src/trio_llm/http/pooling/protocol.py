@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from trio_llm.http.protocol import ChatMessage, Int32, PositiveInt, RequestId, TokenId
+from trio_llm.http.conversation import ChatMessage
+from trio_llm.http.wire import Int32, PositiveInt, RequestId, TokenId
 
 Truncate = Annotated[int, Meta(ge=-1, le=2**31 - 1)]
 """`truncate_prompt_tokens`: cut longer inputs to this many tokens (-1: the model's length)."""
