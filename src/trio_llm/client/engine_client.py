@@ -411,11 +411,17 @@ class EngineClient:
     ) -> list[ScoringRequestOutput]:
         """An embedding model's scores: each distinct first text and every second one
         embedded once, in one batch."""
-        distinct = list(dict.fromkeys(firsts))
+        where: dict[str, str] = {}  # each distinct first text -> the field its errors name
+        for text, param in zip(
+            firsts, first_params * len(firsts) if len(first_params) == 1 else first_params
+        ):
+            where.setdefault(text, param)
+        distinct = list(where)
         texts: list[str | list[int]] = [*distinct, *seconds]
-        named = [first_params[firsts.index(text) % len(first_params)] for text in distinct]
         inputs = await self._inputs.embedding_inputs(
-            texts, truncate_prompt_tokens=truncate_prompt_tokens, params=[*named, *params]
+            texts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            params=[*where.values(), *params],
         )
         ids, vectors = await self._pool(request_id, inputs, priority=priority)
         by_text = {text: (inputs[i], vectors[i]) for i, text in enumerate(distinct)}
