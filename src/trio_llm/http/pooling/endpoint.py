@@ -2,7 +2,8 @@
 
 Each is the same glue: decode the body, check the model serves the endpoint's use (a 400
 naming the models that do), plan, admit the request's engine requests, route to the model's
-least-loaded replica, call the client (`embed_batch`, `classify`, `score`), build. The
+least-loaded replica, call the client through the lease (`embed_batch`, `classify`,
+`score`), build. The
 client's engine packs every request's inputs into its steps with everyone else's, as it does
 embeddings. As with generation, a client that goes away cancels the handler, and that aborts
 the inputs still in the engine.
@@ -47,7 +48,7 @@ from trio_llm.http.runtime.state import AppState, current_state
 from trio_llm.tasks import Use
 
 if TYPE_CHECKING:
-    from trio_llm.client import EngineClient
+    from trio_llm.client.router import Lease
 
 __all__ = ["classify", "pooling", "rerank", "score"]
 
@@ -66,11 +67,12 @@ async def _decode(raw: bytes | None, kind: type[R], use: Use) -> tuple[AppState,
 
 def _route(
     state: AppState, req: PoolingFields, use: Use, sequences: int, id_prefix: str
-) -> tuple[EngineClient, Head]:
-    """Admit `sequences` engine requests and hold the least-loaded replica for them."""
+) -> tuple[Lease, Head]:
+    """Admit `sequences` engine requests and lease the least-loaded replica for them (the
+    request runs through the lease, so `Router.abort` sees it)."""
     state.admit(sequences)
-    engine, model = state.engine_for(req.model, task=use, sequences=sequences)
-    return engine, Head(new_response_id(id_prefix, req.request_id), model.name, now())
+    lease, model = state.lease(req.model, task=use, sequences=sequences)
+    return lease, Head(new_response_id(id_prefix, req.request_id), model.name, now())
 
 
 def _count(state: AppState, head: Head, tokens: int) -> None:
@@ -83,16 +85,16 @@ async def pooling(raw: bytes | None = None) -> Response:
     state, req = await _decode(raw, PoolingRequest, "pooling")
     plan = plan_pooling(req, state.config.limits)
     sequences = 1 if plan.inputs is None else len(plan.inputs)
-    engine, head = _route(state, req, "pooling", sequences, "pool-")
+    lease, head = _route(state, req, "pooling", sequences, "pool-")
     inputs = plan.inputs
     if inputs is None:
         assert req.messages is not None
         messages = chat_messages(req.messages)
-        inputs = [await engine.apply_chat_template(messages, **chat_options(req))]
+        inputs = [await lease.client.apply_chat_template(messages, **chat_options(req))]
     add_special = req.add_special_tokens is not False
     try:
-        if engine.task == "embed":
-            outputs: Sequence[object] = await engine.embed_batch(
+        if lease.client.task == "embed":
+            outputs: Sequence[object] = await lease.embed_batch(
                 inputs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
                 add_special_tokens=add_special,
@@ -108,7 +110,7 @@ async def pooling(raw: bytes | None = None) -> Response:
                     "gives one probability per label",
                     param="dimensions",
                 )
-            outputs = await engine.classify(
+            outputs = await lease.classify(
                 inputs,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
                 add_special_tokens=add_special,
@@ -128,8 +130,8 @@ async def pooling(raw: bytes | None = None) -> Response:
 async def classify(raw: bytes | None = None) -> Response:
     state, req = await _decode(raw, ClassificationRequest, "classify")
     plan = plan_classify(req, state.config.limits)
-    engine, head = _route(state, req, "classify", len(plan.inputs), "classify-")
-    outputs = await engine.classify(
+    lease, head = _route(state, req, "classify", len(plan.inputs), "classify-")
+    outputs = await lease.classify(
         plan.inputs,
         truncate_prompt_tokens=req.truncate_prompt_tokens,
         add_special_tokens=req.add_special_tokens,
@@ -143,8 +145,8 @@ async def classify(raw: bytes | None = None) -> Response:
 async def score(raw: bytes | None = None) -> Response:
     state, req = await _decode(raw, ScoreRequest, "score")
     plan = plan_score(req, state.config.limits)
-    engine, head = _route(state, req, "score", plan.sequences, "score-")
-    outputs = await engine.score(
+    lease, head = _route(state, req, "score", plan.sequences, "score-")
+    outputs = await lease.score(
         plan.text_1,
         plan.text_2,
         truncate_prompt_tokens=req.truncate_prompt_tokens,
@@ -159,8 +161,8 @@ async def rerank(raw: bytes | None = None) -> Response:
     """/rerank, /v1/rerank and /v2/rerank alike (vLLM serves the three the same)."""
     state, req = await _decode(raw, RerankRequest, "score")
     plan = plan_rerank(req, state.config.limits)
-    engine, head = _route(state, req, "score", len(plan.documents) + 1, "rerank-")
-    outputs = await engine.score(
+    lease, head = _route(state, req, "score", len(plan.documents) + 1, "rerank-")
+    outputs = await lease.score(
         plan.query,
         plan.documents,
         truncate_prompt_tokens=req.truncate_prompt_tokens,
