@@ -83,14 +83,24 @@ def test_what_the_client_refuses_before_sending(llm: LLM) -> None:
     assert past.value.param == "truncate_prompt_tokens"
 
 
-def test_an_embedding_model_scores_by_cosine_and_does_not_classify() -> None:
-    from trio_llm import DEFAULT_EMBEDDING_MODEL
+async def test_a_router_scores_by_cosine_or_cross_encoder_and_classifies(
+    cross_encoder: Path,
+) -> None:
+    """Through `Router` (its leases, as the HTTP server uses them): an embedding model scores
+    by the cosine of its embeddings, a cross-encoder by its pair; only the latter classifies."""
+    from trio_llm import DEFAULT_EMBEDDING_MODEL, open_router
 
-    with LLM(DEFAULT_EMBEDDING_MODEL, dtype="float32", num_threads=1) as llm:
-        [same, other] = llm.score("a red apple", ["a red apple", "stock markets fell"])
+    options = {"dtype": "float32", "num_threads": 1}
+    async with open_router(DEFAULT_EMBEDDING_MODEL, str(cross_encoder), **options) as router:
+        texts = ["a red apple", "stock markets fell"]
+        same, other = await router.score("a red apple", texts, model=DEFAULT_EMBEDDING_MODEL)
         assert abs(same.outputs.score - 1.0) < 1e-5 and other.outputs.score < 0.5
-        embeddings = [o.outputs.data for o in llm.embed(["a red apple", "stock markets fell"])]
-        cosine = embeddings[0] @ embeddings[1]
-        assert abs(other.outputs.score - cosine) < 1e-5
+        vectors = [o.outputs.data for o in await router.embed_batch(texts)]
+        assert abs(other.outputs.score - float(vectors[0] @ vectors[1])) < 1e-5
+        assert len(other.prompt_token_ids) == 5 + 5  # both texts, as vLLM counts them
         with pytest.raises(UnsupportedTaskError, match="serves embeddings, not classification"):
-            llm.classify("x")
+            await router.classify(["x"], model=DEFAULT_EMBEDDING_MODEL)
+        [pair] = await router.score(QUERY, DOCUMENTS[0], model=cross_encoder.name)
+        [alone] = await router.classify([QUERY], model=cross_encoder.name)
+        assert pair.outputs.score != alone.outputs.probs[0]  # the pair, not the query alone
+        assert all(r.load == 0 for _, r in router.replicas())

@@ -338,6 +338,38 @@ class Router:
         [output] = await self.embed_batch([prompt], model=model, **kwargs)
         return output
 
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the least-loaded replica of `model`."""
+        pairs = 1 if isinstance(text_2, str) else len(text_2)
+        lease = self.lease(self.model(model), pairs)
+        try:
+            return await lease.score(text_1, text_2, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), len(prompts))
+        try:
+            return await lease.classify(prompts, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
     async def abort(self, request_id: str) -> None:
         """Stop a request on the replica that holds it; unknown or finished ids are ignored."""
         replica = self.holder(request_id)
