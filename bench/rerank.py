@@ -54,7 +54,7 @@ def build_cross_encoder(path: Path) -> Path:
     import torch
     from transformers import BertForSequenceClassification
 
-    from trio_llm.engine.loader import load_tokenizer, resolve_model
+    from trio_llm.model_files import load_tokenizer, resolve_model
 
     source = resolve_model(EMBED)
     torch.manual_seed(0)
@@ -82,7 +82,7 @@ def st_cross_encoder(path: Path) -> Rerank:
 def st_bi_encoder() -> Rerank:
     from sentence_transformers import SentenceTransformer
 
-    from trio_llm.engine.loader import resolve_model
+    from trio_llm.model_files import resolve_model
 
     model = SentenceTransformer(str(resolve_model(EMBED).path), device="cpu")
 
@@ -196,7 +196,7 @@ def main() -> None:
     import torch
 
     import trio_llm
-    from trio_llm.engine.loader import load_tokenizer, resolve_model
+    from trio_llm.model_files import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
     docs = sentences(DOCUMENTS, seed=29)

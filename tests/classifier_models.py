@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL
-from trio_llm.engine.loader import ModelSource, load_tokenizer, resolve_model
+from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
 
 _TEXT = (
     "the a of to and in is for on with as by at from that this it an be are was or which "

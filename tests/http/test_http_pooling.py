@@ -24,7 +24,7 @@ from classifier_models import (
 from embedding_corpus import sentences
 from http_server_process import ServerProcess, run_server
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL
-from trio_llm.engine.loader import ModelSource, load_tokenizer, resolve_model
+from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
 
 EMBED = DEFAULT_EMBEDDING_MODEL
 QUERY = "what is the capital of france"

@@ -27,7 +27,7 @@ import torch
 from trio_llm.engine.attention.packed import PackedAttentionMetadata
 from trio_llm.engine.classifier import ClassifierHead
 from trio_llm.engine.pooling import PoolingConfig, pool, token_rows
-from trio_llm.engine.scheduler import ScheduledBatch
+from trio_llm.engine.sequence import ScheduledBatch
 
 
 class PoolingRunner:
