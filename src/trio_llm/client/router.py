@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -43,10 +43,17 @@ from trio_llm.client.prefix_index import PrefixPolicy, PrefixRecord, block_keys
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
-    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
     from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ModelNotServedError(LookupError):
@@ -127,8 +134,9 @@ class ServedModel:
 
 class Lease:
     """A request's hold on its replica: `sequences` of its load until `release()`, and the
-    requests it runs there (`generate`, `embed_batch`), which `Router.abort` finds by id until
-    then. `client` is the replica's engine, for what is not a request (tokenizing).
+    requests it runs there (`generate`, `embed_batch`, `score`, `classify`), which
+    `Router.abort` finds by id until then. `client` is the replica's engine, for what is not a
+    request (tokenizing).
 
     A request whose replica dies before the engine started it (it was still waiting there:
     `EngineDeadError.started` is False) is moved: the lease takes another live replica of the
@@ -216,12 +224,21 @@ class Lease:
         self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
     ) -> list[EmbeddingRequestOutput]:
         """`EngineClient.embed_batch` on the leased replica (moved as `generate` is)."""
+        return await self._pooled(
+            lambda client, rid: client.embed_batch(prompts, request_id=rid, **kwargs), request_id
+        )
+
+    async def _pooled(
+        self, call: Callable[[EngineClient, str], Awaitable[T]], request_id: str | None
+    ) -> T:
+        """`call` (a pooling request: embed, score, classify) on the leased replica, moved to
+        another when the replica dies before it started it."""
         request_id = self._hold(request_id)
         tried = {id(self.replica)}
         try:
             while True:
                 try:
-                    return await self.client.embed_batch(prompts, request_id=request_id, **kwargs)
+                    return await call(self.client, request_id)
                 except EngineDeadError as error:
                     if error.started or not self._move(tried):
                         raise
@@ -245,6 +262,27 @@ class Lease:
         replica.load += self.sequences
         self.replica, self.client = replica, replica.client
         return True
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the leased replica."""
+        return await self._pooled(
+            lambda client, rid: client.score(text_1, text_2, request_id=rid, **kwargs), request_id
+        )
+
+    async def classify(
+        self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the leased replica."""
+        return await self._pooled(
+            lambda client, rid: client.classify(prompts, request_id=rid, **kwargs), request_id
+        )
 
     def _hold(self, request_id: str | None) -> str:
         """Record that this lease runs `request_id` (a new id when None)."""
@@ -426,6 +464,38 @@ class Router:
     ) -> EmbeddingRequestOutput:
         [output] = await self.embed_batch([prompt], model=model, **kwargs)
         return output
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the least-loaded replica of `model`."""
+        pairs = 1 if isinstance(text_2, str) else len(text_2)
+        lease = self.lease(self.model(model), pairs)
+        try:
+            return await lease.score(text_1, text_2, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), len(prompts))
+        try:
+            return await lease.classify(prompts, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
 
     async def abort(self, request_id: str) -> None:
         """Stop a request on the replica that holds it; unknown or finished ids are ignored."""
