@@ -41,6 +41,7 @@ from trio_llm.client.input_processor import InputProcessor
 from trio_llm.constraint import Constraint
 from trio_llm.http.choices import Shape
 from trio_llm.http.errors import bad_request
+from trio_llm.http.generate.protocol import RenderedPrompt
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import engine_request_ids, new_response_id, now
 from trio_llm.http.runtime.bodies import decode_body, json_response
@@ -236,20 +237,6 @@ def _generate(
         renames = {"prompt": prompt.param, "max_tokens": plan.max_tokens_param}
         error.param = renames.get(error.param, error.param)
         raise
-
-
-class RenderedPrompt(Struct, omit_defaults=True):
-    """vLLM's render routes' answer (its token-in, token-out `GenerateRequest`): what a request
-    would send the engine. Routers (vllm-router, llm-d) ask for it to learn a chat request's
-    token ids for cache-aware routing without generating."""
-
-    request_id: str
-    token_ids: list[int]
-    model: str
-    sampling_params: dict[str, Any]
-    stream: bool = False
-    cache_salt: str | None = None
-    priority: int = 0
 
 
 _RENDERED_SAMPLING = ("n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")
