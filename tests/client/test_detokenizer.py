@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
+from trio_llm.client.detokenizer import DecodedTokens, IncrementalDetokenizer
 from trio_llm.client.stop_strings import find_stop, held_back
 
 MULTIBYTE = "Héllo 世界 🎉 café, naïve Ελληνικά — 日本語のテキスト 🚀🔥 done"
@@ -62,7 +62,7 @@ def test_skip_special_tokens(detok_tokenizer: Any, tokenizer: Any) -> None:
 
 
 def test_token_texts_show_partial_characters_as_bytes(tokenizer: Any) -> None:
-    texts = TokenTexts(tokenizer)
+    texts = DecodedTokens(tokenizer)
     ids = tokenizer.encode("世", add_special_tokens=False)
     assert len(ids) > 1
     shown = [texts(t) for t in ids]

@@ -74,7 +74,7 @@ async def tokenize() -> Response:
         )
     response = TokenizeResponse(len(ids), model.max_model_len, ids)
     if req.return_token_strs:
-        response.token_strs = await engine.token_strings(ids)
+        response.token_strs = await engine.vocab_tokens(ids)
     return json_response(response)
 
 
