@@ -61,7 +61,7 @@ def test_skip_special_tokens(detok_tokenizer: Any, tokenizer: Any) -> None:
     assert "".join(_stream(detok_tokenizer, [1], output, skip=False)) == "Hi<|im_end|>"
 
 
-def test_token_texts_show_partial_characters_as_bytes(tokenizer: Any) -> None:
+def test_decoded_tokens_show_partial_characters_as_bytes(tokenizer: Any) -> None:
     texts = DecodedTokens(tokenizer)
     ids = tokenizer.encode("世", add_special_tokens=False)
     assert len(ids) > 1

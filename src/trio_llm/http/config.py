@@ -62,7 +62,7 @@ class ServerConfig:
     """The format tool calls are prompted, constrained and parsed in (http/tools/formats.py):
     `hermes`, `llama3_json`, or `auto` (picked from each model's chat template)."""
     ui: bool = True
-    """Serve the chat page at / (http/serving_ui.py)."""
+    """Serve the chat page at / (http/ui/endpoint.py)."""
     responses_store_size: int = 1024
     """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
     recently used evicted first; 0 keeps none."""
