@@ -18,7 +18,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import pytest
 
-from trio_llm.engine.loader import ModelSource, load_tokenizer, resolve_model
+from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
 
 
 def build_tiny_llama(

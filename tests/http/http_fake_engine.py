@@ -36,7 +36,8 @@ class FakeEngine:
     token_interval: float = 0.0
     """Seconds between tokens (a model step)."""
     hold_after_first: bool = False
-    """Block after the first token until cancelled: a generation that never ends by itself."""
+    """Block after the first token until cancelled or aborted (`abort`, which ends it with
+    finish_reason 'abort'): a generation that never ends by itself."""
     die_after_first: bool = False
     finish_reason: str = "length"
     """What every choice finishes with once it has written max_tokens characters."""
@@ -56,6 +57,7 @@ class FakeEngine:
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    _aborts: dict[str, trio.Event] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.model_config = SimpleNamespace(
@@ -66,6 +68,9 @@ class FakeEngine:
             device="cpu",
             task=self.task,
             embedding_size=4 if self.task == "embed" else 0,
+            block_size=16,
+            num_blocks=10,
+            priority_scheduling=False,
         )
         self._inputs = InputProcessor(
             ConfinedTokenizer(SimpleNamespace()),  # type: ignore[arg-type]
@@ -91,6 +96,12 @@ class FakeEngine:
             num_requests_in_flight=len(self.running),
         )
 
+    async def abort(self, request_id: str) -> None:
+        """As the real client's: a running request ends with finish_reason 'abort'."""
+        await trio.lowlevel.checkpoint()
+        if request_id in self._aborts:
+            self._aborts[request_id].set()
+
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         await trio.lowlevel.checkpoint()
         return [ord(c) % self.vocab_size for c in text]
@@ -99,11 +110,11 @@ class FakeEngine:
         await trio.lowlevel.checkpoint()
         return "".join(chr(t) for t in token_ids)
 
-    async def token_strings(self, token_ids: list[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: list[int]) -> list[str]:
         await trio.lowlevel.checkpoint()
         return [chr(t) for t in token_ids]
 
-    def token_texts(self, token_ids: list[int]) -> list[str]:
+    def decoded_tokens(self, token_ids: list[int]) -> list[str]:
         return [chr(t) for t in token_ids]
 
     async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
@@ -189,6 +200,7 @@ class FakeEngine:
         total = params.max_tokens or 8
         metrics = RequestMetrics(arrival_time=trio.current_time())
         texts = [""] * params.n
+        aborted = self._aborts[request_id] = trio.Event()
         self.running.add(request_id)
         self._changed.unpark_all()
         done = False
@@ -201,7 +213,15 @@ class FakeEngine:
                 if step == 1 and self.die_after_first:
                     raise EngineDeadError("the engine process exited (killed by the test)")
                 if step == 1 and self.hold_after_first:
-                    await trio.sleep_forever()
+                    await aborted.wait()
+                    delta = params.output_kind is RequestOutputKind.DELTA
+                    ends = [
+                        CompletionOutput(i, "" if delta else texts[i], [], finish_reason="abort")
+                        for i in range(params.n)
+                    ]
+                    yield RequestOutput(request_id, None, ids, ends, True, metrics)
+                    done = True
+                    return
                 now = trio.current_time()
                 metrics.first_token_time = metrics.first_token_time or now
                 metrics.last_token_time = now
@@ -232,6 +252,7 @@ class FakeEngine:
                 yield RequestOutput(request_id, None, ids, final, True, metrics)
             done = True
         finally:
+            del self._aborts[request_id]
             self.running.discard(request_id)
             (self.finished if done else self.aborted).append(request_id)
             self._changed.unpark_all()

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 
 class EngineDeadError(RuntimeError):
-    """The engine process is gone (it crashed, was killed, or was shut down)."""
+    """The engine process is gone (it crashed, was killed, or was shut down).
+
+    `started`: whether the engine had begun the request it fails (produced a token for it);
+    False for a request that was still waiting, which the router may run elsewhere."""
+
+    def __init__(self, message: str, *, started: bool = True) -> None:
+        super().__init__(message)
+        self.started = started
 
 
 class EngineStartError(RuntimeError):
@@ -19,6 +26,16 @@ class EngineStartError(RuntimeError):
         super().__init__(message)
         self.engine_traceback = engine_traceback
         """The engine's traceback, when it reported one."""
+
+
+def start_error_in(group: BaseExceptionGroup) -> EngineStartError | None:
+    """The first `EngineStartError` in `group`, however deeply nested: engines started at once
+    (replicas, models) fail their start with it alone, not with the group around it."""
+    for exc in group.exceptions:
+        found = start_error_in(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(found, EngineStartError):
+            return found
+    return None
 
 
 class EngineRequestError(RuntimeError):

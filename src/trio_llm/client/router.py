@@ -2,8 +2,11 @@
 
 What it owns: the routing table (each served model and its replica slots, each slot holding the
 replica's live `EngineClient` or None while it is down), each replica's load, and which replica
-holds each request routed through `generate`/`embed`. `open_router` starts every engine of a
-table at once (for the library; the HTTP server's supervisor attaches and restarts them itself).
+holds each request. Every request, the library's and the HTTP server's, goes through a `Lease`:
+`lease` picks the replica and holds its load, the lease's `generate`/`embed_batch` run the
+request there and record which replica holds it (what `abort` reads); `Router.generate` and
+`Router.embed_batch` are a lease for one call. `open_router` starts every engine of a table at
+once (for the library; the HTTP server's supervisor attaches and restarts them itself).
 
 A new request goes to its model's live replica with the least load, ties broken round-robin.
 The load is what the frontend has routed there and not yet seen finish: the sequences a lease
@@ -13,17 +16,20 @@ replica's running plus waiting sequences, plus those on their way.
 
 Invariants:
 - A request stays on the replica it was first routed to for its whole life: its lease, and the
-  `request_id -> replica` entry `abort` reads, are released only when it ends.
+  `request_id -> replica` entries `abort` reads, are released only when it ends.
 - A replica that dies fails only its own requests (its client raises `EngineDeadError`); its
   slot is empty until it is attached again, and no new request is routed to it meanwhile.
 - Every lease is released exactly once, so a replica's load never leaks.
+
+Why a little over 400 lines: the routing table, the lease and `open_router` (the library's way
+to fill the table) are one concept seen from three sides.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,19 +38,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import msgspec
 
-from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig, open_engine
-from trio_llm.client.errors import EngineDeadError, EngineStartError
+from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
+from trio_llm.client.engine_process import log_stage, open_engine
+from trio_llm.client.errors import EngineDeadError, EngineStartError, start_error_in
+from trio_llm.client.prefix_index import PrefixPolicy, PrefixRecord, block_keys
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
-    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
     from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-E = TypeVar("E", bound=BaseException)
+T = TypeVar("T")
 
 
 class ModelNotServedError(LookupError):
@@ -66,6 +78,10 @@ class Replica:
     """A client was attached once."""
     restarts: int = 0
     """Times a client was attached after the first."""
+    retired: bool = False
+    """Its supervisor gave up restarting it: it stays out of rotation for good."""
+    record: PrefixRecord = field(default_factory=lambda: PrefixRecord(0))
+    """The prompt blocks routed here (cache-aware routing), sized to its KV cache once up."""
 
     @property
     def is_alive(self) -> bool:
@@ -95,45 +111,206 @@ class ServedModel:
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.is_alive]
 
-    def pick(self) -> Replica | None:
-        """The live replica with the least load; among equals, the next in round-robin order."""
+    def pick(
+        self,
+        keys: Sequence[int],
+        policy: PrefixPolicy,
+        exclude: Replica | None = None,
+    ) -> Replica | None:
+        """The live replica for a prompt whose block keys are `keys`: the one holding its
+        longest prefix, unless load says otherwise (`PrefixPolicy`), else the least loaded,
+        ties taken in round-robin order. `exclude`: a replica not to pick (a retry's)."""
         count = len(self.replicas)
-        best: Replica | None = None
-        for step in range(count):
-            replica = self.replicas[(self._cursor + step) % count]
-            if replica.is_alive and (best is None or replica.load < best.load):
-                best = replica
-        if best is not None:
-            self._cursor = (best.index + 1) % count
+        order = [self.replicas[(self._cursor + step) % count] for step in range(count)]
+        live = [r for r in order if r.is_alive and r is not exclude]
+        if not live:
+            return None
+        chosen = policy.choose(
+            [r.load for r in live], [r.record.match(keys) for r in live], len(keys)
+        )
+        best = live[chosen] if chosen is not None else min(live, key=lambda r: r.load)
+        self._cursor = (best.index + 1) % count
+        if keys:
+            best.record.insert(keys)
         return best
 
 
 class Lease:
-    """A request's hold on its replica: `sequences` of its load until `release()`."""
+    """A request's hold on its replica: `sequences` of its load until `release()`, and the
+    requests it runs there (`generate`, `embed_batch`, `score`, `classify`), which
+    `Router.abort` finds by id until then. `client` is the replica's engine, for what is not a
+    request (tokenizing).
 
-    __slots__ = ("_router", "client", "replica", "request_id", "sequences")
+    A request whose replica dies before the engine started it (it was still waiting there:
+    `EngineDeadError.started` is False) is moved: the lease takes another live replica of the
+    model and sends the request again, once per replica at most; one that had started fails
+    with the engine's error."""
+
+    __slots__ = ("_model", "_request_ids", "_router", "client", "replica", "sequences")
 
     def __init__(
-        self, router: Router, replica: Replica, sequences: int, request_id: str | None
+        self, router: Router, model: ServedModel, replica: Replica, sequences: int
     ) -> None:
         assert replica.client is not None
         self._router: Router | None = router
+        self._model = model
         self.replica = replica
         self.client: EngineClient = replica.client
         self.sequences = sequences
-        self.request_id = request_id
+        self._request_ids: list[str] = []
         replica.load += sequences
-        if request_id is not None:
-            router._holders[request_id] = self
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """`EngineClient.generate` on the leased replica (`ValueError` for an id in flight);
+        what it raises before returning, it raises here."""
+        request_id = self._hold(request_id)
+        tried = {id(self.replica)}
+        try:
+            stream = self._generate_here(prompt, params, request_id, priority, tried)
+        except BaseException:
+            self._forget(request_id)
+            raise
+        return self._moving(stream, prompt, params, request_id, priority, tried)
+
+    def _generate_here(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        tried: set[int],
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """`generate` on the leased replica, or on another if it is found dead."""
+        while True:
+            try:
+                return self.client.generate(
+                    prompt, params, request_id=request_id, priority=priority
+                )
+            except EngineDeadError:
+                if not self._move(tried):
+                    raise
+
+    async def _moving(
+        self,
+        stream: AsyncGenerator[RequestOutput, None],
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        tried: set[int],
+    ) -> AsyncGenerator[RequestOutput, None]:
+        while True:
+            try:
+                async for output in stream:
+                    yield output
+                return
+            except EngineDeadError as error:
+                if error.started or not self._move(tried):
+                    raise
+                log.warning(
+                    "request %s: its replica died before starting it; retrying on replica %s",
+                    request_id,
+                    self.replica.label,
+                )
+            finally:
+                await stream.aclose()
+            stream = self._generate_here(prompt, params, request_id, priority, tried)
+
+    async def embed_batch(
+        self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
+    ) -> list[EmbeddingRequestOutput]:
+        """`EngineClient.embed_batch` on the leased replica (moved as `generate` is)."""
+        return await self._pooled(
+            lambda client, rid: client.embed_batch(prompts, request_id=rid, **kwargs), request_id
+        )
+
+    async def _pooled(
+        self, call: Callable[[EngineClient, str], Awaitable[T]], request_id: str | None
+    ) -> T:
+        """`call` (a pooling request: embed, score, classify) on the leased replica, moved to
+        another when the replica dies before it started it."""
+        request_id = self._hold(request_id)
+        tried = {id(self.replica)}
+        try:
+            while True:
+                try:
+                    return await call(self.client, request_id)
+                except EngineDeadError as error:
+                    if error.started or not self._move(tried):
+                        raise
+        finally:
+            self._forget(request_id)
+
+    def _move(self, tried: set[int]) -> bool:
+        """Take another live replica of the model, one not tried yet; False if none is."""
+        router = self._router
+        if router is None:
+            return False
+        if self.replica.is_alive and id(self.replica) not in tried:
+            tried.add(id(self.replica))  # another request of this lease moved it already
+            return True
+        replica = self._model.pick((), router.policy, exclude=self.replica)
+        if replica is None or id(replica) in tried:
+            return False
+        tried.add(id(replica))
+        assert replica.client is not None
+        self.replica.load -= self.sequences
+        replica.load += self.sequences
+        self.replica, self.client = replica, replica.client
+        return True
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the leased replica."""
+        return await self._pooled(
+            lambda client, rid: client.score(text_1, text_2, request_id=rid, **kwargs), request_id
+        )
+
+    async def classify(
+        self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the leased replica."""
+        return await self._pooled(
+            lambda client, rid: client.classify(prompts, request_id=rid, **kwargs), request_id
+        )
+
+    def _hold(self, request_id: str | None) -> str:
+        """Record that this lease runs `request_id` (a new id when None)."""
+        router = self._router
+        if router is None:
+            raise RuntimeError("this lease was released")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in router._holders:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        router._holders[request_id] = self
+        self._request_ids.append(request_id)
+        return request_id
+
+    def _forget(self, request_id: str) -> None:
+        if self._router is not None and self._router._holders.get(request_id) is self:
+            del self._router._holders[request_id]
 
     def release(self) -> None:
         """Idempotent."""
-        router, self._router = self._router, None
-        if router is None:
+        if self._router is None:
             return
+        for request_id in self._request_ids:
+            self._forget(request_id)
+        self._router = None
         self.replica.load -= self.sequences
-        if self.request_id is not None and router._holders.get(self.request_id) is self:
-            del router._holders[self.request_id]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +331,8 @@ class Router:
     replica slots are filled with `attach` as engines come up and emptied as they go."""
 
     models: list[ServedModel] = field(default_factory=list)
+    policy: PrefixPolicy = field(default_factory=PrefixPolicy)
+    """When a replica's cached prefix outweighs load (`prefix_index.py`)."""
     _holders: dict[str, Lease] = field(default_factory=dict)
 
     @classmethod
@@ -186,7 +365,18 @@ class Router:
             replica.started = True
             if model.config is None:
                 model.config = client.model_config
+            replica.record = PrefixRecord(client.model_config.num_blocks)
+        else:
+            replica.record.clear()  # a dead engine's cache died with it
         replica.client = client
+
+    def retire(self, group: int, index: int) -> bool:
+        """Take a replica out of rotation for good (its supervisor gave up); True if its model
+        has no replica left that may come back."""
+        model = self.models[group]
+        model.replicas[index].retired = True
+        self.attach(group, index, None)
+        return all(r.retired for r in model.replicas)
 
     def model(self, requested: str | None) -> ServedModel:
         """The served model of that name (None: the first); `ModelNotServedError` if none."""
@@ -212,15 +402,24 @@ class Router:
 
     # -- routing -------------------------------------------------------------------------
 
-    def lease(self, model: ServedModel, sequences: int, *, request_id: str | None = None) -> Lease:
-        """Hold the least-loaded live replica of `model` for `sequences`; `NoLiveReplicaError`
-        when it has none."""
-        replica = model.pick()
+    def lease(
+        self,
+        model: ServedModel,
+        sequences: int,
+        *,
+        prompt: Sequence[int] = (),
+        cache_salt: str | None = None,
+    ) -> Lease:
+        """Hold a live replica of `model` for `sequences`: the one that holds the longest
+        cached prefix of `prompt` (token ids; empty: none known) unless load says otherwise,
+        else the least loaded; `NoLiveReplicaError` when it has none."""
+        keys = block_keys(prompt, model.config.block_size, cache_salt) if model.config else []
+        replica = model.pick(keys, self.policy)
         if replica is None:
             raise NoLiveReplicaError(
                 f"no replica of {model.name or 'the model'} is running (restarting); retry later"
             )
-        return Lease(self, replica, sequences, request_id)
+        return Lease(self, model, replica, sequences)
 
     def holder(self, request_id: str) -> Replica | None:
         """The replica a request routed through this router runs on, while it runs."""
@@ -236,13 +435,13 @@ class Router:
         request_id: str | None = None,
         priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """`EngineClient.generate` on the least-loaded replica of `model`."""
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self._holders:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        lease = self.lease(self.model(model), params.n, request_id=request_id)
+        """`EngineClient.generate` on a replica of `model` (`lease` says which)."""
+        prompt_ids = () if isinstance(prompt, str) else prompt
+        lease = self.lease(
+            self.model(model), params.n, prompt=prompt_ids, cache_salt=params.cache_salt
+        )
         try:
-            stream = lease.client.generate(prompt, params, request_id=request_id, priority=priority)
+            stream = lease.generate(prompt, params, request_id=request_id, priority=priority)
         except BaseException:
             lease.release()
             raise
@@ -257,10 +456,9 @@ class Router:
         **kwargs: Any,
     ) -> list[EmbeddingRequestOutput]:
         """`EngineClient.embed_batch` on the least-loaded replica of `model`."""
-        request_id = request_id or uuid.uuid4().hex
-        lease = self.lease(self.model(model), len(prompts), request_id=request_id)
+        lease = self.lease(self.model(model), len(prompts))
         try:
-            return await lease.client.embed_batch(prompts, request_id=request_id, **kwargs)
+            return await lease.embed_batch(prompts, request_id=request_id, **kwargs)
         finally:
             lease.release()
 
@@ -269,6 +467,38 @@ class Router:
     ) -> EmbeddingRequestOutput:
         [output] = await self.embed_batch([prompt], model=model, **kwargs)
         return output
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the least-loaded replica of `model`."""
+        pairs = 1 if isinstance(text_2, str) else len(text_2)
+        lease = self.lease(self.model(model), pairs)
+        try:
+            return await lease.score(text_1, text_2, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), len(prompts))
+        try:
+            return await lease.classify(prompts, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
 
     async def abort(self, request_id: str) -> None:
         """Stop a request on the replica that holds it; unknown or finished ids are ignored."""
@@ -350,7 +580,7 @@ async def open_router(
             finally:
                 engines.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        start_error = _first(group, EngineStartError)
+        start_error = start_error_in(group)
         if start_error is None:
             raise
         raise start_error from None
@@ -368,7 +598,7 @@ async def _run_replica(
 ) -> None:
     label = replica_label(args, index)
     try:
-        async with open_engine(on_stage=partial(_log_stage, label), **_fields(args)) as client:
+        async with open_engine(args, on_stage=log_stage(label)) as client:
             router.attach(group, index, client)
             task_status.started()
             await client.wait_dead()
@@ -382,22 +612,3 @@ async def _run_replica(
 def replica_label(args: EngineArgs, index: int) -> str:
     """How logs and errors name one engine: `model[replica]`."""
     return f"{args.served_model_name or args.model}[{index}]"
-
-
-def _log_stage(label: str, stage: str) -> None:
-    log.info("engine %s: %s", label, stage)
-
-
-def _first(group: BaseExceptionGroup, kind: type[E]) -> E | None:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = _first(exc, kind)
-            if found is not None:
-                return found
-        elif isinstance(exc, kind):
-            return exc
-    return None
-
-
-def _fields(args: EngineArgs) -> dict[str, Any]:
-    return msgspec.structs.asdict(args)

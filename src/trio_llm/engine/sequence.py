@@ -14,6 +14,10 @@ the table is empty, while the tokens (prompt and output so far) stay.
 computed with it in its next step and committed only as far as that step's samples agree, so
 the uncomputed tokens and the sample rows count them, while the prefix cache, the finish checks
 and the outputs never see them. A preemption drops them.
+
+`ScheduledBatch` is one step's sequences as the scheduler hands them to the model runner (and
+to the structured-output step); it lives here, beside what it holds, so that the modules that
+read it need not import the scheduler.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from trio_llm.engine.structured import Grammar
     from trio_llm.engine.token_bans import TokenBans
+    from trio_llm.grammar import Grammar
 
 
 class SequenceStatus(enum.Enum):
@@ -50,6 +54,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    cache_root: int = 0
+    """Where its chain of block hashes starts: 0, or a salt's root (`block_manager.salt_root`)
+    for a request with a `cache_salt`, so that its blocks match only requests with that salt."""
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of the full blocks, in order (kept across preemption: tokens stay)."""
     block_chain: list[int] = field(default_factory=list)
@@ -70,6 +77,8 @@ class Sequence:
     """With finish_reason 'error': why."""
     bans: TokenBans | None = None
     """allowed_token_ids and bad_words, built once when the request arrived."""
+    token_type_start: int = 0
+    """A pooling request's pair of texts: where the second starts (0: one text)."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -120,3 +129,19 @@ class Sequence:
 
     def __lt__(self, other: Sequence) -> bool:
         return self.order() < other.order()
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    """Decodes (one token) first, then prefill chunks."""
+    num_tokens: list[int]
+    """Tokens each sequence computes this step, starting at its `num_computed_tokens`."""
+    num_decodes: int
+    removed: list[Sequence] = field(default_factory=list)
+    """Sequences that left the running set (finished, aborted, preempted) since the last
+    batch: the model runner frees their rows of the persistent input batch."""
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)

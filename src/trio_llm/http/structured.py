@@ -3,9 +3,10 @@ the legacy `guided_*`, turned into the one `Constraint` a request may carry.
 
 What it owns: the fields' types (so /openapi.json shows them), the rules that combine them (at
 most one constraint per request, exactly one kind inside `structured_outputs`), and their
-validation with the grammar library before anything reaches the engine: a schema or grammar the
-engine cannot enforce is a 400 that names the parameter and says why. Invariant: every error is
-a `ProtocolError` with its `param`; validation runs off the event loop.
+checks that need no grammar library (a malformed spec is a 400 naming the parameter). The
+check with the grammar library, off the event loop, is the generate skeleton's
+(generate/endpoint.py), so these types import nothing with I/O. Invariant: every error is a
+`ProtocolError` with its `param`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from typing import Any, Literal
 
 from msgspec import Struct
 
-from trio_llm.client.input_processor import InputProcessor
 from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request
-from trio_llm.sampling_params import SamplingParamsError
 
 
 class JsonSchemaFormat(Struct, kw_only=True):
@@ -36,7 +35,7 @@ class ResponseFormat(Struct, kw_only=True):
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(Struct, kw_only=True):
+class StructuredOutputsParams(Struct, kw_only=True):
     """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object."""
 
     json: str | dict[str, Any] | None = None
@@ -54,7 +53,7 @@ class StructuredFields(Struct, kw_only=True):
     """The request fields /v1/chat/completions and /v1/completions share for structured output."""
 
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -69,7 +68,7 @@ def _schema(value: str | dict[str, Any], ws: str | None) -> Constraint:
     return Constraint.json_schema(value, whitespace_pattern=ws)
 
 
-def _of_structured_outputs(so: StructuredOutputs) -> tuple[Constraint, str]:
+def _of_structured_outputs(so: StructuredOutputsParams) -> tuple[Constraint, str]:
     given = [k for k in _KINDS if getattr(so, k) not in (None, False)]
     if len(given) != 1:
         found = ", ".join(given) if given else "none"
@@ -139,21 +138,3 @@ def validated(constraint: Constraint, param: str) -> tuple[Constraint, str]:
     except ValueError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
     return constraint, param
-
-
-async def check_constraint(constraint: Constraint | None, param: str | None) -> None:
-    """A 400 naming `param` unless the grammar engine can enforce `constraint` (validated in a
-    worker thread the first time: a large schema takes a while)."""
-    if constraint is None:
-        return
-    try:
-        await InputProcessor.check_constraint(constraint)
-    except SamplingParamsError as error:
-        raise bad_request(f"Invalid {param}: {error}", param=param) from None
-
-
-async def check_request(request: StructuredFields) -> None:
-    """`check_constraint` for the constraint `request` asks for, if any."""
-    found = constraint_of(request)
-    if found is not None:
-        await check_constraint(*found)

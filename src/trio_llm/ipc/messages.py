@@ -2,7 +2,8 @@
 
 Each message is a msgspec Struct, array_like with defaults omitted, tagged so that one decoder
 reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and `Shutdown`; the
-output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`.
+output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`. Before either ring
+is read, the engine process reads one `EngineLaunch` on its stdin.
 
 Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
 frontend needs them as Python ints anyway. Embeddings travel as raw little-endian float32 bytes
@@ -13,7 +14,23 @@ from __future__ import annotations
 
 import msgspec
 
+from trio_llm.config import EngineArgs
+from trio_llm.ipc.shm_ring import RingSpec
 from trio_llm.sampling_params import SamplingParams
+
+# -- frontend -> engine, on its stdin ---------------------------------------------------------
+
+
+class EngineLaunch(msgspec.Struct, kw_only=True):
+    """What the frontend hands the engine process on its stdin: the engine arguments and the
+    two rings' specs (the ring fds themselves arrive through `pass_fds`). Importable without
+    torch: the frontend builds it without loading the engine."""
+
+    args: EngineArgs
+    request_ring: RingSpec
+    """Frontend -> engine: EngineCoreRequest, AbortRequests, Shutdown."""
+    output_ring: RingSpec
+    """Engine -> frontend: EngineReady or EngineFailure first, then EngineCoreOutputs."""
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, tag=True, kw_only=True):
@@ -32,8 +49,13 @@ class EngineCoreRequest(_Msg, tag="add"):
     priority: int = 0
     """Lower runs first; FCFS among equals."""
     pooling: bool = False
-    """An embedding request: the engine pools the prompt's hidden states instead of generating
-    (only a pooling engine serves it; `sampling_params` is then unused)."""
+    """A pooling request (embeddings, scores, classes): the engine pools the prompt's hidden
+    states instead of generating (only a pooling engine serves it; `sampling_params` is then
+    unused)."""
+    token_type_start: int = 0
+    """A pooling request that is a pair of texts (a cross-encoder's input): the index of the
+    second text's first token, from which a model with token types gives type 1; 0: one
+    text."""
 
 
 class AbortRequests(_Msg, tag="abort"):
@@ -61,7 +83,7 @@ class EngineReady(_Msg, tag="ready"):
     attention_backend: str = "torch"
     pid: int = 0
     task: str = "generate"
-    """generate | embed: what the engine serves."""
+    """generate | embed | score | classify: what the engine serves (trio_llm.tasks)."""
     embedding_size: int = 0
     """With task embed: the length of each embedding."""
     normalized: bool = False
@@ -69,6 +91,11 @@ class EngineReady(_Msg, tag="ready"):
     matryoshka_dimensions: list[int] | None = None
     """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
     ([]: any); None when it may not be."""
+    labels: list[str] | None = None
+    """With task score or classify: the label of each output, in order (the model's
+    `id2label`); its outputs are the activated scores (probabilities over several labels)."""
+    priority_scheduling: bool = False
+    """Requests may carry a non-zero priority (scheduling_policy 'priority')."""
 
 
 class EngineLoading(_Msg, tag="loading"):
@@ -108,7 +135,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     error: str | None = None
     """With finish_reason 'error': what went wrong with this request."""
     pooled: bytes | None = None
-    """A pooling request's embedding (raw float32), with finish_reason 'stop'."""
+    """A pooling request's output (raw float32: the embedding, or one score per label), with
+    finish_reason 'stop'."""
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
