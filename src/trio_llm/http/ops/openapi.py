@@ -159,6 +159,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                 responses.ResponseObject,
                 streams=True,
             ),
+            "/v1/responses/render": _post(
+                "A Responses request's prompt token ids, rendered and not generated (vLLM's)",
+                responses.ResponsesRequest,
+                generate.RenderedPrompt,
+                streams=False,
+            ),
             "/v1/responses/{response_id}": {
                 "get": {
                     "summary": "A stored response",

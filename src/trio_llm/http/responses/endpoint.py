@@ -27,7 +27,12 @@ import msgspec
 import trio
 from quart import Response
 
-from trio_llm.http.generate.endpoint import Prompt, check_constraint, serve_generation
+from trio_llm.http.generate.endpoint import (
+    Prompt,
+    check_constraint,
+    serve_generation,
+    serve_render,
+)
 from trio_llm.http.ids import ResponseHead
 from trio_llm.http.responses.build import (
     OnFinished,
@@ -162,6 +167,14 @@ async def create_response(raw: bytes | None = None) -> Response:
     state = current_state()
     endpoint = ResponsesEndpoint(state.responses, state.config.tool_call_parser)
     return await serve_generation(endpoint, raw)
+
+
+async def render_response(raw: bytes | None = None) -> Response:
+    """POST /v1/responses/render (vLLM's): the conversation's token ids, not generated; what
+    a cache-aware router asks before it routes a Responses request."""
+    state = current_state()
+    endpoint = ResponsesEndpoint(state.responses, state.config.tool_call_parser)
+    return await serve_render(endpoint, raw, one=True)
 
 
 async def retrieve_response(response_id: str) -> Response:
