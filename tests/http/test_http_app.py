@@ -369,10 +369,10 @@ async def test_router_abort_reaches_an_http_request(engine: FakeEngine, serve_ap
     url = await serve_app(app)
     engine.hold_after_first = True
     async with (
-        httpx.AsyncClient(base_url=url) as c,
+        httpx.AsyncClient(base_url=url, timeout=30) as c,  # slow CI: not httpx's 5 s default
         c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response,
     ):
-        with trio.fail_after(5):
+        with trio.fail_after(30):
             await engine.wait_for(lambda: len(engine.running) == 1)
         [engine_id] = engine.running
         router = app_state(app).router
