@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 from llguidance import LLMatcher
 
-from trio_llm.constraint import Constraint, ConstraintKind
+from trio_llm.constraint import Constraint, ConstraintKind, Thinking
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -37,12 +37,19 @@ class ConstraintError(ValueError):
 
 
 def grammar_text(constraint: Constraint) -> str:
-    """The llguidance grammar (its JSON form) for `constraint`. Raises `ConstraintError` for a
-    spec that is not even well-formed; `check` validates the rest."""
+    """The llguidance grammar (its JSON form, or Lark) for `constraint`. Raises
+    `ConstraintError` for a spec that is not even well-formed; `check` validates the rest."""
     try:
         constraint.validate()
     except ValueError as exc:
         raise ConstraintError(str(exc)) from None
+    answer = _answer_text(constraint)
+    if constraint.thinking is None:
+        return answer
+    return _after_thinking(answer, constraint.thinking)
+
+
+def _answer_text(constraint: Constraint) -> str:
     kind = constraint.kind
     if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
         options = dict(COMPACT_JSON)
@@ -61,6 +68,38 @@ def grammar_text(constraint: Constraint) -> str:
         return llguidance.grammar_from("grammar", constraint.spec)
     except ValueError as exc:
         raise ConstraintError(str(exc)) from None
+
+
+_THINK_GAP = "/[ \\t\\r\\n]{0,4}/"
+"""What may separate the closing tag from the answer (Qwen3 writes a blank line); bounded, so a
+small model cannot wander through whitespace there."""
+
+
+def _after_thinking(answer: str, thinking: Thinking) -> str:
+    """`answer` (a grammar's JSON or Lark text) after a think block. The block is required (a
+    model that thinks writes one, if only an empty one; one that does not gets no `thinking`);
+    its text is free up to its closing tag (the first one ends it), at most `budget` tokens,
+    after which the closing tag is forced. The text is a `stop` lexeme followed by its tag again,
+    llguidance's way to end a lexeme on a string without taking tokens back; `max_tokens`
+    counts the tokens of the tag too, so a tag the model began just before the budget ran out
+    is followed by the forced one. The answer is the second grammar of the list, `@answer`."""
+    if answer.lstrip().startswith("{"):
+        inner = json.loads(answer)["grammars"]
+    else:
+        inner = [{"lark_grammar": answer}]
+    if len(inner) != 1:
+        raise ConstraintError("a grammar of several grammars cannot follow a think block")
+    inner[0]["name"] = "answer"
+    close = json.dumps(thinking.close, ensure_ascii=False)
+    opening = "" if thinking.inside else json.dumps(thinking.open, ensure_ascii=False) + " "
+    limit = "" if thinking.budget is None else f", max_tokens={thinking.budget}"
+    lark = [
+        "%llguidance {}",
+        f"start: {opening}thought {close} GAP @answer",
+        f"thought[stop={close}{limit}]: /(.|\\n)*/",
+        f"GAP: {_THINK_GAP}",
+    ]
+    return json.dumps({"grammars": [{"lark_grammar": "\n".join(lark)}, *inner]})
 
 
 _CHECK_CACHE = 256
