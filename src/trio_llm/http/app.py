@@ -31,6 +31,8 @@ from trio_llm.http import (
     serving_responses,
     serving_ui,
 )
+from trio_llm.http.anthropic import endpoint as anthropic
+from trio_llm.http.anthropic.protocol import error_body
 from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
 from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
@@ -49,6 +51,8 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/responses", serving_responses.create_response),
     ("GET", "/v1/responses/<response_id>", serving_responses.retrieve_response),
     ("DELETE", "/v1/responses/<response_id>", serving_responses.delete_response),
+    ("POST", "/v1/messages", anthropic.create_message),
+    ("POST", "/v1/messages/count_tokens", anthropic.count_tokens),
     ("POST", "/invocations", serving_invocations.invocations),
     ("GET", "/v1/models", serving_models.list_models),
     ("GET", "/v1/models/<path:model_id>", serving_models.model_card),
@@ -78,14 +82,29 @@ def _make_app(state: AppState) -> QuartTrio:
     return app
 
 
+_ANTHROPIC_PATHS = "/v1/messages"
+"""Errors under this path take Anthropic's shape (its SDKs read no other)."""
+
+
+def _error(error: ProtocolError) -> Response:
+    if request.path.startswith(_ANTHROPIC_PATHS):
+        return Response(
+            error_body(error),
+            status=error.status,
+            headers=error.headers,
+            mimetype="application/json",
+        )
+    return error_response(error)
+
+
 def _handle_errors(app: QuartTrio, config: ServerConfig) -> None:
     @app.errorhandler(ProtocolError)
     async def protocol_error(error: ProtocolError) -> Response:
-        return error_response(error)
+        return _error(error)
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        return error_response(
+        return _error(
             from_http_exception(
                 error,
                 method=request.method,
@@ -96,7 +115,7 @@ def _handle_errors(app: QuartTrio, config: ServerConfig) -> None:
 
     @app.errorhandler(Exception)
     async def other_error(error: Exception) -> Response:
-        return error_response(translate_error(error))
+        return _error(translate_error(error))
 
 
 def build_app(*engine_clients: EngineClient, config: ServerConfig | None = None) -> QuartTrio:
