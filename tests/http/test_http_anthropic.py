@@ -16,10 +16,10 @@ import pytest
 from http_fake_engine import FakeEngine
 
 from trio_llm.http import ServerConfig, build_app
+from trio_llm.http.answer import AnswerReader
 from trio_llm.http.anthropic.build import MessagesStream, message_response
 from trio_llm.http.anthropic.plan import plan_messages
 from trio_llm.http.anthropic.protocol import MessagesRequest
-from trio_llm.http.answer import AnswerReader
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.plans import RequestLimits, SamplingDefaults
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
