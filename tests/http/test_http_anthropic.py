@@ -21,7 +21,7 @@ from trio_llm.http.anthropic.build import MessagesStream, message_response
 from trio_llm.http.anthropic.plan import plan_messages
 from trio_llm.http.anthropic.protocol import MessagesRequest
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.plans import RequestLimits, SamplingDefaults
+from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 THINKING_TEMPLATE = "{% if enable_thinking is false %}<think>\n\n</think>{% endif %}"

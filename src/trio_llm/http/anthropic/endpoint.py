@@ -4,10 +4,10 @@ A Messages request is a chat request in other clothes: its system text and messa
 become chat messages rendered with the model's chat template (plan.py), its tools go through
 http/tools as chat's do (rendered for the template, the calls' grammar added once the template
 is known, a parser reading them back as `tool_use` blocks), its thinking through
-http/reasoning (the template's switch, a budget, `thinking` blocks), and the request skeleton
-(serving.py) does the rest, disconnects included. count_tokens renders the same prompt, tools
-and thinking switch included, and counts it. Errors on these paths take Anthropic's shape
-(app.py asks `error_body`).
+http/reasoning (the template's switch, a budget, `thinking` blocks), and the request
+skeleton (generate/endpoint.py) does the rest, disconnects included. count_tokens renders the
+same prompt, tools and thinking switch included, and counts it. Errors on these paths take
+Anthropic's shape (app.py asks `error_body`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ from trio_llm.http.anthropic.protocol import (
     MessagesRequest,
     TokenCount,
 )
-from trio_llm.http.plans import RequestLimits, SamplingDefaults
+from trio_llm.http.generate.endpoint import (
+    GenerationEndpoint,
+    Prompt,
+    ResponseHead,
+    check_constraint,
+    serve_generation,
+)
 from trio_llm.http.reasoning import (
     PROMPT_TAIL_TOKENS,
     ReasoningPlan,
@@ -43,16 +49,9 @@ from trio_llm.http.reasoning import (
     plan_reasoning,
     thinking_kwargs,
 )
-from trio_llm.http.serving import (
-    GenerationEndpoint,
-    Prompt,
-    ResponseHead,
-    decode_body,
-    json_response,
-    serve_generation,
-)
-from trio_llm.http.state import ModelInfo, current_state
-from trio_llm.http.structured import check_constraint
+from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.state import ModelInfo, current_state
+from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.http.tools import ToolPlan, plan_tools
 from trio_llm.outputs import RequestOutput
 

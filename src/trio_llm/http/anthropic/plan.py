@@ -40,8 +40,9 @@ from trio_llm.http.anthropic.protocol import (
     ToolResultBlockIn,
     ToolUseBlockIn,
 )
+from trio_llm.http.conversation import uses_tools
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
-from trio_llm.http.plans import RequestLimits, SamplingDefaults, _stop_list, uses_tools
+from trio_llm.http.sampling import RequestLimits, SamplingDefaults, stop_list
 from trio_llm.http.structured import validated
 from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
@@ -247,7 +248,7 @@ def plan_messages(
             param="thinking.budget_tokens",
         )
     try:
-        stops = _stop_list(request.stop_sequences, limits)
+        stops = stop_list(request.stop_sequences, limits)
     except ProtocolError as error:
         error.param = "stop_sequences"
         raise

@@ -18,7 +18,7 @@ import msgspec
 from msgspec import Struct
 
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.protocol import Int32, PositiveInt
+from trio_llm.http.wire import Int32, PositiveInt
 
 # ---------------------------------------------------------------------------------------------
 # Request: content blocks
@@ -195,7 +195,7 @@ class MessagesRequest(ConversationFields, kw_only=True):
     top_k: Int32 | None = None
     metadata: Metadata | None = None
 
-    # What the request skeleton reads of every generating request (serving.py).
+    # What the request skeleton reads of every generating request (generate/endpoint.py).
     @property
     def request_id(self) -> str | None:
         return None
