@@ -26,7 +26,7 @@ FIELDS = [
     "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "truncation_side",
     "prompt_logprobs", "return_token_ids", "add_special_tokens", "use_beam_search",
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "response_format", "reasoning_effort",
+    "response_format", "reasoning_effort", "thinking_token_budget", "include_reasoning",
     # /v1/responses
     "input", "instructions", "max_output_tokens", "text", "previous_response_id", "store",
     "include", "reasoning", "background", "metadata", "parallel_tool_calls", "conversation",

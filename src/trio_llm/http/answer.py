@@ -55,6 +55,11 @@ class AnswerReader:
         return reasoning, content, calls
 
     @property
+    def plain(self) -> bool:
+        """Whether the text passes through unread (no thinking, no calls to split out)."""
+        return self.reasoning is None and self.tools is None
+
+    @property
     def thinking(self) -> bool:
         """Whether the output is inside its think block now."""
         return self.reasoning is not None and self.reasoning.thinking
@@ -63,7 +68,9 @@ class AnswerReader:
         if self.tools is None:
             self._content.append(content)
             return Piece(thought, content)
-        content, calls = self.tools.feed(content)
+        calls: list[ToolCallDelta] = []
+        if content or not end:
+            content, calls = self.tools.feed(content)
         if end:
             more, last = self.tools.end()
             content, calls = content + more, calls + last

@@ -17,7 +17,7 @@ parameter.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trio_llm.constraint import Constraint
@@ -40,7 +40,7 @@ from trio_llm.http.anthropic.protocol import (
     ToolResultBlockIn,
     ToolUseBlockIn,
 )
-from trio_llm.http.conversation import uses_tools
+from trio_llm.http.conversation import Conversation
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults, stop_list
 from trio_llm.http.structured import validated
@@ -49,36 +49,10 @@ from trio_llm.sampling_params import RequestOutputKind, SamplingParams, Sampling
 
 
 @dataclass(frozen=True, slots=True)
-class ConversationPlan:
-    """What decides the prompt (a Messages request's, or a count_tokens one's)."""
-
-    messages: list[dict[str, Any]]
-    """In OpenAI's chat shape (what http/tools renders for the template)."""
-    continue_final: bool = False
-    """The conversation ends with the assistant's text: the answer continues it."""
-    tools: list[FunctionTool] = field(default_factory=list)
-    tool_choice: ToolChoiceValue = "none"
-    parallel_tool_calls: bool | None = None
-    thinking: bool | None = None
-    """Thinking turned on or off (the template's switch); None: the template's default."""
-    budget: int | None = None
-    """Tokens the thinking may take (`thinking.budget_tokens`)."""
-    effort: str | None = None
-    constraint: Constraint | None = None
-    """`output_config.format`'s schema, for the answer."""
-    constraint_param: str | None = None
-
-    @property
-    def with_tools(self) -> bool:
-        """Whether http/tools renders the conversation (tools given, or calls in it)."""
-        return bool(self.tools) or uses_tools(self.messages)
-
-
-@dataclass(frozen=True, slots=True)
 class MessagesPlan:
     """A validated Messages request: the conversation and how to sample the answer."""
 
-    conversation: ConversationPlan
+    conversation: Conversation
     params: SamplingParams
     stop_sequences: tuple[str, ...] = ()
 
@@ -200,7 +174,7 @@ def _tools(request: ConversationFields) -> tuple[list[FunctionTool], ToolChoiceV
     return tools, check_tools(tools, choice), parallel
 
 
-def plan_conversation(request: ConversationFields) -> ConversationPlan:
+def plan_conversation(request: ConversationFields) -> Conversation:
     messages, continues = conversation_messages(request)
     tools, choice, parallel = _tools(request)
     thinking, budget = None, None
@@ -217,23 +191,24 @@ def plan_conversation(request: ConversationFields) -> ConversationPlan:
         constraint = validated(
             Constraint.json_schema(output.format.schema), "output_config.format.schema"
         )
-    forced = choice not in ("none", "auto")
-    if forced and constraint is not None:
+    if choice not in ("none", "auto") and constraint is not None:
         raise bad_request(
             "tool_choice: a forced call cannot be combined with output_config.format",
             param="tool_choice",
         )
-    return ConversationPlan(
+    return Conversation(
         messages,
-        continue_final=continues,
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=parallel,
-        thinking=thinking,
-        budget=budget,
-        effort=None if output is None else output.effort,
         constraint=None if constraint is None else constraint[0],
         constraint_param=None if constraint is None else constraint[1],
+        thinking=thinking,
+        effort=None if output is None else output.effort,
+        budget=budget,
+        budget_param="thinking.budget_tokens",
+        add_generation_prompt=not continues,
+        continue_final_message=continues,
     )
 
 

@@ -1,8 +1,10 @@
 """POST /v1/chat/completions: one conversation, rendered with the model's chat template, and n
 choices of an assistant's answer (streamed as chat.completion.chunk, or one chat.completion).
-With tools, http/tools renders the conversation for the template, adds the grammar that makes
-the calls well-formed (known only once the model's template is: the prompts step), and reads
-each choice's calls back into tool_calls."""
+The prompts step renders it (generate/prompt.py): with tools, http/tools renders the
+conversation for the template and adds the grammar that makes the calls well-formed; with a
+thinking model, http/reasoning sets the template's switch, and the answer's constraint waits
+for the thinking to end. Each choice's thinking and calls are read back into
+reasoning_content and tool_calls."""
 
 from __future__ import annotations
 
@@ -12,20 +14,19 @@ from typing import TYPE_CHECKING
 import msgspec
 from quart import Response
 
-from trio_llm.http.chat.build import ChatStream, NewParser, chat_response
+from trio_llm.http.answer import AnswerReader
+from trio_llm.http.chat.build import ChatStream, NewReader, chat_response
 from trio_llm.http.chat.plan import ChatPlan, plan_chat
 from trio_llm.http.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
-from trio_llm.http.conversation import check_template_kwargs
 from trio_llm.http.generate.endpoint import (
     GenerationEndpoint,
     Prompt,
     ResponseHead,
-    check_constraint,
     serve_generation,
 )
+from trio_llm.http.generate.prompt import render_conversation
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.tools import plan_tools
 from trio_llm.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -42,38 +43,21 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
     ) -> None:
         super().__init__(request, limits, defaults)
         self.plan = plan_chat(request, limits, defaults)
-        check_template_kwargs(request.chat_template_kwargs)
         self._prompt_token_ids: list[int] = []
-        self._new_parser: NewParser | None = None
-        """Set with tools: reads each choice's calls."""
+        self._new_reader: NewReader = AnswerReader
+        self._reasoning = False
+        """Whether the thinking is split out and sent."""
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        req, plan = self.request, self.plan
-        messages, template_kwargs = plan.messages, req.chat_template_kwargs
-        if plan.with_tools:
-            tools = plan_tools(
-                plan.tools,
-                plan.tool_choice,
-                plan.parallel_tool_calls,
-                plan.messages,
-                chat_template=engine.chat_template,
-                parser=current_state().config.tool_call_parser,
-                constrain=plan.params.constraint is None,
-            )
-            messages = tools.messages
-            template_kwargs = {**(template_kwargs or {}), **tools.template_kwargs}
-            self._new_parser = tools.new_parser
-            if tools.constraint is not None:
-                await check_constraint(tools.constraint, "tools")
-                params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
-                self.plan = plan = dataclasses.replace(plan, params=params)
-        token_ids = await engine.apply_chat_template(
-            messages,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            chat_template_kwargs=template_kwargs,
-            add_special_tokens=req.add_special_tokens,
-        )
+        plan = self.plan
+        config = current_state().config
+        rendered = await render_conversation(engine, plan.conversation, config)
+        if rendered.constraint != plan.params.constraint:
+            params = msgspec.structs.replace(plan.params, constraint=rendered.constraint)
+            self.plan = plan = dataclasses.replace(plan, params=params)
+        self._new_reader = rendered.new_reader
+        self._reasoning = rendered.reasoning.format is not None and plan.include_reasoning
+        token_ids = rendered.token_ids
         if plan.truncation is not None:
             token_ids = plan.truncation.apply(
                 token_ids, model.max_model_len, plan.params.max_tokens
@@ -86,7 +70,8 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
             self.shape(head, logprobs=self.plan.top_logprobs),
             prompt_token_ids=self._prompt_token_ids,
             echo_text=self.plan.echo_text,
-            new_parser=self._new_parser,
+            new_reader=self._new_reader,
+            reasoning=self._reasoning,
         )
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ChatCompletionResponse:
@@ -95,7 +80,8 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
             self.shape(head, logprobs=self.plan.top_logprobs),
             output,
             echo_text=self.plan.echo_text,
-            new_parser=self._new_parser,
+            new_reader=self._new_reader,
+            reasoning=self._reasoning,
         )
 
 

@@ -3,23 +3,26 @@ chat path.
 
 A Responses request is a chat request in other clothes: its instructions, the history of its
 previous response and its input items become chat messages rendered with the model's chat
-template, and its sampling fields and text.format a `SamplingParams` (plan.py); its
-function tools go through http/tools as chat's do (rendered for the template, the calls'
-grammar added once the template is known: the prompts step, a parser reading the calls back
-into function_call items); the request skeleton (generate/endpoint.py) does the rest, disconnects
-included. What differs is the answer
-(build.py) and the memory: a finished response is stored (store.py) unless
-the request says `store: false`.
+template, and its sampling fields and text.format a `SamplingParams` (plan.py); the prompts
+step renders them as chat's does (generate/prompt.py: function tools through http/tools, the
+thinking switch and the think-then-constrain grammar through http/reasoning, a reader taking
+the thinking and the calls back out as reasoning and function_call items); the request
+skeleton (generate/endpoint.py) does the rest, disconnects included. What differs is the
+answer (build.py) and the memory: a finished response is stored (store.py) unless the request
+says `store: false`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 from quart import Response
 
+from trio_llm.http.answer import AnswerReader
+from trio_llm.http.conversation import Conversation
 from trio_llm.http.generate.endpoint import (
     GenerationEndpoint,
     Prompt,
@@ -27,6 +30,8 @@ from trio_llm.http.generate.endpoint import (
     check_constraint,
     serve_generation,
 )
+from trio_llm.http.generate.prompt import render_conversation
+from trio_llm.http.reasoning import effort_enables
 from trio_llm.http.responses.build import ResponsesStream, complete_response, initial_response
 from trio_llm.http.responses.plan import ResponsesPlan, conversation_messages, plan_responses
 from trio_llm.http.responses.protocol import (
@@ -39,7 +44,6 @@ from trio_llm.http.responses.store import StoredResponse
 from trio_llm.http.runtime.bodies import json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.tools import NamedFunction, ToolCallParser, plan_tools
 from trio_llm.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -58,8 +62,9 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
         self.plan = plan_responses(request, limits, defaults)
         self._store = current_state().responses
         self._history: tuple[InputItem, ...] = ()
-        self._parser: ToolCallParser | None = None
-        """Reads the function calls out of the answer (set with the prompt)."""
+        self._new_reader: Callable[[], AnswerReader] = AnswerReader
+        """Reads the thinking and the function calls out of the answer (set with the
+        prompt)."""
         if request.previous_response_id is not None:
             previous = self._store.get(request.previous_response_id, "previous_response_id")
             self._history = previous.continued()
@@ -69,27 +74,22 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
         req, plan = self.request, self.plan
-        messages = conversation_messages(req.instructions, self._history, plan.items)
-        choice = plan.tool_choice
-        forced = choice == "required" or isinstance(choice, NamedFunction)
-        tools = plan_tools(
-            [t.as_tool() for t in plan.tools],
-            choice,
-            req.parallel_tool_calls,
-            messages,
-            chat_template=engine.chat_template,
-            parser=current_state().config.tool_call_parser,
-            constrain=forced or plan.params.constraint is None,
+        conversation = Conversation(
+            conversation_messages(req.instructions, self._history, plan.items),
+            tools=[t.as_tool() for t in plan.tools],
+            tool_choice=plan.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            constraint=plan.params.constraint,
+            constraint_param=plan.constraint_param,
+            thinking=effort_enables(plan.effort),
+            effort=plan.effort,
         )
-        self._parser = tools.new_parser()
-        if tools.constraint is not None:  # the calls' grammar (a forced one wins text.format)
-            await check_constraint(tools.constraint, "tools")
-            params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
+        rendered = await render_conversation(engine, conversation, current_state().config)
+        if rendered.constraint != plan.params.constraint:  # the calls' or the thinking's
+            params = msgspec.structs.replace(plan.params, constraint=rendered.constraint)
             self.plan = dataclasses.replace(plan, params=params)
-        token_ids = await engine.apply_chat_template(
-            tools.messages, chat_template_kwargs=tools.template_kwargs or None
-        )
-        return [Prompt(token_ids, "input")]
+        self._new_reader = rendered.new_reader
+        return [Prompt(rendered.token_ids, "input")]
 
     def _base(self, head: ResponseHead) -> ResponseObject:
         return initial_response(
@@ -107,13 +107,13 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
 
     def stream(self, head: ResponseHead) -> ResponsesStream:
         return ResponsesStream(
-            self._base(head), self._finished, self.plan.top_logprobs, self._parser
+            self._base(head), self._finished, self.plan.top_logprobs, self._new_reader()
         )
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ResponseObject:
         [output] = outputs
         return complete_response(
-            self._base(head), output, self._finished, self.plan.top_logprobs, self._parser
+            self._base(head), output, self._finished, self.plan.top_logprobs, self._new_reader()
         )
 
 
