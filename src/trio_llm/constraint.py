@@ -98,6 +98,13 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         """This constraint on the answer that follows `thinking` (None: from the start)."""
         return msgspec.structs.replace(self, thinking=thinking)
 
+    @property
+    def takes_drafts(self) -> bool:
+        """Whether the grammar can look at draft tokens (jump-forward): masks for drafts take
+        them back, which a thinking budget's grammar cannot do (llguidance rolls back no
+        lexeme with max_tokens)."""
+        return self.thinking is None or self.thinking.budget is None
+
     # -- checks that need no grammar library ----------------------------------------------
 
     def validate(self) -> None:

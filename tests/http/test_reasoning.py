@@ -242,3 +242,40 @@ def test_empty_tags_and_budgets_are_refused() -> None:
     with pytest.raises(ConstraintError, match="think block"):
         grammar_text(SCHEMA.after_thinking(Thinking(open="")))
     assert json.loads(grammar_text(SCHEMA.after_thinking(Thinking())))["grammars"][1]["name"]
+
+
+def test_without_a_budget_the_grammar_takes_drafts(llg: Any, tokenizer: Any) -> None:
+    """Masks for jump-forward's draft tokens consume them and take them back: the grammar
+    without a budget allows that at every point; one with a budget cannot (llguidance rolls
+    back no max_tokens lexeme), so it says it takes no drafts."""
+    free = SCHEMA.after_thinking(Thinking())
+    budget = SCHEMA.after_thinking(Thinking(budget=50))
+    assert free.takes_drafts and SCHEMA.takes_drafts and not budget.takes_drafts
+    ids = tokenizer.encode('<think>hmm a </b> b</think>\n\n{"a":12}', add_special_tokens=False)
+    matcher = LLMatcher(llg, grammar_text(free), log_level=0)
+    for i, token in enumerate(ids):
+        ahead = ids[i : i + 3]
+        assert matcher.consume_tokens(ahead)
+        matcher.rollback(len(ahead))
+        assert not matcher.is_error(), matcher.get_error()
+        assert matcher.consume_token(token)
+    assert matcher.is_stopped()
+
+
+def test_a_tag_that_is_one_added_token_satisfies_the_grammar(default_model: Any) -> None:
+    """Qwen3 and DeepSeek-R1 write `<think>` and `</think>` as single added tokens (not
+    special): the grammar's text tags accept them."""
+    tokenizer = AutoTokenizer.from_pretrained(default_model.path)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    llg = llg_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    think, close = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    for budget in (None, 20):
+        constraint = SCHEMA.after_thinking(Thinking(budget=budget))
+        matcher = LLMatcher(llg, grammar_text(constraint), log_level=0)
+        ids = [think, *tokenizer.encode("Hmm.", add_special_tokens=False), close]
+        ids += tokenizer.encode('\n\n{"a":3}', add_special_tokens=False)
+        for token in ids:
+            assert matcher.consume_token(token), matcher.get_error()
+        assert matcher.is_stopped()
+    # Special tokens stay special: no text matches them.
+    assert llg.is_special_token(tokenizer.eos_token_id) and not llg.is_special_token(close)

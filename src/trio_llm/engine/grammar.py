@@ -77,12 +77,17 @@ small model cannot wander through whitespace there."""
 
 def _after_thinking(answer: str, thinking: Thinking) -> str:
     """`answer` (a grammar's JSON or Lark text) after a think block. The block is required (a
-    model that thinks writes one, if only an empty one; one that does not gets no `thinking`);
-    its text is free up to its closing tag (the first one ends it), at most `budget` tokens,
-    after which the closing tag is forced. The text is a `stop` lexeme followed by its tag again,
-    llguidance's way to end a lexeme on a string without taking tokens back; `max_tokens`
-    counts the tokens of the tag too, so a tag the model began just before the budget ran out
-    is followed by the forced one. The answer is the second grammar of the list, `@answer`."""
+    model that thinks writes one, if only an empty one; one that does not gets no `thinking`),
+    and its text is free up to its closing tag: the first one ends it. The answer is the second
+    grammar of the list, `@answer`.
+
+    Without a budget the text is a lexeme with the tag as its `suffix` (lazy: it ends at the
+    first tag, which it includes). With one it is a `stop` lexeme of at most `budget` tokens
+    followed by the tag: a stop lexeme ends at the tag or at the budget, and the tag after it
+    is forced either way (a suffix is not written when max_tokens ends a lexeme). `max_tokens`
+    counts the tag's tokens too, so a tag the model began just before the budget ran out is
+    followed by the forced one. Such a grammar cannot roll back, so it takes no draft tokens
+    (`Constraint.takes_drafts`)."""
     if answer.lstrip().startswith("{"):
         inner = json.loads(answer)["grammars"]
     else:
@@ -92,13 +97,14 @@ def _after_thinking(answer: str, thinking: Thinking) -> str:
     inner[0]["name"] = "answer"
     close = json.dumps(thinking.close, ensure_ascii=False)
     opening = "" if thinking.inside else json.dumps(thinking.open, ensure_ascii=False) + " "
-    limit = "" if thinking.budget is None else f", max_tokens={thinking.budget}"
-    lark = [
-        "%llguidance {}",
-        f"start: {opening}thought {close} GAP @answer",
-        f"thought[stop={close}{limit}]: /(.|\\n)*/",
-        f"GAP: {_THINK_GAP}",
-    ]
+    if thinking.budget is None:
+        block = [f"start: {opening}thought GAP @answer", f"thought[suffix={close}]: /(.|\\n)*/"]
+    else:
+        block = [
+            f"start: {opening}thought {close} GAP @answer",
+            f"thought[stop={close}, max_tokens={thinking.budget}]: /(.|\\n)*/",
+        ]
+    lark = ["%llguidance {}", *block, f"GAP: {_THINK_GAP}"]
     return json.dumps({"grammars": [{"lark_grammar": "\n".join(lark)}, *inner]})
 
 
@@ -147,10 +153,46 @@ def llg_tokenizer(
     """llguidance's view of the model's vocabulary (about a second to build: do it once).
 
     The mask covers `vocab_size` (the model's logits, which may be wider than the tokenizer),
-    and a grammar that has ended allows every one of the engine's EOS tokens."""
+    and a grammar that has ended allows every one of the engine's EOS tokens. Added tokens that
+    are not special are text (`_added_tokens_as_text`)."""
     backend = copy(tokenizer.backend_tokenizer)  # type: ignore[attr-defined]
     backend.no_padding()
     backend.no_truncation()
+    spec = json.loads(backend.to_str())
+    _added_tokens_as_text(spec)
     return llguidance.LLTokenizer(
-        backend.to_str(), n_vocab=vocab_size, eos_token=sorted(eos_token_ids)
+        json.dumps(spec), n_vocab=vocab_size, eos_token=sorted(eos_token_ids)
     )
+
+
+def _added_tokens_as_text(spec: dict[str, Any]) -> None:
+    """Move the added tokens of tokenizer.json `spec` that are not special (Qwen3's `<think>`
+    and `</think>`, DeepSeek-R1's) into its vocabulary, spelled in the byte-level alphabet.
+    llguidance takes every added token for a special one, which no text of a grammar matches:
+    a grammar that writes `</think>` could then never be satisfied by the token a model closes
+    its thinking with. (llguidance then tokenizes such a tag as the text it is, which only
+    matters for the tokens it proposes as forced.) Byte-level vocabularies only."""
+    vocab = (spec.get("model") or {}).get("vocab")
+    added = spec.get("added_tokens") or []
+    if not isinstance(vocab, dict) or "ByteLevel" not in json.dumps(spec.get("decoder")):
+        return
+    alphabet = _byte_level_alphabet()
+    kept = []
+    for token in added:
+        spelled = "".join(alphabet[b] for b in token["content"].encode())
+        if token.get("special") or spelled in vocab:  # a vocabulary entry of its own already
+            kept.append(token)
+        else:
+            vocab[spelled] = token["id"]
+    spec["added_tokens"] = kept
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a token's text
+    (printable Latin-1 bytes stand for themselves, the others are shifted past U+00FF)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    for i, b in enumerate(shifted):
+        chars[b] = chr(0x100 + i)
+    return [chars[b] for b in range(256)]

@@ -197,6 +197,7 @@ class StructuredOutputs:
         if (
             not self.jump_forward
             or seq.grammar is None
+            or (params.constraint is not None and not params.constraint.takes_drafts)
             or params.min_tokens > seq.num_output_tokens
             or params.presence_penalty
             or params.frequency_penalty
