@@ -30,6 +30,8 @@ FIELDS = [
     # /v1/responses
     "input", "instructions", "max_output_tokens", "text", "previous_response_id", "store",
     "include", "reasoning", "background", "metadata", "parallel_tool_calls", "conversation",
+    # /v1/messages
+    "system", "stop_sequences", "thinking", "output_config",
 ]  # fmt: skip
 
 scalars = (
@@ -55,6 +57,15 @@ def base_bodies(model: str) -> dict[str, dict[str, Any]]:
         "/v1/completions": {"model": model, "prompt": "hi"},
         "/invocations": {"model": model, "prompt": "hi"},
         "/v1/responses": {"model": model, "input": "hi"},
+        "/v1/messages": {
+            "model": model,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        "/v1/messages/count_tokens": {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
         "/tokenize": {"prompt": "hi"},
         "/detokenize": {"tokens": [104]},
     }

@@ -36,6 +36,7 @@ from trio_llm.http.anthropic.protocol import (
     MessageDelta,
     MessageStart,
     MessageStop,
+    MessageUsage,
     OutputUsage,
     Ping,
     SignatureDelta,
@@ -46,7 +47,6 @@ from trio_llm.http.anthropic.protocol import (
     ThinkingBlock,
     ThinkingDelta,
     ToolUseBlock,
-    Usage,
     error_object,
 )
 from trio_llm.http.errors import ProtocolError
@@ -101,8 +101,8 @@ class _Tokens:
         self.cached = max(self.cached, output.num_cached_tokens)
         self.output += sum(len(o.token_ids) for o in output.outputs)
 
-    def usage(self) -> Usage:
-        return Usage(
+    def usage(self) -> MessageUsage:
+        return MessageUsage(
             input_tokens=self.prompt - self.cached,
             output_tokens=self.output,
             cache_read_input_tokens=self.cached,
@@ -156,7 +156,7 @@ class MessagesStream:
     _last: CompletionOutput | None = field(default=None, init=False)
 
     def begin(self) -> list[Any]:
-        usage = Usage(input_tokens=self.prompt_tokens, output_tokens=0)
+        usage = MessageUsage(input_tokens=self.prompt_tokens, output_tokens=0)
         message = Message(id=self.response_id, model=self.model, content=[], usage=usage)
         return [MessageStart(message)]
 

@@ -245,7 +245,7 @@ ContentBlock = TextBlock | ThinkingBlock | ToolUseBlock
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
-class Usage(Struct, kw_only=True):
+class MessageUsage(Struct, kw_only=True):
     input_tokens: int
     """The prompt's tokens not read from the prefix cache (Anthropic's split)."""
     output_tokens: int
@@ -262,7 +262,7 @@ class Message(Struct, kw_only=True):
     content: list[ContentBlock]
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
-    usage: Usage
+    usage: MessageUsage
 
 
 class TokenCount(Struct):
@@ -359,7 +359,7 @@ StreamEvent = (
     | ErrorEvent
 )
 
-ANTHROPIC_API_TYPES: tuple[type[Struct], ...] = (
+WIRE_TYPES: tuple[type[Struct], ...] = (
     MessagesRequest,
     CountTokensRequest,
     Message,
