@@ -121,9 +121,11 @@ def message_response(
     blocks: list[ContentBlock] = []
     if reasoning:
         blocks.append(ThinkingBlock(reasoning, signature(reasoning)))
-    if content or not calls:
+    if content:
         blocks.append(TextBlock(content))
     blocks += [ToolUseBlock(tool_use_id(c.id), c.name, tool_input(c.arguments)) for c in calls]
+    if not blocks:  # nothing at all: one empty text block, as a client expects (as streamed)
+        blocks.append(TextBlock(""))
     reason, sequence = stop_reason(o, bool(calls))
     return Message(
         id=response_id,
