@@ -91,6 +91,6 @@ async def create_message() -> Response:
 async def count_tokens() -> Response:
     request = await decode_body(CountTokensRequest)
     state = current_state()
-    engine, _ = state.engine_for(request.model)
-    rendered = await render_conversation(engine, plan_conversation(request), state.config)
+    lease, _ = state.lease(request.model)
+    rendered = await render_conversation(lease.client, plan_conversation(request), state.config)
     return json_response(TokenCount(len(rendered.token_ids)))
