@@ -24,25 +24,27 @@ import openai
 import pytest
 
 from http_server_process import ServerProcess, run_server, run_small_server
+from tiny_models import build_tiny_model
 from trio_llm.engine.loader import ModelSource, load_tokenizer
 
 pytestmark = pytest.mark.slow
 
-THINKING_TEMPLATE = """\
-{%- for message in messages -%}
-<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endfor -%}
-{%- if add_generation_prompt -%}
-<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
 
-</think>
+def chatml_template(*, opens: bool) -> str:
+    """A ChatML template that reads enable_thinking: false writes an empty think block into the
+    prompt (Qwen3's way); otherwise it opens the block itself (`opens`, DeepSeek-R1's way) or
+    leaves that to the model (Qwen3's)."""
+    opening = "{% else %}<think>\n" if opens else ""
+    return (
+        "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
+        "{{ message.content }}<|im_end|>\n{% endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+        f"{opening}{{% endif -%}}{{%- endif -%}}"
+    )
 
-{% else %}<think>
-{% endif -%}
-{%- endif -%}"""
-"""Opens the think block after the generation prompt unless enable_thinking is false."""
+
+THINKING_TEMPLATE = chatml_template(opens=True)
 
 PERSON = {
     "type": "object",
@@ -191,21 +193,7 @@ def test_messages_api_thinking_blocks_then_tool_use(server: ServerProcess) -> No
 
 # -- a tiny random-weight Qwen3 -----------------------------------------------------------------
 
-QWEN3_TEMPLATE = """\
-{%- for message in messages -%}
-<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endfor -%}
-{%- if add_generation_prompt -%}
-<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
-
-</think>
-
-{% endif -%}
-{%- endif -%}"""
-"""Qwen3's generation prompt: the model opens the block itself; enable_thinking false writes an
-empty one."""
+QWEN3_TEMPLATE = chatml_template(opens=False)
 
 FLAGS = {
     "type": "object",
@@ -216,30 +204,12 @@ FLAGS = {
 
 
 def build_tiny_qwen3(path: Path, tokenizer_source: ModelSource) -> Path:
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = load_tokenizer(tokenizer_source)
     tokenizer.add_tokens(["<think>", "</think>"])  # single, non-special tokens, as Qwen3's
     tokenizer.chat_template = QWEN3_TEMPLATE
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).eval().save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_model(path, tokenizer, Qwen3Config, Qwen3ForCausalLM)
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,22 @@ class SamplingFields(StructuredFields, kw_only=True):
 # What they mean
 
 
+class OneSequence:
+    """What the request skeleton reads of a plan (`GenerationPlan`) for an API that answers
+    with one sequence and never with prompt logprobs (Responses, Messages). A mixin of the
+    plan's dataclass."""
+
+    __slots__ = ()
+
+    @property
+    def sequences(self) -> int:
+        return 1
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """What one request may ask for; each is checked before the engine sees the request."""

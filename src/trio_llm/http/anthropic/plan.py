@@ -42,14 +42,14 @@ from trio_llm.http.anthropic.protocol import (
 )
 from trio_llm.http.conversation import Conversation
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
-from trio_llm.http.sampling import RequestLimits, SamplingDefaults, stop_list
+from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults, stop_list
 from trio_llm.http.structured import validated
 from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 
 @dataclass(frozen=True, slots=True)
-class MessagesPlan:
+class MessagesPlan(OneSequence):
     """A validated Messages request: the conversation and how to sample the answer."""
 
     conversation: Conversation
@@ -59,14 +59,6 @@ class MessagesPlan:
     @property
     def max_tokens_param(self) -> str:
         return "max_tokens"
-
-    @property
-    def sequences(self) -> int:
-        return 1
-
-    @property
-    def prompt_logprobs(self) -> int | None:
-        return None
 
 
 def _text(

@@ -23,6 +23,7 @@ import enum
 from dataclasses import dataclass, field
 
 from trio_llm.http.reasoning.formats import ReasoningFormat
+from trio_llm.http.tools.parser import _held_prefix as held_prefix  # the tags' one scan
 
 
 class _State(enum.Enum):
@@ -30,14 +31,6 @@ class _State(enum.Enum):
     """Before the output's first non-blank character: a block may open."""
     THINKING = "thinking"
     ANSWER = "answer"
-
-
-def held_prefix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that is a proper prefix of `tag`."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 @dataclass

@@ -31,7 +31,7 @@ from trio_llm.http.responses.protocol import (
     function_tools,
     input_items,
 )
-from trio_llm.http.sampling import RequestLimits, SamplingDefaults
+from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults
 from trio_llm.http.structured import validated
 from trio_llm.http.tools import NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
@@ -40,7 +40,7 @@ _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass(frozen=True, slots=True)
-class ResponsesPlan:
+class ResponsesPlan(OneSequence):
     """A validated Responses request."""
 
     items: list[InputItem]
@@ -59,14 +59,6 @@ class ResponsesPlan:
     @property
     def max_tokens_param(self) -> str:
         return "max_output_tokens"
-
-    @property
-    def sequences(self) -> int:
-        return 1
-
-    @property
-    def prompt_logprobs(self) -> int | None:
-        return None
 
 
 def _refuse_unbuilt(request: ResponsesRequest) -> None:

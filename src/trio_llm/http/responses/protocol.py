@@ -20,7 +20,15 @@ from msgspec import Struct
 from trio_llm.http import tools
 from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.logprobs import ChatTokenLogprob
-from trio_llm.http.wire import FunctionName, Int32, Int64, PositiveInt, RequestId, TopLogprobs
+from trio_llm.http.wire import (
+    FunctionName,
+    Int32,
+    Int64,
+    NoTokenIdsOrUsageChunks,
+    PositiveInt,
+    RequestId,
+    TopLogprobs,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Request
@@ -49,7 +57,7 @@ class Reasoning(Struct, kw_only=True):
     summary: str | None = None
 
 
-class ResponsesRequest(Struct, kw_only=True):
+class ResponsesRequest(Struct, NoTokenIdsOrUsageChunks, kw_only=True):
     """OpenAI's fields this server builds, then vLLM's extensions. Unknown fields are ignored;
     known ones that would change the output and are not built are refused by
     `plan_responses` (plan.py)."""
@@ -94,19 +102,6 @@ class ResponsesRequest(Struct, kw_only=True):
     seed: Int64 | None = None
     priority: Int32 = 0
     request_id: RequestId | None = None
-
-    # What the request skeleton reads (GenerationRequest) and this API has not.
-    @property
-    def return_token_ids(self) -> bool:
-        return False
-
-    @property
-    def include_usage(self) -> bool:
-        return False
-
-    @property
-    def continuous_usage(self) -> bool:
-        return False
 
 
 class InputText(Struct, tag="input_text", tag_field="type"):
