@@ -48,8 +48,8 @@ class Thinking(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True)
     """The prompt opened the block itself (DeepSeek-R1's template): the output starts inside
     it. False: the output opens it first."""
     budget: int | None = None
-    """At most this many tokens inside the block (its closing tag among them); then the
-    closing tag is forced. None: no limit."""
+    """At most this many tokens inside the block (its tags among them); then the engine forces
+    the closing tag (engine/thinking_budget.py). None: no limit."""
 
 
 ANY_TEXT = "start: /(.|\\n)*/"
@@ -97,13 +97,6 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     def after_thinking(self, thinking: Thinking | None) -> Constraint:
         """This constraint on the answer that follows `thinking` (None: from the start)."""
         return msgspec.structs.replace(self, thinking=thinking)
-
-    @property
-    def takes_drafts(self) -> bool:
-        """Whether the grammar can look at draft tokens (jump-forward): masks for drafts take
-        them back, which a thinking budget's grammar cannot do (llguidance rolls back no
-        lexeme with max_tokens)."""
-        return self.thinking is None or self.thinking.budget is None
 
     # -- checks that need no grammar library ----------------------------------------------
 

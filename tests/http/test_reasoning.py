@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 from llguidance import LLMatcher
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 from transformers import AutoTokenizer
 
 from trio_llm.constraint import Constraint, Thinking
 from trio_llm.engine.grammar import ConstraintError, check, grammar_text, llg_tokenizer
+from trio_llm.engine.thinking_budget import ThinkingBudget
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.reasoning import (
     ReasoningParser,
@@ -224,14 +226,45 @@ def test_a_tool_grammar_follows_a_think_block(llg: Any, tokenizer: Any) -> None:
     assert rejects(llg, tokenizer, constraint, '<think></think><tool_call>[{"name":"g"')
 
 
+def budget_of(tokenizer: Any, llg: Any, budget: int) -> ThinkingBudget:
+    def tokenize(text: bytes) -> list[int]:
+        return list(tokenizer.encode(text.decode(), add_special_tokens=False))
+
+    made = ThinkingBudget.of(
+        Thinking(inside=True, budget=budget), lambda t: llg.decode_bytes([t]), tokenize
+    )
+    assert made is not None
+    return made
+
+
 def test_the_budget_forces_the_closing_tag(llg: Any, tokenizer: Any) -> None:
+    """The engine's count: once the block has taken its budget with the tag not written, the
+    tag's tokens are forced one a step, and the grammar takes them; a tag the model had begun
+    is finished, not written again; a tag written within the budget ends the count."""
     constraint = Constraint.any_text().after_thinking(Thinking(inside=True, budget=4))
-    matcher = consume(llg, tokenizer, constraint, "one two three four")
-    assert matcher.compute_ff_bytes() == b"</think>"
-    assert rejects(llg, tokenizer, constraint, "one two three four five")
-    # Within the budget the thinking ends when the model says, and the answer is free.
-    free = consume(llg, tokenizer, constraint, "one</think>\n\nAn answer as long as it likes.")
-    assert free.is_accepting() and not free.is_stopped()
+    matcher = consume(llg, tokenizer, constraint, "")
+    budget = budget_of(tokenizer, llg, 4)
+    for token in tokenizer.encode("one two three four", add_special_tokens=False):
+        assert budget.next_token() is None
+        assert matcher.consume_token(token)
+        budget.advance([token])
+    forced = []
+    while (token := budget.next_token()) is not None:
+        assert matcher.consume_token(token), matcher.get_error()
+        budget.advance([token])
+        forced.append(token)
+    assert tokenizer.decode(forced) == "</think>" and budget.closed
+    for token in tokenizer.encode("\n\nAn answer as long as it likes.", add_special_tokens=False):
+        assert budget.next_token() is None and matcher.consume_token(token)
+        budget.advance([token])
+    # A tag begun at the budget's end is finished.
+    begun = budget_of(tokenizer, llg, 3)
+    begun.advance(tokenizer.encode("one two</", add_special_tokens=False))
+    assert tokenizer.decode(begun.forcing) == "think>"
+    # Within the budget, the model's own tag ends the count.
+    early = budget_of(tokenizer, llg, 50)
+    early.advance(tokenizer.encode("one</think>" + " more" * 60, add_special_tokens=False))
+    assert early.closed and early.next_token() is None
 
 
 def test_empty_tags_and_budgets_are_refused() -> None:
@@ -244,16 +277,16 @@ def test_empty_tags_and_budgets_are_refused() -> None:
     assert json.loads(grammar_text(SCHEMA.after_thinking(Thinking())))["grammars"][1]["name"]
 
 
-def test_without_a_budget_the_grammar_takes_drafts(llg: Any, tokenizer: Any) -> None:
-    """Masks for jump-forward's draft tokens consume them and take them back: the grammar
-    without a budget allows that at every point; one with a budget cannot (llguidance rolls
-    back no max_tokens lexeme), so it says it takes no drafts."""
+def test_the_grammar_takes_drafts_and_masks_at_every_step(llg: Any, tokenizer: Any) -> None:
+    """As the engine drives it: a mask filled before every token, and jump-forward's drafts
+    (consumed, then taken back) at every point; the budget does not change the grammar."""
     free = SCHEMA.after_thinking(Thinking())
-    budget = SCHEMA.after_thinking(Thinking(budget=50))
-    assert free.takes_drafts and SCHEMA.takes_drafts and not budget.takes_drafts
+    assert grammar_text(free) == grammar_text(SCHEMA.after_thinking(Thinking(budget=50)))
     ids = tokenizer.encode('<think>hmm a </b> b</think>\n\n{"a":12}', add_special_tokens=False)
     matcher = LLMatcher(llg, grammar_text(free), log_level=0)
+    mask = allocate_token_bitmask(1, llg.vocab_size)
     for i, token in enumerate(ids):
+        fill_next_token_bitmask(matcher, mask, 0)
         ahead = ids[i : i + 3]
         assert matcher.consume_tokens(ahead)
         matcher.rollback(len(ahead))
@@ -269,13 +302,13 @@ def test_a_tag_that_is_one_added_token_satisfies_the_grammar(default_model: Any)
     tokenizer.add_tokens(["<think>", "</think>"])
     llg = llg_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
     think, close = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
-    for budget in (None, 20):
-        constraint = SCHEMA.after_thinking(Thinking(budget=budget))
-        matcher = LLMatcher(llg, grammar_text(constraint), log_level=0)
-        ids = [think, *tokenizer.encode("Hmm.", add_special_tokens=False), close]
-        ids += tokenizer.encode('\n\n{"a":3}', add_special_tokens=False)
-        for token in ids:
-            assert matcher.consume_token(token), matcher.get_error()
-        assert matcher.is_stopped()
+    matcher = LLMatcher(llg, grammar_text(SCHEMA.after_thinking(Thinking())), log_level=0)
+    ids = [think, *tokenizer.encode("Hmm.", add_special_tokens=False), close]
+    ids += tokenizer.encode('\n\n{"a":3}', add_special_tokens=False)
+    mask = allocate_token_bitmask(1, llg.vocab_size)
+    for token in ids:
+        fill_next_token_bitmask(matcher, mask, 0)
+        assert matcher.consume_token(token), matcher.get_error()
+    assert matcher.is_stopped()
     # Special tokens stay special: no text matches them.
     assert llg.is_special_token(tokenizer.eos_token_id) and not llg.is_special_token(close)

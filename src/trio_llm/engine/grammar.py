@@ -78,16 +78,10 @@ small model cannot wander through whitespace there."""
 def _after_thinking(answer: str, thinking: Thinking) -> str:
     """`answer` (a grammar's JSON or Lark text) after a think block. The block is required (a
     model that thinks writes one, if only an empty one; one that does not gets no `thinking`),
-    and its text is free up to its closing tag: the first one ends it. The answer is the second
-    grammar of the list, `@answer`.
-
-    Without a budget the text is a lexeme with the tag as its `suffix` (lazy: it ends at the
-    first tag, which it includes). With one it is a `stop` lexeme of at most `budget` tokens
-    followed by the tag: a stop lexeme ends at the tag or at the budget, and the tag after it
-    is forced either way (a suffix is not written when max_tokens ends a lexeme). `max_tokens`
-    counts the tag's tokens too, so a tag the model began just before the budget ran out is
-    followed by the forced one. Such a grammar cannot roll back, so it takes no draft tokens
-    (`Constraint.takes_drafts`)."""
+    and its text is free up to its closing tag: a lexeme with the tag as its `suffix`, lazy, so
+    the first tag ends it, and one llguidance can roll back (jump-forward's drafts). The
+    answer is the second grammar of the list, `@answer`. A budget is not the grammar's: the
+    engine counts the block's tokens and forces the tag (engine/thinking_budget.py)."""
     if answer.lstrip().startswith("{"):
         inner = json.loads(answer)["grammars"]
     else:
@@ -97,14 +91,12 @@ def _after_thinking(answer: str, thinking: Thinking) -> str:
     inner[0]["name"] = "answer"
     close = json.dumps(thinking.close, ensure_ascii=False)
     opening = "" if thinking.inside else json.dumps(thinking.open, ensure_ascii=False) + " "
-    if thinking.budget is None:
-        block = [f"start: {opening}thought GAP @answer", f"thought[suffix={close}]: /(.|\\n)*/"]
-    else:
-        block = [
-            f"start: {opening}thought {close} GAP @answer",
-            f"thought[stop={close}, max_tokens={thinking.budget}]: /(.|\\n)*/",
-        ]
-    lark = ["%llguidance {}", *block, f"GAP: {_THINK_GAP}"]
+    lark = [
+        "%llguidance {}",
+        f"start: {opening}thought GAP @answer",
+        f"thought[suffix={close}]: /(.|\\n)*/",
+        f"GAP: {_THINK_GAP}",
+    ]
     return json.dumps({"grammars": [{"lark_grammar": "\n".join(lark)}, *inner]})
 
 
