@@ -21,13 +21,13 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 import hostinfo  # bench/hostinfo.py
 from trio_llm.constraint import Constraint, Thinking
-from trio_llm.engine.grammar import grammar_text, llg_tokenizer
-from trio_llm.engine.loader import load_tokenizer, resolve_model
+from trio_llm.grammar import grammar_text, llg_tokenizer
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.reasoning import ReasoningParser
 from trio_llm.http.reasoning.formats import QWEN3
 from trio_llm.http.tools import ToolCallParser
 from trio_llm.http.tools.formats import HERMES
+from trio_llm.model_files import load_tokenizer, resolve_model
 
 THOUGHT = (
     "Let me think about this step by step. The user wants a person as JSON, with a name and "

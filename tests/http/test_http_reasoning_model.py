@@ -25,7 +25,7 @@ import pytest
 
 from http_server_process import ServerProcess, run_server, run_small_server
 from tiny_models import build_tiny_model
-from trio_llm.engine.loader import ModelSource, load_tokenizer
+from trio_llm.model_files import ModelSource, load_tokenizer
 
 pytestmark = pytest.mark.slow
 

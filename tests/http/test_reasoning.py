@@ -15,8 +15,7 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 from transformers import AutoTokenizer
 
 from trio_llm.constraint import Constraint, Thinking
-from trio_llm.engine.grammar import ConstraintError, check, grammar_text, llg_tokenizer
-from trio_llm.engine.thinking_budget import ThinkingBudget
+from trio_llm.grammar import ConstraintError, check, grammar_text, llg_tokenizer
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.reasoning import (
     ReasoningParser,
@@ -31,6 +30,7 @@ from trio_llm.http.tools import ToolCallParser
 from trio_llm.http.tools.formats import HERMES
 from trio_llm.http.tools.grammar import tool_grammar
 from trio_llm.http.tools.prompting import FunctionTool
+from trio_llm.thinking_budget import ThinkingBudget
 
 # (inside, output, reasoning, content)
 OUTPUTS = [

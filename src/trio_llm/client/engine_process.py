@@ -33,11 +33,10 @@ import anyio.to_thread
 from trio_llm.client.engine_client import EngineClient, describe_exit
 from trio_llm.client.errors import EngineStartError
 from trio_llm.config import EngineArgs
-from trio_llm.engine.launch import EngineLaunch
-from trio_llm.engine.loader import load_tokenizer, read_generation_config, resolve_model
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError, RingError, ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
-from trio_llm.ipc.messages import EngineFailure, EngineLoading, EngineReady, Shutdown
+from trio_llm.ipc.messages import EngineFailure, EngineLaunch, EngineLoading, EngineReady, Shutdown
+from trio_llm.model_files import load_tokenizer, read_generation_config, resolve_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

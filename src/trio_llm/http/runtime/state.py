@@ -30,7 +30,6 @@ from trio_llm.client.router import (
     ServedModel,
     aggregate,
 )
-from trio_llm.engine.loader import read_generation_config
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.ids import now, system_fingerprint
@@ -39,6 +38,7 @@ from trio_llm.http.runtime.admission import Admission
 from trio_llm.http.runtime.metrics import Metrics
 from trio_llm.http.runtime.middleware import on_request_end
 from trio_llm.http.sampling import SamplingDefaults
+from trio_llm.model_files import read_generation_config
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio

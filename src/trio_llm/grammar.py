@@ -1,5 +1,5 @@
-"""A `Constraint` in llguidance's terms: the grammar text it compiles to, its validation, and the
-tokenizer llguidance computes masks over.
+"""A `Constraint` in llguidance's terms: the grammar text it compiles to, its validation, the
+tokenizer llguidance computes masks over, and one request's matcher (`Grammar`).
 
 What it owns: every choice of how a constraint becomes a grammar (compact JSON unless a
 whitespace pattern is given; a choice as a Lark alternation; a grammar given as Lark or GBNF),
@@ -24,6 +24,7 @@ import llguidance
 from llguidance import LLMatcher
 
 from trio_llm.constraint import Constraint, ConstraintKind, Thinking
+from trio_llm.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -81,7 +82,7 @@ def _after_thinking(answer: str, thinking: Thinking) -> str:
     and its text is free up to its closing tag: a lexeme with the tag as its `suffix`, lazy, so
     the first tag ends it, and one llguidance can roll back (jump-forward's drafts). The
     answer is the second grammar of the list, `@answer`. A budget is not the grammar's: the
-    engine counts the block's tokens and forces the tag (engine/thinking_budget.py)."""
+    engine counts the block's tokens and forces the tag (thinking_budget.py)."""
     if answer.lstrip().startswith("{"):
         inner = json.loads(answer)["grammars"]
     else:
@@ -188,3 +189,43 @@ def _byte_level_alphabet() -> list[str]:
     for i, b in enumerate(shifted):
         chars[b] = chr(0x100 + i)
     return [chars[b] for b in range(256)]
+
+
+class Grammar:
+    """One request's matcher: the state of its grammar after its committed tokens (and of its
+    thinking budget, when it has one)."""
+
+    __slots__ = ("budget", "matcher")
+
+    def __init__(self, matcher: LLMatcher, budget: ThinkingBudget | None = None) -> None:
+        self.matcher = matcher
+        self.budget = budget
+
+    def accept(self, tokens: list[int]) -> bool:
+        """Advance by the tokens the request committed; False (and `error` set) if the grammar
+        does not allow them."""
+        if not self.matcher.consume_tokens(tokens):
+            return False
+        if self.budget is not None:
+            self.budget.advance(tokens)
+        return True
+
+    def forced_token(self) -> int | None:
+        """The one token the next step may write (the thinking budget's closing tag); None:
+        the grammar's mask decides."""
+        return None if self.budget is None else self.budget.next_token()
+
+    def is_terminated(self) -> bool:
+        """The grammar admits no more tokens (EOS aside): the output is complete."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces next (none where the model has a choice, nor while
+        the thinking budget forces its tag: one token a step then)."""
+        if self.forced_token() is not None:
+            return []
+        return self.matcher.compute_ff_tokens()

@@ -4,7 +4,7 @@ the budget is spent with the block still open, force the block's closing tag.
 Why here and not in the grammar: llguidance ends a lexeme after `max_tokens` tokens, but the
 only way to then force the tag (a `stop` lexeme followed by the tag) panics when the model
 closes the block by itself, and such a grammar cannot roll back for jump-forward drafts. So the
-grammar keeps the thinking free up to its tag (a `suffix` lexeme: engine/grammar.py), and this
+grammar keeps the thinking free up to its tag (a `suffix` lexeme: grammar.py), and this
 counter takes the committed tokens' bytes, notices the tag, and when the budget runs out first
 names the tokens that finish it (the rest of a tag the model had begun, or the whole tag); the
 step's mask then allows only the next of them (engine/structured.py).
