@@ -275,6 +275,19 @@ async def test_messages_stream_accumulates_thinking_text_and_tool_input(
     )
 
 
+async def test_omitted_thinking_keeps_only_its_signature(
+    sdk: anthropic.AsyncAnthropic, url: str
+) -> None:
+    thinking = {"type": "enabled", "budget_tokens": 50, "display": "omitted"}
+    message = await create(sdk, thinking=thinking)
+    block, text = message.content
+    assert (block.type, block.thinking, text.text) == ("thinking", "", "Hello there!")
+    assert block.signature
+    body = {"model": "fake-model", "max_tokens": 100, "messages": HELLO, "thinking": thinking}
+    deltas = [d["delta"]["type"] for n, d in await events(url, body) if n == "content_block_delta"]
+    assert "thinking_delta" not in deltas and deltas[0] == "signature_delta"
+
+
 async def test_an_answer_without_thinking_streams_one_text_block(
     url: str, engine: FakeEngine
 ) -> None:

@@ -110,9 +110,15 @@ class _Tokens:
 
 
 def message_response(
-    response_id: str, model: str, output: RequestOutput, reader: AnswerReader
+    response_id: str,
+    model: str,
+    output: RequestOutput,
+    reader: AnswerReader,
+    *,
+    show_thinking: bool = True,
 ) -> Message:
-    """The message of a request that does not stream, from its finished output."""
+    """The message of a request that does not stream, from its finished output;
+    `show_thinking` False: thinking blocks empty but for their signature."""
     tokens = _Tokens()
     tokens.add(output)
     [o] = output.outputs
@@ -120,7 +126,7 @@ def message_response(
     reasoning, content, calls = reader.finish()
     blocks: list[ContentBlock] = []
     if reasoning:
-        blocks.append(ThinkingBlock(reasoning, signature(reasoning)))
+        blocks.append(ThinkingBlock(reasoning if show_thinking else "", signature(reasoning)))
     if content:
         blocks.append(TextBlock(content))
     blocks += [ToolUseBlock(tool_use_id(c.id), c.name, tool_input(c.arguments)) for c in calls]
@@ -148,6 +154,8 @@ class MessagesStream:
     model: str
     prompt_tokens: int
     reader: AnswerReader
+    show_thinking: bool = True
+    """False: no thinking_delta events, the block's signature only."""
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
     _index: int = field(default=-1, init=False)
     """The open block's index (-1: none yet)."""
@@ -188,7 +196,8 @@ class MessagesStream:
             if self._open != "thinking":
                 events += self._start(ThinkingBlock("", ""), "thinking")
             self._thinking.append(piece.reasoning)
-            events.append(ContentBlockDelta(self._index, ThinkingDelta(piece.reasoning)))
+            if self.show_thinking:
+                events.append(ContentBlockDelta(self._index, ThinkingDelta(piece.reasoning)))
         if piece.content:
             if self._open != "text":
                 events += self._start(TextBlock(""), "text")

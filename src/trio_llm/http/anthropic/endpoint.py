@@ -77,11 +77,23 @@ class MessagesEndpoint(GenerationEndpoint[MessagesRequest]):
         return [Prompt(rendered.token_ids, "messages")]
 
     def stream(self, head: ResponseHead) -> MessagesStream:
-        return MessagesStream(head.response_id, head.model, self._prompt_tokens, self._new_reader())
+        return MessagesStream(
+            head.response_id,
+            head.model,
+            self._prompt_tokens,
+            self._new_reader(),
+            show_thinking=self.plan.show_thinking,
+        )
 
     def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> Message:
         [output] = outputs
-        return message_response(head.response_id, head.model, output, self._new_reader())
+        return message_response(
+            head.response_id,
+            head.model,
+            output,
+            self._new_reader(),
+            show_thinking=self.plan.show_thinking,
+        )
 
 
 async def create_message() -> Response:

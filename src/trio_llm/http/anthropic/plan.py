@@ -55,6 +55,9 @@ class MessagesPlan(OneSequence):
     conversation: Conversation
     params: SamplingParams
     stop_sequences: tuple[str, ...] = ()
+    show_thinking: bool = True
+    """False (`thinking.display: omitted`): thinking blocks come back empty, with their
+    signature."""
 
     @property
     def max_tokens_param(self) -> str:
@@ -239,4 +242,5 @@ def plan_messages(
     except SamplingParamsError as error:
         param = "stop_sequences" if error.param == "stop" else error.param
         raise bad_request(str(error), param=param) from None
-    return MessagesPlan(conversation, params, tuple(stops))
+    display = getattr(request.thinking, "display", None)
+    return MessagesPlan(conversation, params, tuple(stops), show_thinking=display != "omitted")
