@@ -21,7 +21,7 @@ from trio_llm.http.model_specs import DTYPES, ModelSpec, ModelSpecError, model_s
 from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
-from trio_llm.model_files import TASKS
+from trio_llm.tasks import TASKS
 
 ENV_PREFIX = "TRIO_LLM_"
 GENERATION_CONFIG_MODES = ("auto", "none", "vllm")
