@@ -33,27 +33,6 @@ RequestId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z
 FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 """OpenAI's rule for a function's name (letters, digits, `_`, `-`; `.` too, as vLLM allows)."""
 
-
-class NoTokenIdsOrUsageChunks:
-    """What the request skeleton reads of a request (`GenerationRequest`) and an API without
-    vLLM's return_token_ids and OpenAI's stream_options (Responses, Messages) answers alike.
-    A mixin of the request's Struct."""
-
-    __slots__ = ()
-
-    @property
-    def return_token_ids(self) -> bool:
-        return False
-
-    @property
-    def include_usage(self) -> bool:
-        return False
-
-    @property
-    def continuous_usage(self) -> bool:
-        return False
-
-
 R = TypeVar("R", bound=Struct)
 
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")

@@ -8,15 +8,18 @@ http/reasoning (the template's switch, a budget, `thinking` blocks), and the req
 skeleton (generate/endpoint.py) does the rest, disconnects included. count_tokens renders the
 same prompt, tools and thinking switch included, and counts it. Errors on these paths take
 Anthropic's shape (app.py asks `error_body`).
+
+The request's path, top to bottom: `plan_messages` (plan.py) -> the skeleton's constraint check
+and routing (generate/endpoint.py) -> `MessagesEndpoint.prepare` (`render_conversation`: tools,
+thinking, template) -> `MessagesStream` or `message_response` (build.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-import msgspec
 from quart import Response
 
 from trio_llm.http.answer import AnswerReader
@@ -32,77 +35,91 @@ from trio_llm.http.anthropic.protocol import (
     MessagesRequest,
     TokenCount,
 )
-from trio_llm.http.generate.endpoint import (
-    GenerationEndpoint,
-    Prompt,
-    ResponseHead,
-    check_constraint,
-    serve_generation,
-)
-from trio_llm.http.generate.prompt import render_conversation
+from trio_llm.http.generate.endpoint import Prompt, serve_generation
+from trio_llm.http.generate.prompt import OutputFormats, render_conversation
+from trio_llm.http.ids import ResponseHead
 from trio_llm.http.runtime.bodies import decode_body, json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import RequestOutput
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
 
 
-class MessagesEndpoint(GenerationEndpoint[MessagesRequest]):
-    request_type = MessagesRequest
-    id_prefix = "msg_"
+@dataclass(frozen=True, slots=True)
+class PreparedMessage:
     plan: MessagesPlan
+    prompts: list[Prompt]
+    params: SamplingParams
+    """The plan's, with the constraint of the whole output (the calls', or the answer's after
+    the thinking)."""
+    new_reader: Callable[[], AnswerReader]
+    """Reads the thinking and the tool calls out of the answer."""
 
-    def __init__(
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompts[0].token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesEndpoint:
+    """The Messages endpoint's steps (`GenerationEndpoint`)."""
+
+    formats: OutputFormats
+    """--tool-call-parser and --reasoning-parser."""
+    request_type: ClassVar = MessagesRequest
+    id_prefix: ClassVar = "msg_"
+
+    def plan(
         self, request: MessagesRequest, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> None:
-        super().__init__(request, limits, defaults)
-        self.plan = plan_messages(request, limits, defaults)
-        self._new_reader: Callable[[], AnswerReader] = AnswerReader
-        self._prompt_tokens = 0
+    ) -> MessagesPlan:
+        return plan_messages(request, limits, defaults)
 
-    async def check(self) -> None:
-        conversation = self.plan.conversation
-        await check_constraint(conversation.constraint, conversation.constraint_param)
+    async def prepare(
+        self, request: MessagesRequest, plan: MessagesPlan, engine: EngineClient, model: ModelInfo
+    ) -> PreparedMessage:
+        rendered = await render_conversation(engine, plan.conversation, self.formats)
+        prompts = [Prompt(rendered.token_ids, "messages")]
+        return PreparedMessage(plan, prompts, rendered.params(plan.params), rendered.new_reader)
 
-    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        config = current_state().config
-        rendered = await render_conversation(engine, self.plan.conversation, config)
-        if rendered.constraint != self.plan.params.constraint:
-            params = msgspec.structs.replace(self.plan.params, constraint=rendered.constraint)
-            self.plan = dataclasses.replace(self.plan, params=params)
-        self._new_reader = rendered.new_reader
-        self._prompt_tokens = len(rendered.token_ids)
-        return [Prompt(rendered.token_ids, "messages")]
-
-    def stream(self, head: ResponseHead) -> MessagesStream:
+    def stream(
+        self, request: MessagesRequest, prepared: PreparedMessage, head: ResponseHead
+    ) -> MessagesStream:
         return MessagesStream(
             head.response_id,
             head.model,
-            self._prompt_tokens,
-            self._new_reader(),
-            show_thinking=self.plan.show_thinking,
+            prepared.prompt_tokens,
+            prepared.new_reader(),
+            show_thinking=prepared.plan.show_thinking,
         )
 
-    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> Message:
+    def response(
+        self,
+        request: MessagesRequest,
+        prepared: PreparedMessage,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> Message:
         [output] = outputs
         return message_response(
             head.response_id,
             head.model,
             output,
-            self._new_reader(),
-            show_thinking=self.plan.show_thinking,
+            prepared.new_reader(),
+            show_thinking=prepared.plan.show_thinking,
         )
 
 
 async def create_message() -> Response:
-    return await serve_generation(MessagesEndpoint)
+    return await serve_generation(MessagesEndpoint(OutputFormats.of(current_state().config)))
 
 
 async def count_tokens() -> Response:
     request = await decode_body(CountTokensRequest)
     state = current_state()
     lease, _ = state.lease(request.model)
-    rendered = await render_conversation(lease.client, plan_conversation(request), state.config)
+    formats = OutputFormats.of(state.config)
+    rendered = await render_conversation(lease.client, plan_conversation(request), formats)
     return json_response(TokenCount(len(rendered.token_ids)))

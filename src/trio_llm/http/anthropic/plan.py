@@ -63,6 +63,11 @@ class MessagesPlan(OneSequence):
     def max_tokens_param(self) -> str:
         return "max_tokens"
 
+    @property
+    def constraint_param(self) -> str | None:
+        """The field the answer's constraint came from (`output_config.format.schema`)."""
+        return self.conversation.constraint_param
+
 
 def _text(
     block: TextBlockIn | SearchResultBlockIn | ImageBlockIn | DocumentBlockIn, where: str
@@ -222,17 +227,15 @@ def plan_messages(
     except ProtocolError as error:
         error.param = "stop_sequences"
         raise
-
-    def given(value: float | None, default: float) -> float:
-        return default if value is None else value
-
     params = SamplingParams(
         max_tokens=request.max_tokens,
-        temperature=given(request.temperature, defaults.temperature),
-        top_p=given(request.top_p, defaults.top_p),
-        top_k=defaults.top_k if request.top_k is None else request.top_k,
-        min_p=defaults.min_p,
-        repetition_penalty=defaults.repetition_penalty,
+        **defaults.fill(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=None,
+            repetition_penalty=None,
+        ),
         stop=stops,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         constraint=conversation.constraint,

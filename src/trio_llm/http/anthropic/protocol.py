@@ -18,7 +18,7 @@ import msgspec
 from msgspec import Struct
 
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.wire import Int32, NoTokenIdsOrUsageChunks, PositiveInt
+from trio_llm.http.wire import Int32, PositiveInt
 
 # ---------------------------------------------------------------------------------------------
 # Request: content blocks
@@ -183,7 +183,7 @@ class ConversationFields(Struct, kw_only=True):
     output_config: OutputConfig | None = None
 
 
-class MessagesRequest(ConversationFields, NoTokenIdsOrUsageChunks, kw_only=True):
+class MessagesRequest(ConversationFields, kw_only=True):
     """Anthropic's fields this server builds; unknown ones (service_tier, container, ...) are
     ignored, as Anthropic's own API does with what it does not know."""
 

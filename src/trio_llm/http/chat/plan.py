@@ -25,7 +25,6 @@ from trio_llm.http.sampling import (
     sampling_params,
     truncation,
 )
-from trio_llm.http.structured import constraint_of
 from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import SamplingParams
 
@@ -53,8 +52,17 @@ class ChatPlan:
         """What admission counts: one sequence per choice."""
         return self.params.n
 
+    @property
+    def constraint_param(self) -> str | None:
+        """The field the structured-output constraint came from (`response_format`, ...)."""
+        return self.conversation.constraint_param
 
-def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoiceValue]:
+
+def _tools(
+    request: ChatCompletionRequest, constrained: bool
+) -> tuple[list[FunctionTool], ToolChoiceValue]:
+    """The tools and the choice in force; `constrained`: the request asks for a
+    structured-output constraint, which a forced call cannot be combined with."""
     tools = [
         FunctionTool(t.function.name, t.function.description, t.function.parameters)
         for t in request.tools or ()
@@ -63,7 +71,7 @@ def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoi
     choice = NamedFunction(given.function.name) if isinstance(given, NamedToolChoice) else given
     choice = check_tools(tools, choice)
     forced = choice not in ("none", "auto")
-    if forced and constraint_of(request) is not None:
+    if forced and constrained:
         raise bad_request(
             "tool_choice: a forced call cannot be combined with a structured-output constraint "
             "(response_format, structured_outputs, guided_*)",
@@ -96,7 +104,7 @@ def plan_chat(
     if max_tokens is None:
         max_tokens_param, max_tokens = "max_tokens", request.max_tokens
     top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = sampling_params(
+    params, constraint_param = sampling_params(
         request,
         limits,
         defaults,
@@ -108,15 +116,14 @@ def plan_chat(
     echo_text = None
     if request.echo and messages[-1]["role"] == "assistant":
         echo_text = messages[-1]["content"]
-    tools, tool_choice = _tools(request)
-    constraint = constraint_of(request)
+    tools, tool_choice = _tools(request, params.constraint is not None)
     conversation = Conversation(
         messages,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
         constraint=params.constraint,
-        constraint_param=None if constraint is None else constraint[1],
+        constraint_param=constraint_param,
         template_kwargs=request.chat_template_kwargs,
         thinking=effort_enables(request.reasoning_effort),
         effort=request.reasoning_effort,

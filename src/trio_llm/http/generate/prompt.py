@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from trio_llm.constraint import Constraint
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.conversation import Conversation, uses_tools
@@ -32,10 +34,26 @@ from trio_llm.http.reasoning import (
     thinking_kwargs,
 )
 from trio_llm.http.tools import ToolPlan, plan_tools
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
     from trio_llm.http.config import ServerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormats:
+    """How a model writes what is not its answer's text, as the server was told (an endpoint
+    that renders conversations is built with it)."""
+
+    tool_call_parser: str
+    """--tool-call-parser: the format tool calls are prompted, constrained and read in."""
+    reasoning_parser: str
+    """--reasoning-parser: the format a thinking model's thinking is read in."""
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> OutputFormats:
+        return cls(config.tool_call_parser, config.reasoning_parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +69,19 @@ class Rendered:
         tools = None if self.tools is None else self.tools.new_parser()
         return AnswerReader(self.reasoning.new_parser(), tools)
 
+    def params(self, planned: SamplingParams) -> SamplingParams:
+        """`planned` (what the endpoint's plan asked for) generating under the constraint of
+        the whole output."""
+        if self.constraint == planned.constraint:
+            return planned
+        return msgspec.structs.replace(planned, constraint=self.constraint)
+
 
 async def render_conversation(
-    engine: EngineClient, conversation: Conversation, config: ServerConfig
+    engine: EngineClient, conversation: Conversation, formats: OutputFormats
 ) -> Rendered:
-    """The prompt of `conversation` for `engine`'s model, with `config`'s tool-call and
-    reasoning formats; a 400 naming the parameter when the constraint of the whole output
+    """The prompt of `conversation` for `engine`'s model, with the server's tool-call and
+    reasoning `formats`; a 400 naming the parameter when the constraint of the whole output
     cannot be enforced."""
     template = engine.chat_template
     messages = conversation.messages
@@ -70,7 +95,7 @@ async def render_conversation(
             conversation.parallel_tool_calls,
             messages,
             chat_template=template,
-            parser=config.tool_call_parser,
+            parser=formats.tool_call_parser,
             # A forced call's grammar wins over the answer's format; with auto, calls are
             # parsed but only the format is enforced.
             constrain=conversation.forced or constraint is None,
@@ -88,7 +113,7 @@ async def render_conversation(
         add_special_tokens=conversation.add_special_tokens,
     )
     reasoning = ReasoningPlan(None)
-    format = pick_reasoning_format(config.reasoning_parser, template)
+    format = pick_reasoning_format(formats.reasoning_parser, template)
     if format is not None:
         tail = await engine.decode(token_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
         reasoning = plan_reasoning(format, tail, conversation.budget)

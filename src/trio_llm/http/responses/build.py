@@ -43,9 +43,9 @@ from trio_llm.http.responses.protocol import (
     OutputItemAdded,
     OutputItemDone,
     OutputMessage,
-    OutputText,
     OutputTextDelta,
     OutputTextDone,
+    OutputTextPart,
     OutputTokensDetails,
     ReasoningOut,
     ReasoningText,
@@ -191,7 +191,7 @@ def complete_response(
     if reasoning:
         items.append(_reasoning(reasoning, "completed"))
     if content or not calls:
-        part = OutputText(text=content, logprobs=_logprobs(o, top_logprobs))
+        part = OutputTextPart(text=content, logprobs=_logprobs(o, top_logprobs))
         items.append(OutputMessage(id=item_id("msg"), status="completed", content=[part]))
     items += [_function_call(c.id, c.name, c.arguments, "completed") for c in calls]
     items[-1].status = _last_item_status(response)
@@ -254,7 +254,7 @@ class ResponsesStream:
         self._text, self._logprobs = [], []
         events.append(self._event(OutputItemAdded, output_index=len(self._output) - 1, item=item))
         if isinstance(item, OutputMessage | ReasoningOut):
-            part = OutputText(text="") if isinstance(item, OutputMessage) else ReasoningText("")
+            part = OutputTextPart(text="") if isinstance(item, OutputMessage) else ReasoningText("")
             events.append(
                 self._event(ContentPartAdded, **self._in_item(), content_index=0, part=part)
             )
@@ -264,7 +264,7 @@ class ResponsesStream:
         """The open item as it stands, with `status`."""
         item, text = self._output[-1], "".join(self._text)
         if isinstance(item, OutputMessage):
-            part = OutputText(text=text, logprobs=self._logprobs)
+            part = OutputTextPart(text=text, logprobs=self._logprobs)
             return OutputMessage(id=item.id, status=status, content=[part])
         if isinstance(item, ReasoningOut):
             return _reasoning(text, status, item.id)
