@@ -22,7 +22,7 @@ from trio_llm.http.chat.build import ChatStream, NewReader, chat_response
 from trio_llm.http.chat.plan import ChatPlan, plan_chat
 from trio_llm.http.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from trio_llm.http.choices import Shape
-from trio_llm.http.generate.endpoint import Prompt, serve_generation
+from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
 from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
 from trio_llm.http.runtime.state import ModelInfo, current_state
@@ -108,3 +108,9 @@ async def chat_completions(raw: bytes | None = None) -> Response:
     """`raw`: the body, when the caller has read it already (/invocations)."""
     formats = OutputFormats.of(current_state().config)
     return await serve_generation(ChatCompletion(formats), raw)
+
+
+async def render_chat_completion() -> Response:
+    """POST /v1/chat/completions/render: the conversation's token ids, not generated."""
+    formats = OutputFormats.of(current_state().config)
+    return await serve_render(ChatCompletion(formats), one=True)
