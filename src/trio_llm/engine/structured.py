@@ -43,6 +43,7 @@ from llguidance import LLMatcher
 
 from trio_llm.constraint import Constraint
 from trio_llm.grammar import ConstraintError, Grammar, grammar_text, llg_tokenizer
+from trio_llm.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -88,6 +89,7 @@ class StructuredOutputs:
         self.eos_token_ids = eos_token_ids
         self.jump_forward = jump_forward
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._hf: PreTrainedTokenizerBase | None = None
         self._tokenizer_lock = threading.Lock()
         self._cache: OrderedDict[Constraint, LLMatcher] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -119,15 +121,35 @@ class StructuredOutputs:
                 self._cache[constraint] = template
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return Grammar(template.deep_copy())
+        budget = None
+        if constraint.thinking is not None:
+            budget = ThinkingBudget.of(constraint.thinking, self._token_bytes, self._tokenize)
+        return Grammar(template.deep_copy(), budget)
+
+    def _token_bytes(self, token: int) -> bytes:
+        return self.tokenizer().decode_bytes([token])
+
+    def _tokenize(self, text: bytes) -> list[int]:
+        """`text` as the model's own tokenizer writes it (a tag that is one added token stays
+        one), or as llguidance does when it is not whole UTF-8."""
+        try:
+            decoded = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return self.tokenizer().tokenize_bytes(text)
+        return list(self._hf_tokenizer().encode(decoded, add_special_tokens=False))
 
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 self._tokenizer = llg_tokenizer(
-                    self._load_tokenizer(), self.vocab_size, sorted(self.eos_token_ids)
+                    self._hf_tokenizer(), self.vocab_size, sorted(self.eos_token_ids)
                 )
             return self._tokenizer
+
+    def _hf_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self._hf is None:
+            self._hf = self._load_tokenizer()
+        return self._hf
 
     # -- masks ----------------------------------------------------------------------------
 
@@ -136,17 +158,25 @@ class StructuredOutputs:
         `Sequence.sample_rows` says: each sampling sequence's draft rows, then its last row);
         None when no sampling sequence is constrained."""
         jobs: list[tuple[LLMatcher, int, list[int]]] = []
+        forced: list[tuple[int, int]] = []
+        """(mask row, token): a row that allows that one token (a thinking budget's tag)."""
         rows: list[int] = []
         row = 0
         for seq, n in zip(batch.seqs, batch.num_tokens):
             count = seq.num_sample_rows(n)
             if count and seq.grammar is not None:
-                jobs.append((seq.grammar.matcher, len(rows), list(seq.draft_token_ids)))
+                token = seq.grammar.forced_token()
+                if token is not None and count == 1:
+                    forced.append((len(rows), token))
+                else:
+                    jobs.append((seq.grammar.matcher, len(rows), list(seq.draft_token_ids)))
                 rows.extend(range(row, row + count))
             row += count
-        if not jobs:
+        if not rows:
             return None
         bitmask = np.zeros((len(rows), self.words), dtype=np.int32)
+        for at, token in forced:
+            bitmask[at, token // 32] = np.uint32(1 << (token % 32)).view(np.int32)
         done = self._masker.submit(self._fill, jobs, bitmask)
         return StepMasks(bitmask, np.asarray(rows, dtype=np.int64), done)
 

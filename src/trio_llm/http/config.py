@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
 from trio_llm.http.model_specs import DTYPES, ModelSpec, ModelSpecError, model_specs
+from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
 from trio_llm.tasks import TASKS
@@ -63,6 +64,10 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     """The format tool calls are prompted, constrained and parsed in (http/tools/formats.py):
     `hermes`, `llama3_json`, or `auto` (picked from each model's chat template)."""
+    reasoning_parser: str = "auto"
+    """How a model's thinking is split from its answer (http/reasoning/formats.py):
+    `deepseek_r1`, `qwen3`, `none`, or `auto` (from each model's chat template: a template that
+    writes `<think>` and `</think>`)."""
     ui: bool = True
     """Serve the chat page at / (http/ui/endpoint.py)."""
     responses_store_size: int = 1024
@@ -361,6 +366,15 @@ def add_serve_arguments(
         "(default %(default)s)",
     )
     add(
+        "--reasoning-parser",
+        default=defaults.reasoning_parser,
+        choices=list(REASONING_PARSERS),
+        help="how a model's thinking is split from its answer (reasoning_content, reasoning "
+        "items, thinking blocks): 'deepseek_r1' (the output thinks until </think>), 'qwen3' "
+        "(it opens <think> itself), 'none', or 'auto' (from the model's chat template) "
+        "(default %(default)s)",
+    )
+    add(
         "--no-engine-restart",
         default=False,
         type=_bool,
@@ -436,6 +450,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
         generation_config=generation_config,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         ui=not args.no_ui,
         responses_store_size=args.responses_store_size,
         responses_store=args.responses_store or None,
