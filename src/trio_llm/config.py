@@ -61,6 +61,12 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The share of a GPU's free memory an auto KV cache takes; the rest is for activations,
     the CUDA graphs' pool and the allocator's slack."""
     enable_prefix_caching: bool = True
+    quantization: str = "auto"
+    """auto | none | int8 | int4: how the weights run (engine/quant). auto: a quantized GGUF
+    file in its own formats (Q4_0, Q4_1, Q4_K as int4 groups, other formats as int8 rows; the
+    activations in bfloat16 unless `dtype` says otherwise), anything else in its float dtype;
+    none: a GGUF dequantized to `dtype`; int8 / int4: a float checkpoint quantized at load.
+    Quantized weights run on a CPU, with the own forward."""
     model_impl: str = "auto"
     """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
     Mistral), or transformers' modules for every model."""

@@ -32,11 +32,12 @@ import msgspec
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling
+from trio_llm.engine import dtype_policy, loader, pooling, quant
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
+from trio_llm.engine.quant import gguf_model
 from trio_llm.engine.scheduler import ScheduledBatch, Scheduler
 from trio_llm.engine.sequence import Sequence
 from trio_llm.engine.structured import Grammar, StructuredOutputs
@@ -163,9 +164,19 @@ class EngineCore:
     ) -> _Parts:
         args = self.args
         backend = resolve_backend(args.attention_backend, device)
+        how, gguf = quant.plan(args.quantization, source, config, device, args.model_impl)
+        weights = None
+        if how != "none":
+            dtype = quant.activation_dtype(args.dtype)
         # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
-        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
-        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        measure = (
+            how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        )
+        if gguf is not None:
+            model = quant.meta_model(source, dtype)
+            weights = gguf_model.load_weights(gguf, model.config, dtype)
+        else:
+            model = loader.load_model(source, torch.float32 if measure else dtype, device)
         if measure:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
@@ -200,6 +211,8 @@ class EngineCore:
             ),
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
+            weights=weights,
+            quantization=how,
         )
         return _Parts(
             runner=runner,

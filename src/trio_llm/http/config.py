@@ -224,6 +224,14 @@ def add_serve_arguments(
         "%(default)s)",
     )
     add(
+        "--quantization",
+        choices=["auto", "none", "int8", "int4"],
+        default=engine.quantization,
+        help="auto: a quantized GGUF runs in its own formats (int4/int8 kernels, bfloat16 "
+        "activations), anything else in its float dtype; none: dequantize a GGUF to --dtype; "
+        "int8 / int4: quantize a float checkpoint at load, weight-only (default %(default)s)",
+    )
+    add(
         "--model-impl",
         choices=["auto", "transformers"],
         default=engine.model_impl,
@@ -350,6 +358,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         jump_forward=not args.no_jump_forward,
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
+        quantization=args.quantization,
         enforce_eager=args.enforce_eager,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process

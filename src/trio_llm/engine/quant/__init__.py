@@ -1,0 +1,134 @@
+"""Weights that run quantized on a CPU: a GGUF file in its own formats, or a float checkpoint
+quantized at load (`--quantization int8|int4`, weight-only, group-wise for int4).
+
+What it owns: the choice of how a model's weights run (`plan`), the weights' quantized forms
+(`weights`), reading them from a GGUF file (`gguf_model`, `gguf_blocks`), and quantizing a
+loaded forward's float weights (`quantize_forward`). The forward sees them only through its
+`linear` hook (`dispatching`) and its embedding lookup; everything else stays float in the
+activations' dtype (norms, biases, rotary tables, the KV cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from trio_llm.engine.quant.weights import (
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    dispatching,
+    embedding,
+    is_quantized,
+    quantize_int4,
+    quantize_int8,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from transformers import PretrainedConfig
+
+    from trio_llm.engine.llama import LlamaForward
+    from trio_llm.engine.loader import ModelSource
+
+__all__ = [
+    "QUANTIZATIONS",
+    "Int4Weight",
+    "Int8Weight",
+    "QuantizedWeight",
+    "activation_dtype",
+    "dispatching",
+    "embedding",
+    "is_quantized",
+    "meta_model",
+    "plan",
+    "quantize_forward",
+    "quantize_int4",
+    "quantize_int8",
+]
+
+log = logging.getLogger(__name__)
+
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+"""auto: a quantized GGUF file runs in its own formats, a float checkpoint in its float dtype;
+none: every weight dequantized to the float dtype (what transformers' GGUF reader gives);
+int8 / int4: the linear layers quantized at load (int8 per row; int4 in groups of 32), the
+LM head and embeddings in int8."""
+
+
+def plan(
+    quantization: str, source: ModelSource, config: PretrainedConfig, device: str, model_impl: str
+) -> tuple[str, Path | None]:
+    """How this model's weights run: ("gguf", its file), ("int8" | "int4", None), or
+    ("none", None). Quantized weights need the own forward and a CPU (their kernels are CPU
+    ones); elsewhere `auto` keeps the float path and an explicit request is refused."""
+    from trio_llm.engine import llama
+    from trio_llm.engine.quant.gguf_model import gguf_path_of, is_quantized_file
+
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
+    if quantization == "none":
+        return "none", None
+    runnable = (
+        device == "cpu"
+        and model_impl == "auto"
+        and bool(set(getattr(config, "architectures", None) or ()) & llama.ARCHITECTURES)
+    )
+    if quantization in ("int8", "int4"):
+        if not runnable:
+            raise ValueError(
+                f"--quantization {quantization} runs on a CPU with the engine's own forward "
+                f"(architectures {', '.join(sorted(llama.ARCHITECTURES))}, --model-impl auto)"
+            )
+        return quantization, None
+    path = gguf_path_of(source)
+    if path is None or not runnable or not is_quantized_file(path):
+        return "none", None
+    return "gguf", path
+
+
+def activation_dtype(dtype: str) -> torch.dtype:
+    """bfloat16 unless asked otherwise: the quantized kernels are vectorized for bf16
+    activations only (their float32 paths measured 15x slower)."""
+    from trio_llm.engine import loader
+
+    return torch.bfloat16 if dtype == "auto" else loader.resolve_dtype(dtype, "cpu")
+
+
+def meta_model(source: ModelSource, dtype: torch.dtype) -> torch.nn.Module:
+    """The transformers model without weights (meta device): the own forward takes its
+    config and rotary embedding, which is rebuilt on the CPU."""
+    from transformers import AutoModelForCausalLM
+
+    from trio_llm.engine import attention, loader
+
+    config = loader.load_config(source)
+    attention.register()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
+        )
+    decoder = model.model
+    with torch.device("cpu"):
+        decoder.rotary_emb = type(decoder.rotary_emb)(config=model.config)
+    return model.eval()
+
+
+def quantize_forward(forward: LlamaForward, kind: str) -> None:
+    """Replace the forward's float matrices by quantized ones (`kind` int8 or int4 for the
+    layers; the LM head and embeddings in int8, one copy when they are tied)."""
+    dtype = forward.norm.dtype
+    layer_quantize = quantize_int4 if kind == "int4" else quantize_int8
+    for layer in forward.layers:
+        layer.qkv = layer_quantize(layer.qkv, dtype)  # type: ignore[assignment]
+        layer.o = layer_quantize(layer.o, dtype)  # type: ignore[assignment]
+        layer.gate_up = layer_quantize(layer.gate_up, dtype)  # type: ignore[assignment]
+        layer.down = layer_quantize(layer.down, dtype)  # type: ignore[assignment]
+    tied = forward.embed.data_ptr() == forward.lm_head.data_ptr()
+    head = quantize_int8(forward.lm_head, dtype)
+    forward.lm_head = head  # type: ignore[assignment]
+    forward.embed = head if tied else quantize_int8(forward.embed, dtype)  # type: ignore[assignment]
+    log.info("weights quantized at load: layers %s, LM head and embeddings int8", kind)

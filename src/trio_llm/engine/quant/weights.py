@@ -1,0 +1,158 @@
+"""Quantized weights that stay quantized: what the own forward's `linear` hook multiplies by.
+
+Why these two kernels: torch ships CPU kernels for both weight-only layouts, and measured on the
+AMD EPYC (AVX512-BF16, no AMX, bench/results/quant_kernels.md) they read a lone stream's weights
+4-6x faster than oneDNN's bf16 matmul reads the same matrix in bf16, because they read a quarter
+(int4) or half (int8) of the bytes:
+- `Int4Weight`: 4-bit values with a bf16 scale and zero per group of `group` weights along the
+  input dimension, `w = (q - 8) * scale + zero` (`_weight_int4pack_mm_for_cpu`). GGUF's Q4_0,
+  Q4_1 and Q4_K blocks are exactly of this form (their fp16 block scales rounded to bf16).
+- `Int8Weight`: 8-bit values with one scale per output row, `w = q * scale`
+  (`_weight_int8pack_mm`). It also serves embedding lookups (a few rows dequantized per step),
+  so a tied LM head and embedding share one copy.
+Both kernels compute in float32 from bf16 activations, one output row at a time in a fixed order
+over the input dimension, so a row's result does not depend on which other rows share the call
+(checked by tests/engine/test_quant.py: they are row-exact at every batch size, the batch
+invariance that oneDNN's bf16 matmul gives only up to 64 rows). Their float32-activation paths
+are not vectorized (15x slower measured), so a quantized model runs its activations in bfloat16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+"""What `_weight_int4pack_mm_for_cpu` accepts."""
+_N_ALIGN = 16
+"""`_convert_weight_to_int4pack_for_cpu` packs output rows in tiles of 16."""
+
+
+@dataclass(slots=True, eq=False)
+class Int4Weight:
+    packed: Tensor
+    """The kernel's own packing of the 4-bit values (uint8, two per byte, rows padded to 16)."""
+    scales_zeros: Tensor
+    """[in_features / group, padded out_features, 2]: scale and zero per group, bf16."""
+    group: int
+    out_features: int
+    in_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales_zeros.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_zeros.nbytes
+
+    def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.contiguous(), self.packed, self.group, self.scales_zeros
+        )
+        if out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        return out if bias is None else out + bias
+
+    @classmethod
+    def pack(cls, q: Tensor, scale: Tensor, zero: Tensor, dtype: torch.dtype) -> Int4Weight:
+        """From unpacked values `q` [N, K] in 0..15 and `scale`, `zero` [N, K / group], meaning
+        `w = (q - 8) * scale + zero`."""
+        out_features, in_features = q.shape
+        group = in_features // scale.shape[1]
+        if group not in INT4_GROUP_SIZES or group * scale.shape[1] != in_features:
+            raise ValueError(f"int4 groups of {group} are not supported (use {INT4_GROUP_SIZES})")
+        pad = -out_features % _N_ALIGN
+        if pad:
+            q = F.pad(q, (0, 0, 0, pad), value=8)
+            scale, zero = F.pad(scale, (0, 0, 0, pad)), F.pad(zero, (0, 0, 0, pad))
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+        return cls(packed, scales_zeros, group, out_features, in_features)
+
+
+@dataclass(slots=True, eq=False)
+class Int8Weight:
+    q: Tensor
+    """[out_features, in_features] int8."""
+    scales: Tensor
+    """[out_features], in the activations' dtype."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.q.shape[0]), int(self.q.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scales.nbytes
+
+    def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
+        return out if bias is None else out + bias
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` dequantized: an embedding lookup."""
+        return (
+            self.q.index_select(0, ids).to(self.dtype) * self.scales.index_select(0, ids)[:, None]
+        )
+
+
+QuantizedWeight = Int4Weight | Int8Weight
+
+
+def is_quantized(weight: object) -> bool:
+    return isinstance(weight, Int4Weight | Int8Weight)
+
+
+def dispatching(inner: Linear) -> Linear:
+    """The `linear` hook of a forward with quantized weights: their own kernel for them,
+    `inner` (the runner's choice for float weights) for the rest."""
+
+    def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if isinstance(weight, Int4Weight | Int8Weight):
+            return weight.matmul(x, bias)
+        return inner(x, weight, bias)
+
+    return linear
+
+
+def embedding(ids: Tensor, weight: Tensor | Int8Weight) -> Tensor:
+    if isinstance(weight, Int8Weight):
+        return weight.rows(ids)
+    return F.embedding(ids, weight)
+
+
+def quantize_int8(weight: Tensor, dtype: torch.dtype) -> Int8Weight:
+    """Symmetric, one scale per output row (the largest magnitude maps to 127)."""
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return Int8Weight(q.contiguous(), scales.to(dtype))
+
+
+def quantize_int4(weight: Tensor, dtype: torch.dtype, group: int = 32) -> Int4Weight:
+    """Asymmetric per group of `group` inputs: the group's minimum and maximum map to 0 and 15."""
+    w = weight.detach().float()
+    out_features, in_features = w.shape
+    if in_features % group:
+        raise ValueError(f"in_features {in_features} is not a multiple of the group {group}")
+    groups = w.view(out_features, in_features // group, group)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15.0).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    q = q.view(out_features, in_features).to(torch.uint8)
+    return Int4Weight.pack(q, scale, low + 8 * scale, dtype)
