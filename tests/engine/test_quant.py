@@ -19,10 +19,11 @@ from trio_llm.engine.quant import (
     Int4Weight,
     Int8Weight,
     dispatching,
+    gguf_blocks,
+    gguf_model,
     quantize_int4,
     quantize_int8,
 )
-from trio_llm.engine.quant import gguf_blocks, gguf_model
 
 BF16 = torch.bfloat16
 
