@@ -32,7 +32,7 @@ import msgspec
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling, quant
+from trio_llm.engine import dtype_policy, loader, pooling, quant, speculative
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
@@ -123,6 +123,12 @@ class EngineCore:
             chunked_prefill=not self.pooling,
         )
         self.runner = parts.runner
+        self._ngram = speculative.resolve_mode(
+            args.ngram_speculation,
+            quantized=isinstance(self.runner, ModelRunner)
+            and self.runner.own is not None
+            and self.runner.own.quantized,
+        )
         self.structured = StructuredOutputs(
             lambda: loader.load_tokenizer(source),
             self.vocab_size,
@@ -402,9 +408,12 @@ class EngineCore:
             assert prompt_logprobs is not None
             prompt_logprobs.extend(lps)
         advanced = self.scheduler.update(batch, result.token_ids, result.draft_token_ids)
+        alone = len(self.scheduler.running) + len(self.scheduler.waiting)
         for seq, _ in advanced:
             if seq.grammar is not None and not seq.is_finished:
                 self.structured.propose_drafts(seq, self.max_model_len)
+            elif speculative.wants_drafts(self._ngram, seq, alone):
+                speculative.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
 
     def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:

@@ -232,6 +232,14 @@ def add_serve_arguments(
         "int8 / int4: quantize a float checkpoint at load, weight-only (default %(default)s)",
     )
     add(
+        "--ngram-speculation",
+        choices=["auto", "on", "off"],
+        default=engine.ngram_speculation,
+        help="draft tokens by n-gram prompt lookup, verified in the next step (same output): "
+        "auto drafts only for a stream decoding alone, where it was measured never slower; "
+        "on drafts in batches too (default %(default)s)",
+    )
+    add(
         "--model-impl",
         choices=["auto", "transformers"],
         default=engine.model_impl,
@@ -359,6 +367,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
         quantization=args.quantization,
+        ngram_speculation=args.ngram_speculation,
         enforce_eager=args.enforce_eager,
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
