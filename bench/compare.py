@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -51,7 +52,7 @@ sys.path.insert(0, str(BENCH))
 from compare_load import Level, offline_reference, run_levels  # noqa: E402
 from compare_process import ServerStartError, running  # noqa: E402
 from compare_profile import profile_trio_llm  # noqa: E402
-from compare_report import load_average, write_report  # noqa: E402
+from compare_report import can_plot, load_average, write_plot, write_report  # noqa: E402
 from endpoints import ENDPOINTS  # noqa: E402
 from peers import SERVERS, Server, Skipped  # noqa: E402
 from peers.trio_llm_server import DEFAULT_ARGS as DEFAULT_TRIO_LLM_ARGS  # noqa: E402
@@ -95,8 +96,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+REQUIRED = {"httpx": "httpx", "trio": "trio"}
+"""What a run cannot do without (module: package), checked before any server starts."""
+
+
+def check_dependencies() -> str | None:
+    """Why the run cannot start, or None. matplotlib is optional: without it the report has
+    its tables and no plot (said at the start, not after 20 minutes of measuring)."""
+    missing = [pkg for mod, pkg in REQUIRED.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        return (
+            f"missing {', '.join(missing)}: install the bench extra "
+            "(pip install -e '.[bench]' in the project's .venv)"
+        )
+    if not can_plot():
+        print(
+            "matplotlib is not installed (the bench extra): the report will have its tables "
+            "but no plot",
+            file=sys.stderr,
+            flush=True,
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = check_dependencies()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     # Started in the background by a shell, this process would ignore SIGINT, and so would the
     # servers it starts (an ignored signal stays ignored across exec). Both signals interrupt
     # the run instead, so the servers are always stopped on the way out.
@@ -137,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     text = write_report(args, servers, skipped, levels, offline, loads, time.perf_counter() - start)
     args.out.write_text(text)
     print(text)
+    write_plot(args, levels)
     if args.json:
         args.json.write_text(
             json.dumps(
