@@ -232,3 +232,29 @@ def test_a_float_checkpoint_quantized_at_load_keeps_its_predictions(
         # (bf16 alone moves them by a few hundredths; 4 bits of a random model's gaussian
         # weights by tenths; the real model's perplexity is checked in test_quant_quality.)
         assert np.mean(np.abs(np.subtract(a, b))) < (0.1 if kind == "int8" else 0.6)
+
+
+@pytest.mark.parametrize("rows", [40, 64, 576])
+def test_int4_dequantizes_to_what_its_kernel_multiplies_by(rows: int) -> None:
+    weight = quantize_int4(torch.randn(rows, 96), BF16)
+    assert torch.equal(weight.dequantize().float(), dense(weight).to(BF16).float())
+
+
+def test_large_calls_dequantize_and_small_calls_stay_on_the_kernel() -> None:
+    seen: list[int] = []
+
+    def inner(x, w, b):
+        seen.append(x.shape[0])
+        return torch.nn.functional.linear(x, w, b)
+
+    weight = quantize_int4(torch.randn(64, 64) * 0.1, BF16)
+    dense_hook, exact_hook = dispatching(inner), dispatching(inner, dense=False)
+    big = torch.randn(300, 64).to(BF16)
+    expected = big.float() @ weight.dequantize().float().t()
+    for hook in (dense_hook, exact_hook):
+        assert (
+            hook(big, weight, None).float() - expected
+        ).abs().max() < 0.05 * expected.abs().max()
+    assert seen == [300]  # only the dense hook's large call went to the float matmul
+    dense_hook(big[:4], weight, None)
+    assert seen == [300]

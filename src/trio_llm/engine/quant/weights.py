@@ -30,8 +30,17 @@ Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 """What `_weight_int4pack_mm_for_cpu` accepts."""
-_N_ALIGN = 16
-"""`_convert_weight_to_int4pack_for_cpu` packs output rows in tiles of 16."""
+_N_ALIGN = 64
+"""`_convert_weight_to_int4pack_for_cpu` packs output rows in blocks of 64 (a tail of 16, 32 or
+48 rows is packed otherwise): padded to whole blocks, the packing is one layout (`dequantize`):
+block b's bytes are a [in_features, 32] array whose byte [k, j] holds row 64 b + j's weight k in
+its low nibble and row 64 b + 32 + j's in its high nibble."""
+DENSE_ROWS = {"int4": 128, "int8": 64}
+"""Calls of at least this many rows dequantize the weight to the activations' dtype and use the
+float matmul: the quantized kernels dequantize a weight tile for every 4 rows, so their cost
+grows with the rows, and measured on the EPYC (1 thread) they lose to bf16 from 16 rows on
+(2.3x at 64 rows, 3x at 512); a dequantization costs about one 64-row bf16 matmul of the same
+weight (bench/results/quant_kernels.md)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +64,18 @@ class Int4Weight:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
+
+    def dequantize(self) -> Tensor:
+        """The float matrix, [out_features, in_features], in the activations' dtype."""
+        k = self.in_features
+        blocks = self.packed.view(-1, k, 32)
+        q = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(-1, k)
+        groups = q.view(q.shape[0], k // self.group, self.group).float()
+        # In float32, as the kernel does, then rounded once.
+        scale = self.scales_zeros[..., 0].t().unsqueeze(-1).float()
+        zero = self.scales_zeros[..., 1].t().unsqueeze(-1).float()
+        w = ((groups - 8) * scale + zero).view(-1, k)
+        return w[: self.out_features].to(self.dtype)
 
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -100,6 +121,9 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.q.nbytes + self.scales.nbytes
 
+    def dequantize(self) -> Tensor:
+        return self.q.to(self.dtype) * self.scales[:, None]
+
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
         out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
         return out if bias is None else out + bias
@@ -118,12 +142,21 @@ def is_quantized(weight: object) -> bool:
     return isinstance(weight, Int4Weight | Int8Weight)
 
 
-def dispatching(inner: Linear) -> Linear:
+def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
     """The `linear` hook of a forward with quantized weights: their own kernel for them,
-    `inner` (the runner's choice for float weights) for the rest."""
+    `inner` (the runner's choice for float weights) for the rest. With `dense`, calls of many
+    rows (`DENSE_ROWS`, a prefill chunk) dequantize the weight and go to `inner` instead;
+    without it every row of every call runs on the quantized kernels, which are row-exact
+    (batch invariance), at the price of slower prefills."""
 
     def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        if isinstance(weight, Int4Weight | Int8Weight):
+        if isinstance(weight, Int4Weight):
+            if dense and x.shape[0] >= DENSE_ROWS["int4"]:
+                return inner(x, weight.dequantize(), bias)
+            return weight.matmul(x, bias)
+        if isinstance(weight, Int8Weight):
+            if dense and x.shape[0] >= DENSE_ROWS["int8"]:
+                return inner(x, weight.dequantize(), bias)
             return weight.matmul(x, bias)
         return inner(x, weight, bias)
 
