@@ -42,6 +42,7 @@ VARIANTS = {
     "fp32": ("fp32 (the GGUF dequantized)", "float32", "none"),
     "gguf": ("the GGUF in its own formats (Q4_1 as int4, Q8_0 as int8)", "auto", "auto"),
     "int8": ("int8 quantized at load", "auto", "int8"),
+    "w8a8": ("the GGUF as int8 rows with int8 activations", "auto", "w8a8"),
 }
 PARTS = ("matmul", "LM head", "attention", "norms", "rotary", "embedding")
 STEPS_PER_TURN = 5

@@ -136,7 +136,7 @@ class ModelRunner:
         small calls are row-exact), so a draft row computes what a one-token step would."""
         if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
             self.own = LlamaForward(model, max_model_len, F.linear, weights)
-            if quantization in ("int8", "int4"):
+            if quantization in ("int8", "int4", "w8a8"):
                 quant.quantize_forward(self.own, quantization)
             quantized = self.own.quantized
             if quantized and batch_invariant == "auto":

@@ -225,11 +225,12 @@ def add_serve_arguments(
     )
     add(
         "--quantization",
-        choices=["auto", "none", "int8", "int4"],
+        choices=["auto", "none", "int8", "int4", "w8a8"],
         default=engine.quantization,
         help="auto: a quantized GGUF runs in its own formats (int4/int8 kernels, bfloat16 "
         "activations), anything else in its float dtype; none: dequantize a GGUF to --dtype; "
-        "int8 / int4: quantize a float checkpoint at load, weight-only (default %(default)s)",
+        "int8 / int4: quantize a float checkpoint at load, weight-only; w8a8: int8 weights "
+        "and int8 activations, fastest for batches and prefills (default %(default)s)",
     )
     add(
         "--ngram-speculation",

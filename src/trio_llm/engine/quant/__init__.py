@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from trio_llm.engine.quant.weights import (
     Int4Weight,
@@ -52,11 +53,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
 """auto: a quantized GGUF file runs in its own formats, a float checkpoint in its float dtype;
 none: every weight dequantized to the float dtype (what transformers' GGUF reader gives);
 int8 / int4: the linear layers quantized at load (int8 per row; int4 in groups of 32), the
-LM head and embeddings in int8."""
+LM head and embeddings in int8; w8a8: every matrix in int8 per row (a GGUF's values requantized)
+multiplied by int8 activations (`Int8Weight.int8_activations`)."""
 
 
 def plan(
@@ -77,13 +79,14 @@ def plan(
         and model_impl == "auto"
         and bool(set(getattr(config, "architectures", None) or ()) & llama.ARCHITECTURES)
     )
-    if quantization in ("int8", "int4"):
+    if quantization in ("int8", "int4", "w8a8"):
         if not runnable:
             raise ValueError(
                 f"--quantization {quantization} runs on a CPU with the engine's own forward "
                 f"(architectures {', '.join(sorted(llama.ARCHITECTURES))}, --model-impl auto)"
             )
-        return quantization, None
+        path = gguf_path_of(source) if quantization == "w8a8" else None
+        return quantization, path if path is not None and is_quantized_file(path) else None
     path = gguf_path_of(source)
     if path is None or not runnable or not is_quantized_file(path):
         return "none", None
@@ -118,17 +121,39 @@ def meta_model(source: ModelSource, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def quantize_forward(forward: LlamaForward, kind: str) -> None:
-    """Replace the forward's float matrices by quantized ones (`kind` int8 or int4 for the
-    layers; the LM head and embeddings in int8, one copy when they are tied)."""
+    """Replace the forward's matrices by quantized ones: `kind` int8 or int4 for the layers,
+    the LM head and embeddings in int8 (one copy when they are tied); w8a8 for all of them,
+    from float or already quantized (a GGUF's) weights."""
     dtype = forward.norm.dtype
-    layer_quantize = quantize_int4 if kind == "int4" else quantize_int8
+    w8a8 = kind == "w8a8"
+
+    def layer_quantize(weight: Tensor | QuantizedWeight) -> QuantizedWeight:
+        if is_quantized(weight):
+            weight = weight.dequantize()  # type: ignore[union-attr]
+        if kind == "int4":
+            return quantize_int4(weight, dtype)  # type: ignore[arg-type]
+        return quantize_int8(weight, dtype, int8_activations=w8a8)  # type: ignore[arg-type]
+
     for layer in forward.layers:
-        layer.qkv = layer_quantize(layer.qkv, dtype)  # type: ignore[assignment]
-        layer.o = layer_quantize(layer.o, dtype)  # type: ignore[assignment]
-        layer.gate_up = layer_quantize(layer.gate_up, dtype)  # type: ignore[assignment]
-        layer.down = layer_quantize(layer.down, dtype)  # type: ignore[assignment]
-    tied = forward.embed.data_ptr() == forward.lm_head.data_ptr()
-    head = quantize_int8(forward.lm_head, dtype)
+        layer.qkv = layer_quantize(layer.qkv)  # type: ignore[assignment]
+        layer.o = layer_quantize(layer.o)  # type: ignore[assignment]
+        layer.gate_up = layer_quantize(layer.gate_up)  # type: ignore[assignment]
+        layer.down = layer_quantize(layer.down)  # type: ignore[assignment]
+    tied = forward.embed is forward.lm_head or (
+        isinstance(forward.embed, torch.Tensor)
+        and isinstance(forward.lm_head, torch.Tensor)
+        and forward.embed.data_ptr() == forward.lm_head.data_ptr()
+    )
+    head = forward.lm_head
+    if not isinstance(head, Int8Weight):
+        head = quantize_int8(
+            head.dequantize() if is_quantized(head) else head,  # type: ignore[union-attr,arg-type]
+            dtype,
+        )
+    head.int8_activations = w8a8
     forward.lm_head = head  # type: ignore[assignment]
-    forward.embed = head if tied else quantize_int8(forward.embed, dtype)  # type: ignore[assignment]
-    log.info("weights quantized at load: layers %s, LM head and embeddings int8", kind)
+    if tied:
+        forward.embed = head  # type: ignore[assignment]
+    elif not isinstance(forward.embed, Int8Weight):
+        forward.embed = quantize_int8(forward.embed, dtype)  # type: ignore[assignment]
+    log.info("weights quantized at load: %s (LM head and embeddings int8)", kind)

@@ -35,12 +35,13 @@ _N_ALIGN = 64
 48 rows is packed otherwise): padded to whole blocks, the packing is one layout (`dequantize`):
 block b's bytes are a [in_features, 32] array whose byte [k, j] holds row 64 b + j's weight k in
 its low nibble and row 64 b + 32 + j's in its high nibble."""
-DENSE_ROWS = {"int4": 128, "int8": 64}
+DENSE_ROWS = {"int4": 256, "int8": 128}
 """Calls of at least this many rows dequantize the weight to the activations' dtype and use the
 float matmul: the quantized kernels dequantize a weight tile for every 4 rows, so their cost
-grows with the rows, and measured on the EPYC (1 thread) they lose to bf16 from 16 rows on
-(2.3x at 64 rows, 3x at 512); a dequantization costs about one 64-row bf16 matmul of the same
-weight (bench/results/quant_kernels.md)."""
+grows with the rows (measured on the EPYC, 1 thread: they lose to bf16 from 16 rows on, 2.3x at
+64 rows, 3x at 512), but a dequantization costs as much as a 64-row (int8) to 512-row (int4,
+gate-up) float matmul of the weight (bench/results/quant_kernels.md): only prefill chunks gain.
+An LM head call is never this large (it takes the sampled rows only)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +109,12 @@ class Int8Weight:
     """[out_features, in_features] int8."""
     scales: Tensor
     """[out_features], in the activations' dtype."""
+    int8_activations: bool = False
+    """Quantize each call's activations to int8 per row (absmax) and multiply in integers
+    (`torch._int_mm`, oneDNN with VNNI): W8A8, as llama.cpp multiplies its quantized weights
+    by int8 activations. Integer sums are exact, so a row's result depends on its own values
+    only (row-exact at any size), and at 64 rows it is 2x, at 512 rows 7x faster than bf16
+    (bench/results/quant_kernels.md)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -125,7 +132,13 @@ class Int8Weight:
         return self.q.to(self.dtype) * self.scales[:, None]
 
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
+        if self.int8_activations:
+            x32 = x.float()
+            step = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+            x8 = torch.round(x32 / step).to(torch.int8)
+            out = (torch._int_mm(x8, self.q.t()).float() * step * self.scales.float()).to(x.dtype)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
         return out if bias is None else out + bias
 
     def rows(self, ids: Tensor) -> Tensor:
@@ -155,7 +168,7 @@ def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
                 return inner(x, weight.dequantize(), bias)
             return weight.matmul(x, bias)
         if isinstance(weight, Int8Weight):
-            if dense and x.shape[0] >= DENSE_ROWS["int8"]:
+            if dense and not weight.int8_activations and x.shape[0] >= DENSE_ROWS["int8"]:
                 return inner(x, weight.dequantize(), bias)
             return weight.matmul(x, bias)
         return inner(x, weight, bias)
@@ -169,12 +182,14 @@ def embedding(ids: Tensor, weight: Tensor | Int8Weight) -> Tensor:
     return F.embedding(ids, weight)
 
 
-def quantize_int8(weight: Tensor, dtype: torch.dtype) -> Int8Weight:
+def quantize_int8(
+    weight: Tensor, dtype: torch.dtype, *, int8_activations: bool = False
+) -> Int8Weight:
     """Symmetric, one scale per output row (the largest magnitude maps to 127)."""
     w = weight.detach().float()
     scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
     q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return Int8Weight(q.contiguous(), scales.to(dtype))
+    return Int8Weight(q.contiguous(), scales.to(dtype), int8_activations)
 
 
 def quantize_int4(weight: Tensor, dtype: torch.dtype, group: int = 32) -> Int4Weight:
