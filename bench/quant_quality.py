@@ -28,8 +28,8 @@ import numpy as np
 
 from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
-from trio_llm.engine.loader import default_gguf_path, load_tokenizer, resolve_model
 from trio_llm.engine.quant.perplexity import perplexity, windows
+from trio_llm.model_files import default_gguf_path, load_tokenizer, resolve_model
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
-from trio_llm.engine.loader import load_tokenizer, resolve_model
 from trio_llm.ipc.messages import EngineCoreRequest
+from trio_llm.model_files import load_tokenizer, resolve_model
 from trio_llm.sampling_params import SamplingParams
 
 BENCH = Path(__file__).resolve().parent

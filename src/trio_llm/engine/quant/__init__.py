@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
     from trio_llm.engine.llama import LlamaForward
-    from trio_llm.engine.loader import ModelSource
+    from trio_llm.model_files import ModelSource
 
 __all__ = [
     "QUANTIZATIONS",

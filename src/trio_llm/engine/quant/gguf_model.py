@@ -39,7 +39,7 @@ from trio_llm.engine.quant.weights import (
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-    from trio_llm.engine.loader import ModelSource
+    from trio_llm.model_files import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ _PERMUTED_ARCHITECTURES = frozenset({"llama"})
 
 def gguf_path_of(source: ModelSource) -> Path | None:
     """The GGUF file a model source was converted from, if it was one."""
+    from trio_llm import model_files
     from trio_llm.config import DEFAULT_MODEL
-    from trio_llm.engine import loader
 
     origin = Path(source.origin)
     if origin.is_file() and origin.suffix.lower() == ".gguf":
@@ -58,8 +58,10 @@ def gguf_path_of(source: ModelSource) -> Path | None:
     if origin.is_dir() and not (origin / "config.json").is_file():
         found = sorted(origin.glob("*.gguf"))
         return found[0] if len(found) == 1 else None
-    if source.origin == DEFAULT_MODEL and importlib.util.find_spec(loader.DEFAULT_GGUF_PACKAGE):
-        return loader.default_gguf_path()
+    if source.origin == DEFAULT_MODEL and importlib.util.find_spec(
+        model_files.DEFAULT_GGUF_PACKAGE
+    ):
+        return model_files.default_gguf_path()
     return None
 
 
