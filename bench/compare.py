@@ -55,6 +55,7 @@ from compare_profile import profile_trio_llm  # noqa: E402
 from compare_report import can_plot, load_average, write_plot, write_report  # noqa: E402
 from endpoints import ENDPOINTS  # noqa: E402
 from peers import SERVERS, Server, Skipped  # noqa: E402
+from peers.base import SERVER_THREADS  # noqa: E402
 from peers.trio_llm_server import DEFAULT_ARGS as DEFAULT_TRIO_LLM_ARGS  # noqa: E402
 from peers.trio_llm_server import LABEL as TRIO_LLM  # noqa: E402
 
@@ -83,6 +84,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=Path(os.environ.get("TRIO_LLM_PEERS_DIR", REPO.parent / "peers")),
         help="where bench/setup_peers.sh made the peers' virtualenvs (tf/, llama/)",
+    )
+    p.add_argument(
+        "--server-threads",
+        type=int,
+        default=SERVER_THREADS,
+        help="threads of every server (trio-llm's --num-threads, llama.cpp's --n_threads, "
+        "transformers' OMP_NUM_THREADS); 1 on a VM whose other tenants keep its cores busy, "
+        "where two threads wait on each other at every barrier (default %(default)s)",
     )
     p.add_argument("--offline-concurrency", type=int, default=32, help="0: no offline run")
     p.add_argument("--profile", action="store_true", help="also profile trio-llm with py-spy")
