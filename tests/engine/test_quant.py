@@ -24,6 +24,7 @@ from trio_llm.engine.quant import (
     quantize_int4,
     quantize_int8,
 )
+from trio_llm.engine.quant.weights import split_int8
 
 BF16 = torch.bfloat16
 
@@ -65,6 +66,22 @@ def test_int4_kernel_computes_the_file_values(kind: Q) -> None:
     got = weight.matmul(x, None).float()
     # bf16 scales (8 bits of mantissa) and a bf16 output: about 1% of the output's scale.
     assert (got - expected).abs().max() <= 0.01 * expected.abs().max()
+
+
+def test_q8_0_runs_exactly_as_two_int4_planes() -> None:
+    raw = random_blocks(Q.Q8_0, 100, 256, seed=4)
+    q, d = (torch.from_numpy(a) for a in gguf_blocks.unpack_q8_0(raw))
+    weight = split_int8(q, d, BF16)
+    reference = torch.from_numpy(quants.dequantize(raw, Q.Q8_0).reshape(100, 256))
+    # The planes' values are the file's: only the scales' bf16 rounding differs.
+    d16 = d.to(BF16).float().repeat_interleave(32, 1)
+    assert torch.equal(weight.dequantize().float(), (q.float() * d16).to(BF16).float())
+    assert (weight.dequantize().float() - reference).abs().max() <= 0.01 * reference.abs().max()
+    ids = torch.tensor([0, 31, 32, 63, 64, 99])
+    assert torch.equal(weight.rows(ids), weight.dequantize()[ids])
+    x = torch.randn(3, 256).to(BF16)
+    expected = x.float() @ reference.t()
+    assert (weight.matmul(x, None).float() - expected).abs().max() < 0.01 * expected.abs().max()
 
 
 @pytest.mark.parametrize("kind", [Q.Q8_0, Q.Q6_K])
@@ -186,7 +203,7 @@ def test_gguf_tensors_load_into_the_fused_layers_in_their_formats(
     for ours, theirs in zip(weights.layers, reference.layers, strict=True):
         assert isinstance(ours.qkv, Int4Weight)  # Q4_0 and Q4_1 share the int4 form
         assert isinstance(ours.gate_up, Int4Weight) and isinstance(ours.down, Int4Weight)
-        assert isinstance(ours.o, Int8Weight)
+        assert isinstance(ours.o, Int4Weight) and ours.o.split  # Q8_0: two exact planes
         for mine, float_weight in (
             (ours.qkv, theirs.qkv),
             (ours.gate_up, theirs.gate_up),
@@ -196,8 +213,11 @@ def test_gguf_tensors_load_into_the_fused_layers_in_their_formats(
             # Q4 with the 0.2-wide init: a step is about a fifteenth of a group's range.
             error = (dense(mine) - float_weight).abs().max()
             assert error < float_weight.abs().max() / 7, error
-    # The tied embedding and LM head: one int8 copy (Q8_0).
-    assert weights.embed is weights.lm_head and isinstance(weights.embed, Int8Weight)
+    # The tied embedding and LM head: one copy (Q8_0 as two int4 planes), read by row too.
+    assert weights.embed is weights.lm_head and isinstance(weights.embed, Int4Weight)
+    ids = torch.tensor([0, 5, 63, 64, 200])
+    table = tiny.model.embed_tokens.weight[ids]
+    assert (weights.embed.rows(ids).float() - table).abs().max() < 0.01 * table.abs().max()
     assert torch.allclose(weights.norm.float(), tiny.model.norm.weight)
 
 

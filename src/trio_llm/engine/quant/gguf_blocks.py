@@ -22,6 +22,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 INT4_FORMATS = frozenset({Q.Q4_0, Q.Q4_1, Q.Q4_K})
+"""Run as one int4 matrix."""
+SPLIT_FORMATS = frozenset({Q.Q8_0})
+"""Run as two int4 planes (`weights.split_int8`)."""
 FLOAT_FORMATS = frozenset({Q.F32, Q.F16, Q.BF16})
 
 
@@ -72,6 +75,14 @@ def _k4_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
     mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
     return sc, mn
+
+
+def unpack_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`raw` [rows, bytes per row] of a Q8_0 tensor -> (q [rows, K] int8, d [rows, K / 32]
+    float32) with `w = d * q`."""
+    blocks = raw.reshape(raw.shape[0], -1, 34)
+    q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(raw.shape[0], -1)
+    return q, _f16(blocks[..., 0:2])
 
 
 def dequantize(kind: Q, raw: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:

@@ -34,6 +34,7 @@ from trio_llm.engine.quant.weights import (
     Int8Weight,
     QuantizedWeight,
     quantize_int8,
+    split_int8,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +87,18 @@ class _Int4Values:
         return (self.q.float() - 8) * scale + self.zero.repeat_interleave(group, 1)
 
 
-_Read = _Int4Values | Int8Weight | torch.Tensor
+@dataclass(slots=True)
+class _Int8Blocks:
+    """A Q8_0 tensor unpacked: `w = d * q` per group of 32."""
+
+    q: torch.Tensor
+    d: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.d.repeat_interleave(32, 1)
+
+
+_Read = _Int4Values | _Int8Blocks | Int8Weight | torch.Tensor
 
 
 class GGUFWeights:
@@ -122,6 +134,10 @@ class GGUFWeights:
             q, scale, zero = gguf_blocks.unpack_int4(kind, raw)
             self.formats[f"{kind.name} as int4"] += 1
             return _Int4Values(torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero))
+        if kind in gguf_blocks.SPLIT_FORMATS:
+            q8, d = gguf_blocks.unpack_q8_0(raw)
+            self.formats[f"{kind.name} as two int4 planes"] += 1
+            return _Int8Blocks(torch.from_numpy(q8), torch.from_numpy(d))
         values = gguf_blocks.dequantize(kind, raw, (out_features, in_features))
         if kind in gguf_blocks.FLOAT_FORMATS:
             self.formats[f"{kind.name} as {str(self.dtype).removeprefix('torch.')}"] += 1
@@ -145,6 +161,11 @@ class GGUFWeights:
                     torch.cat([p.zero for p in int4]),
                     self.dtype,
                 )
+        if all(isinstance(p, _Int8Blocks) for p in parts):
+            blocks = [p for p in parts if isinstance(p, _Int8Blocks)]
+            return split_int8(
+                torch.cat([p.q for p in blocks]), torch.cat([p.d for p in blocks]), self.dtype
+            )
         if all(isinstance(p, torch.Tensor) for p in parts):
             return torch.cat(parts)  # type: ignore[arg-type]
         int8 = [self._int8(p) for p in parts]
@@ -153,15 +174,9 @@ class GGUFWeights:
     def _int8(self, weight: _Read) -> Int8Weight:
         if isinstance(weight, Int8Weight):
             return weight
-        if isinstance(weight, _Int4Values):
+        if isinstance(weight, _Int4Values | _Int8Blocks):
             return quantize_int8(weight.dequantize(), self.dtype)
         return quantize_int8(weight, self.dtype)
-
-    def embedding(self, name: str) -> Int8Weight | torch.Tensor:
-        """Embeddings are looked up by row: the int4 kernel's packing cannot be read that way,
-        so a Q4 embedding table is kept as int8 rows."""
-        weight = self.read(name)
-        return self._int8(weight) if isinstance(weight, _Int4Values) else weight
 
 
 def _interleave_rows(out_features: int, heads: int) -> np.ndarray:
@@ -202,7 +217,7 @@ def load_weights(path: Path, config: PretrainedConfig, dtype: torch.dtype) -> We
                 down=g.matrix(p + "ffn_down.weight"),  # type: ignore[arg-type]
             )
         )
-    embed = g.embedding("token_embd.weight")
+    embed = g.matrix("token_embd.weight")
     head = g.matrix("output.weight") if g.has("output.weight") else embed
     log.info(
         "%s runs in its own formats: %s",
