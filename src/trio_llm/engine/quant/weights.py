@@ -35,13 +35,13 @@ _N_ALIGN = 64
 48 rows is packed otherwise): padded to whole blocks, the packing is one layout (`dequantize`):
 block b's bytes are a [in_features, 32] array whose byte [k, j] holds row 64 b + j's weight k in
 its low nibble and row 64 b + 32 + j's in its high nibble."""
-DENSE_ROWS = {"int4": 256, "int8": 128}
+DENSE_ROWS = {"int4": 128, "int8": 128}
 """Calls of at least this many rows dequantize the weight to the activations' dtype and use the
 float matmul: the quantized kernels dequantize a weight tile for every 4 rows, so their cost
 grows with the rows (measured on the EPYC, 1 thread: they lose to bf16 from 16 rows on, 2.3x at
-64 rows, 3x at 512), but a dequantization costs as much as a 64-row (int8) to 512-row (int4,
-gate-up) float matmul of the weight (bench/results/quant_kernels.md): only prefill chunks gain.
-An LM head call is never this large (it takes the sampled rows only)."""
+64 rows, 3x at 512), but a dequantization costs about a 200-row float matmul of the weight
+(bench/results/quant_kernels.md): prefill chunks gain, decode batches do not. An LM head call
+is this large only for prompt logprobs (it takes the sampled rows)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -69,19 +69,26 @@ class Int4Weight:
         return self.packed.nbytes + self.scales_zeros.nbytes
 
     def dequantize(self) -> Tensor:
-        """The float matrix, [out_features, in_features], in the activations' dtype."""
+        """The float matrix, [out_features, in_features], in the activations' dtype: bitwise
+        what the kernel multiplies by (`addcmul` computes in float32 and rounds once, as the
+        kernel does)."""
         k = self.in_features
         blocks = self.packed.view(-1, k, 32)
-        q = torch.cat([blocks & 15, blocks >> 4], dim=2).transpose(1, 2).reshape(-1, k)
-        groups = q.view(q.shape[0], k // self.group, self.group).float()
-        # In float32, as the kernel does, then rounded once.
-        scale = self.scales_zeros[..., 0].t().unsqueeze(-1).float()
-        zero = self.scales_zeros[..., 1].t().unsqueeze(-1).float()
-        w = ((groups - 8) * scale + zero).view(-1, k)
+        # Two planes are summed in float32 and rounded once, as the kernel's products are.
+        work = torch.float32 if self.split else self.dtype
+        q = torch.empty(blocks.shape[0], 64, k, dtype=work)
+        q[:, :32].copy_((blocks & 15).transpose(1, 2))
+        q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
+        groups = q.view(-1, k // self.group, self.group).sub_(8)
+        scale = self.scales_zeros[..., 0].t().unsqueeze(-1).to(work)
+        zero = self.scales_zeros[..., 1].t().unsqueeze(-1).to(work)
+        w = torch.empty_like(groups)
+        torch.addcmul(zero, groups, scale, out=w)
+        w = w.view(-1, k)
         if self.split:
             half = self.packed.shape[0] // 2
-            w = w[:half] + w[half:]
-        return w[: self.out_features].to(self.dtype)
+            return (w[:half] + w[half:])[: self.out_features].to(self.dtype)
+        return w[: self.out_features]
 
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
