@@ -209,6 +209,13 @@ def main() -> None:
             f"| {fmt} | {size / 1e6:.1f} | {theirs:.4f} | {own:.4f} | {own / theirs - 1:+.2%} "
             f"| {bf16:.4f} |"
         )
+    # Rows of formats this run did not measure stay as an earlier run wrote them.
+    if args.out.exists():
+        lines += [
+            line
+            for line in args.out.read_text().splitlines()
+            if line.startswith("| Q") and line.split(" | ")[0][2:] not in args.formats
+        ]
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 

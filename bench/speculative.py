@@ -85,10 +85,10 @@ def main() -> None:
     }
     rows = []
     for name, text in WORKLOADS.items():
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
-        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+        prompt = tokenizer(chat, add_special_tokens=False)["input_ids"]
         times: dict[str, list[float]] = {"off": [], "on": []}
         steps: dict[str, int] = {}
         outputs: dict[str, list[int]] = {}
