@@ -86,8 +86,7 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     in one chunk, verified by the step's samples (the output is the same as without)."""
     ngram_speculation: str = "auto"
     """auto | on | off: n-gram prompt-lookup drafts (engine/speculative.py), verified by the
-    step's samples, so the output is the same. auto: only for a sequence decoding alone, where
-    the measurement found it never slower."""
+    step's samples. auto is off: measured on the CPU path, drafting made streams slower."""
     num_threads: int | None = None
     """torch intra-op threads in the engine; None: one per core."""
     stream_interval: int = 1

@@ -29,9 +29,9 @@ def test_a_match_at_the_end_proposes_only_what_exists() -> None:
     assert speculative.propose([5, 6, 5, 6], 4) == [5, 6]
 
 
-def test_auto_drafts_only_for_a_lone_stream_on_quantized_weights() -> None:
+def test_auto_is_off_where_drafting_was_measured_slower() -> None:
     assert speculative.resolve_mode("auto", quantized=False) == "off"
-    assert speculative.resolve_mode("auto", quantized=True) == "auto"
+    assert speculative.resolve_mode("auto", quantized=True) == "off"
     assert speculative.resolve_mode("on", quantized=False) == "on"
     with pytest.raises(ValueError, match="ngram_speculation"):
         speculative.resolve_mode("sometimes", quantized=True)
@@ -40,14 +40,21 @@ def test_auto_drafts_only_for_a_lone_stream_on_quantized_weights() -> None:
 def test_a_stream_with_drafts_equals_the_stream_without(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Drafts that are right save steps, drafts that are wrong cost rows: neither changes a
-    token. (A random tiny model rarely repeats itself, so the proposer is replaced by one that
-    knows the answer and lies on every other step.)"""
+    """Drafts that are right save steps, drafts that are wrong cost rows: with batch
+    invariance neither changes a token. (A random tiny model rarely repeats itself, so the
+    proposer is replaced by one that knows the answer and lies on every other step.)"""
     prompt = [101, 102, 103, 104, 105] * 8
     params = {"max_tokens": 24, "ignore_eos": True}
     cores = {
-        mode: make_core(tiny_model_dir, quantization="int8", dtype="auto", ngram_speculation=mode)
-        for mode in ("off", "auto")
+        # Batch invariance: a draft row then computes bitwise what a one-token step does.
+        mode: make_core(
+            tiny_model_dir,
+            quantization="int8",
+            dtype="auto",
+            ngram_speculation=mode,
+            batch_invariant="on",
+        )
+        for mode in ("off", "on")
     }
     plain = run(cores["off"], [request("a", prompt, **params)])["a"]
     calls: list[int] = []
@@ -60,7 +67,7 @@ def test_a_stream_with_drafts_equals_the_stream_without(
 
     monkeypatch.setattr(speculative, "propose", oracle)
     steps = 0
-    core = cores["auto"]
+    core = cores["on"]
     core.add_request(request("a", prompt, **params))
     drafted: list[int] = []
     while core.has_work():

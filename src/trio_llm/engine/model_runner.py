@@ -129,10 +129,7 @@ class ModelRunner:
         self.device = device
         self.row_tile = 0
         """Rows per matmul call when batch invariance is on (0: off)."""
-        self.key_bucket = 0
-        """Attention's key bucket (row_tiles.KEY_BUCKET) when a query's attention must not
-        depend on the step's shape: with batch invariance, and with quantized weights (whose
-        small calls are row-exact), so a draft row computes what a one-token step would."""
+
         if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
             self.own = LlamaForward(model, max_model_len, F.linear, weights)
             if quantization in ("int8", "int4", "w8a8"):
@@ -145,7 +142,6 @@ class ModelRunner:
             linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
             if quantized:
                 linear = quant.dispatching(linear, dense=not self.row_tile)
-                self.key_bucket = row_tiles.KEY_BUCKET
                 # The embedding and LM head live in the forward now (quantized).
                 model.model.embed_tokens.to("meta")
                 model.lm_head.to("meta")
@@ -324,7 +320,7 @@ class ModelRunner:
                     cu_seqlens_q=cu,
                     context_lens=ends,
                     slot_mapping=slots,
-                    key_bucket=row_tiles.KEY_BUCKET if self.row_tile else self.key_bucket,
+                    key_bucket=row_tiles.KEY_BUCKET if self.row_tile else 0,
                 ),
                 self.k_caches[0],
                 stage,

@@ -9,10 +9,13 @@ output is exactly what decoding one token at a time gives, for greedy and sample
 alike (a draft is kept only where the sample at its position equals it).
 
 When it pays: a lone stream's step on a CPU is bound by reading the weights, so a few more rows
-cost little and every accepted draft saves a step; in a batch the rows already share that read
-and the extra rows cost compute. So `auto` drafts only for a sequence decoding alone (on
-quantized weights, `resolve_mode`), measured in bench/results/speculative.md: faster on
-repetitive text, no slower on free text (no match, no drafts; a wrong guess costs a few rows).
+should cost little and every accepted draft saves a step. Measured on the EPYC with the default
+model in its own formats (bench/results/speculative.md), it did not pay: torch's int4 kernel
+costs about twice as much for 5 rows as for 1, the drafts of a small chat model were accepted
+rarely (12 of 95 steps saved when it rewrote a code snippet), and the stream got slower on
+repetitive and on free text alike. A draft row is also computed as part of a chunk, whose
+attention rounds differently in the last bits from a one-token step's, so a bf16 greedy stream
+may leave a near-tie the other way. So `auto` is off; `on` drafts for every eligible sequence.
 """
 
 from __future__ import annotations
@@ -50,14 +53,12 @@ def propose(tokens: list[int] | np.ndarray, num_drafts: int = NUM_DRAFTS) -> lis
 
 
 def resolve_mode(mode: str, *, quantized: bool) -> str:
-    """`auto` drafts for a lone stream on quantized weights only: their matmuls are row-exact
-    (engine/quant), so a draft row computes what a one-token step would; float matmuls round a
-    row differently in a larger call, and the float path's greedy outputs stay as they were."""
+    """`auto` is off: measured, drafting never won on the CPU path (see the module's
+    docstring); `quantized` is where it would be tried first if a kernel made extra rows cheap."""
     if mode not in MODES:
         raise ValueError(f"unknown ngram_speculation {mode!r}; use {', '.join(MODES)}")
-    if mode == "auto" and not quantized:
-        return "off"
-    return mode
+    del quantized
+    return "off" if mode == "auto" else mode
 
 
 def wants_drafts(mode: str, seq: Sequence, num_running: int) -> bool:

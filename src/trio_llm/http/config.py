@@ -237,9 +237,9 @@ def add_serve_arguments(
         "--ngram-speculation",
         choices=["auto", "on", "off"],
         default=engine.ngram_speculation,
-        help="draft tokens by n-gram prompt lookup, verified in the next step (same output): "
-        "auto drafts only for a stream decoding alone, where it was measured never slower; "
-        "on drafts in batches too (default %(default)s)",
+        help="draft tokens by n-gram prompt lookup, verified in the next step: on drafts for "
+        "every stream without a seed, penalties or a grammar; auto is off, as measured on a "
+        "CPU it made streams slower (default %(default)s)",
     )
     add(
         "--model-impl",
