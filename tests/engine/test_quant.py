@@ -213,8 +213,8 @@ def test_gguf_tensors_load_into_the_fused_layers_in_their_formats(
             # Q4 with the 0.2-wide init: a step is about a fifteenth of a group's range.
             error = (dense(mine) - float_weight).abs().max()
             assert error < float_weight.abs().max() / 7, error
-    # The tied embedding and LM head: one copy (Q8_0 as two int4 planes), read by row too.
-    assert weights.embed is weights.lm_head and isinstance(weights.embed, Int4Weight)
+    # The tied embedding and LM head: one copy (a Q8_0 vocabulary as int8 rows).
+    assert weights.embed is weights.lm_head and isinstance(weights.embed, Int8Weight)
     ids = torch.tensor([0, 5, 63, 64, 200])
     table = tiny.model.embed_tokens.weight[ids]
     assert (weights.embed.rows(ids).float() - table).abs().max() < 0.01 * table.abs().max()

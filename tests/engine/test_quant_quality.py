@@ -12,7 +12,7 @@ import pytest
 from engine_helpers import make_core
 
 from trio_llm.engine.core import EngineCore
-from trio_llm.engine.quant import Int4Weight
+from trio_llm.engine.quant import Int4Weight, Int8Weight
 from trio_llm.engine.quant.gguf_model import weights_nbytes
 from trio_llm.engine.quant.perplexity import perplexity
 from trio_llm.model_files import ModelSource, default_gguf_path, load_tokenizer
@@ -39,7 +39,7 @@ def test_the_default_gguf_runs_in_its_own_formats_in_less_memory_than_its_file(
     own = quantized.runner.own
     assert own is not None and own.quantized
     assert isinstance(own.layers[0].qkv, Int4Weight)  # Q4_1
-    assert isinstance(own.lm_head, Int4Weight) and own.lm_head.split  # Q8_0, as two planes
+    assert isinstance(own.lm_head, Int8Weight)  # Q8_0 vocabulary: int8 rows
     assert own.embed is own.lm_head  # tied: one copy
     assert weights_nbytes(own) <= 1.2 * default_gguf_path().stat().st_size
 
