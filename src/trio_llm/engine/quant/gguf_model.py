@@ -4,7 +4,8 @@ Why not through transformers: transformers reads a GGUF by dequantizing every te
 what made a lone stream read 270 MB of bf16 weights per token where llama.cpp reads the file's
 85 MB. Here each tensor is read from the file (memory-mapped) and turned into the form its
 format maps onto (`gguf_blocks`): Q4_0, Q4_1 and Q4_K into the int4 kernel's groups exactly,
-the other quantized formats into int8 rows, float tensors into the activations' dtype. The
+Q8_0 layers into two exact int4 planes, a Q8_0 vocabulary and the other quantized formats into
+int8 rows, float tensors into the activations' dtype. The
 transformers model is then built without weights (on the meta device) and only lends its
 config and rotary embedding to the forward.
 
