@@ -37,13 +37,14 @@ import torch
 
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling
+from trio_llm.engine import dtype_policy, loader, pooling, quant, speculative
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager, salt_root
 from trio_llm.engine.classifier import classifier_head
 from trio_llm.engine.kv_events import KVEventPublisher
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
+from trio_llm.engine.quant import gguf_model
 from trio_llm.engine.scheduler import Scheduler
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StructuredOutputs
@@ -148,6 +149,12 @@ class EngineCore:
             chunked_prefill=not self.pooling,
         )
         self.runner = parts.runner
+        self._ngram = speculative.resolve_mode(
+            args.ngram_speculation,
+            quantized=isinstance(self.runner, ModelRunner)
+            and self.runner.own is not None
+            and self.runner.own.quantized,
+        )
         self.structured = StructuredOutputs(
             lambda: model_files.load_tokenizer(source),
             self.vocab_size,
@@ -191,9 +198,19 @@ class EngineCore:
     ) -> _Parts:
         args = self.args
         backend = resolve_backend(args.attention_backend, device)
+        how, gguf = quant.plan(args.quantization, source, config, device, args.model_impl)
+        weights = None
+        if how != "none":
+            dtype = quant.activation_dtype(args.dtype)
         # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
-        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
-        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        measure = (
+            how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        )
+        if gguf is not None:
+            model = quant.meta_model(source, dtype)
+            weights = gguf_model.load_weights(gguf, model.config, dtype)
+        else:
+            model = loader.load_model(source, torch.float32 if measure else dtype, device)
         if measure:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
@@ -228,6 +245,8 @@ class EngineCore:
             ),
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
+            weights=weights,
+            quantization=how,
         )
         return _Parts(
             runner=runner,
@@ -451,9 +470,12 @@ class EngineCore:
             assert prompt_logprobs is not None
             prompt_logprobs.extend(lps)
         advanced = self.scheduler.update(batch, result.token_ids, result.draft_token_ids)
+        alone = len(self.scheduler.running) + len(self.scheduler.waiting)
         for seq, _ in advanced:
             if seq.grammar is not None and not seq.is_finished:
                 self.structured.propose_drafts(seq, self.max_model_len)
+            elif speculative.wants_drafts(self._ngram, seq, alone):
+                speculative.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
 
     def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:

@@ -241,6 +241,23 @@ def add_serve_arguments(
         "%(default)s)",
     )
     add(
+        "--quantization",
+        choices=["auto", "none", "int8", "int4", "w8a8"],
+        default=engine.quantization,
+        help="auto: a quantized GGUF runs in its own formats (int4/int8 kernels, bfloat16 "
+        "activations), anything else in its float dtype; none: dequantize a GGUF to --dtype; "
+        "int8 / int4: quantize a float checkpoint at load, weight-only; w8a8: int8 weights "
+        "and int8 activations, fastest for batches and prefills (default %(default)s)",
+    )
+    add(
+        "--ngram-speculation",
+        choices=["auto", "on", "off"],
+        default=engine.ngram_speculation,
+        help="draft tokens by n-gram prompt lookup, verified in the next step: on drafts for "
+        "every stream without a seed, penalties or a grammar; auto is off, as measured on a "
+        "CPU it made streams slower (default %(default)s)",
+    )
+    add(
         "--model-impl",
         choices=["auto", "transformers"],
         default=engine.model_impl,
@@ -410,6 +427,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         jump_forward=not args.no_jump_forward,
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
+        quantization=args.quantization,
+        ngram_speculation=args.ngram_speculation,
         enforce_eager=args.enforce_eager,
         scheduling_policy=args.scheduling_policy,
         **kv_events_fields(args.kv_events_config),
