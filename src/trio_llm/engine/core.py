@@ -42,11 +42,13 @@ from trio_llm.engine.sequence import Sequence
 from trio_llm.engine.structured import Grammar, StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
 from trio_llm.ipc.messages import (
+    AudioChunk,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
     SchedulerStats,
+    TranscriptionRequest,
 )
 
 if TYPE_CHECKING:
@@ -244,7 +246,12 @@ class EngineCore:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, req: EngineCoreRequest) -> None:
+    def add_request(self, req: EngineCoreRequest | TranscriptionRequest | AudioChunk) -> None:
+        if isinstance(req, AudioChunk):
+            return  # its TranscriptionRequest was refused below
+        if isinstance(req, TranscriptionRequest):
+            self.reject(req.request_id, "this engine serves text models: it does not transcribe")
+            return
         try:
             seq = self._new_sequence(req)
         except Exception as exc:  # whatever is wrong with it, it fails alone
