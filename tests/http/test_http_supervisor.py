@@ -12,7 +12,7 @@ import trio.testing
 
 from trio_llm.client.errors import EngineStartError
 from trio_llm.config import EngineArgs
-from trio_llm.http.supervisor import EngineGaveUpError, supervise_engine
+from trio_llm.http.runtime.supervisor import EngineGaveUpError, supervise_engine
 
 
 class Engine:

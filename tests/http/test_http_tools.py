@@ -371,7 +371,7 @@ async def test_tool_choice_none_sends_no_tools_and_parses_nothing(
 
 
 def test_openapi_shows_the_tool_fields() -> None:
-    from trio_llm.http.openapi import openapi_document
+    from trio_llm.http.ops.openapi import openapi_document
 
     schemas = openapi_document("x")["components"]["schemas"]
     fields = schemas["ChatCompletionRequest"]["properties"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
 from trio_llm.http.model_specs import DTYPES, TASKS, ModelSpec, ModelSpecError, model_specs
-from trio_llm.http.plans import RequestLimits
+from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
 
 ENV_PREFIX = "TRIO_LLM_"
