@@ -260,6 +260,12 @@ class Metrics:
             "Inputs embedded (each counts its tokens as prompt tokens)",
             registry=r,
         )
+        self.audio_seconds = Counter(
+            "trio_llm_audio_seconds",
+            "Seconds of audio sent for transcription or translation",
+            ["model"],
+            registry=r,
+        )
         # Counted per model (ModelMetrics), exposed through _PerModel, not registered alone.
         model = ["model"]
         self.prompt_tokens = Counter(

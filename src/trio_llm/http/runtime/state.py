@@ -51,6 +51,7 @@ _EXTENSION = "trio_llm"
 TASK_ENDPOINTS = {
     "generate": "/v1/chat/completions, /v1/completions and /v1/responses",
     "embed": "/v1/embeddings",
+    "transcribe": "/v1/audio/transcriptions and /v1/audio/translations",
 }
 
 
@@ -173,6 +174,11 @@ class AppState:
             raise bad_request(self._wrong_task(info, task), param="model", code="wrong_model_task")
         return served, info
 
+    def first_served(self, task: str) -> str | None:
+        """The name of the first model served for `task` (what a request that names no model
+        gets, on the routes of a task other than the first model's)."""
+        return next((c.name for c in self.cards() if c.task == task), None)
+
     def cards(self) -> list[ModelInfo]:
         """Every served model's card, in order (those that came up at least once)."""
         return [self._cards[g] for g in sorted(self._cards)]
@@ -211,7 +217,7 @@ class AppState:
         return {"status": status, "engines": engines}
 
     def _wrong_task(self, info: ModelInfo, task: str) -> str:
-        what = {"generate": "generation", "embed": "embeddings"}
+        what = {"generate": "generation", "embed": "embeddings", "transcribe": "speech to text"}
         serving = "; ".join(
             f"{TASK_ENDPOINTS[t]}: " + ", ".join(f"`{c.name}`" for c in self.cards() if c.task == t)
             for t in TASK_ENDPOINTS
