@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 import anyio
@@ -167,6 +168,19 @@ class PendingTranscriptions:
         for stream in self._streams.values():
             stream.fail(make_error())
         self._streams.clear()
+
+
+async def final_output(
+    outputs: AsyncGenerator[TranscriptionOutput, None], first: TranscriptionOutput | None = None
+) -> TranscriptionOutput:
+    """The finished transcription: the last of `outputs` (after `first`, one already taken)."""
+    final = first
+    async with aclosing(outputs) as stream:
+        async for output in stream:
+            final = output
+    if final is None or not final.finished:
+        raise EngineRequestError("the transcription ended without its last window")
+    return final
 
 
 def check_options(

@@ -27,6 +27,7 @@ import anyio.to_thread
 from quart import Response, request
 from werkzeug.datastructures import FileStorage
 
+from trio_llm.client.speech import final_output
 from trio_llm.http.audio.build import TranscriptStream, response_body
 from trio_llm.http.audio.plan import plan_audio
 from trio_llm.http.audio.protocol import AudioForm
@@ -87,7 +88,7 @@ async def _serve(task: str) -> Response:
         )
         response.timeout = None
         return response
-    final = await _last(first, outputs)
+    final = await final_output(outputs, first)
     body, mimetype = response_body(plan, final)
     return Response(body, mimetype=mimetype)
 
@@ -126,14 +127,6 @@ def _too_large(limit: int) -> ProtocolError:
         f"file: the audio file is larger than the limit of {limit} bytes (--max-audio-size)",
         param="file",
     )
-
-
-async def _last(first: TranscriptionOutput, outputs: Outputs) -> TranscriptionOutput:
-    final = first
-    async with aclosing(outputs) as stream:
-        async for output in stream:
-            final = output
-    return final
 
 
 async def _events(
