@@ -52,6 +52,7 @@ _ENGINE_GAUGES = (
     ("kv_cache_usage_perc", "Fraction of KV cache blocks in use", "kv_usage"),
     ("kv_cache_free_blocks", "KV cache blocks free", "num_free_blocks"),
     ("kv_cache_total_blocks", "KV cache blocks in all", "num_total_blocks"),
+    ("num_steps", "Engine steps run (a speech engine's: 30-second windows)", "num_steps"),
 )
 
 
