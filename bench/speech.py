@@ -59,7 +59,7 @@ def clips(count: int, seconds: float) -> list[bytes]:
 def library_run(threads: int, compute_type: str, workers: int) -> Run:
     from faster_whisper import WhisperModel
 
-    from trio_llm.engine.loader import resolve_model
+    from trio_llm.model_files import resolve_model
 
     model = WhisperModel(
         str(resolve_model(MODEL).path),

@@ -25,7 +25,7 @@ from speech_audio import (
 )
 from trio_llm import LLM, AudioError, InvalidPromptError, SamplingParams, UnsupportedTaskError
 from trio_llm.client import open_engine
-from trio_llm.engine.loader import resolve_model
+from trio_llm.model_files import resolve_model
 from trio_llm.speech.audio import decode_audio
 from trio_llm.speech.languages import language_code, language_name
 from trio_llm.speech.models import embedded_speech_model, is_whisper_directory

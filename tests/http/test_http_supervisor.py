@@ -37,7 +37,7 @@ class Opener:
             await self._opened.park()
 
     @asynccontextmanager
-    async def __call__(self, **kwargs: Any) -> AsyncIterator[Engine]:
+    async def __call__(self, args: EngineArgs, **kwargs: Any) -> AsyncIterator[Engine]:
         if self.fail_next:
             self.fail_next = False
             raise EngineStartError("no")

@@ -15,7 +15,7 @@ from http_fake_engine import FakeEngine
 from llguidance import LLMatcher
 from transformers import AutoTokenizer
 
-from trio_llm.engine.grammar import llg_tokenizer
+from trio_llm.grammar import llg_tokenizer
 from trio_llm.http import ServerConfig, build_app
 from trio_llm.http.tools import (
     FORMATS,

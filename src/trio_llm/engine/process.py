@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trio_llm.engine.launch import EngineLaunch
 from trio_llm.ipc import (
     MessageTooLargeError,
     PeerDiedError,
@@ -48,6 +47,7 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineFailure,
+    EngineLaunch,
     EngineLoading,
     Shutdown,
     TranscriptionRequest,
@@ -111,10 +111,10 @@ def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:
     """The engine kind the model's directory calls for: a speech engine for a Whisper model in
     CTranslate2's format, EngineCore (torch) for everything else. Imported here so that a
     broken install (no torch, say) still reports EngineFailure."""
-    from trio_llm.engine import loader
+    from trio_llm.model_files import resolve_model
     from trio_llm.speech.models import is_whisper_directory
 
-    source = loader.resolve_model(args.model)
+    source = resolve_model(args.model)
     if is_whisper_directory(source.path):
         from trio_llm.engine.speech.core import SpeechCore
 

@@ -127,6 +127,6 @@ def _joined(name: str, parts: list[Path], install: str) -> Path:
 
 
 def _cache_root() -> Path:
-    from trio_llm.engine.loader import cache_dir
+    from trio_llm.model_files import cache_dir  # which imports this module
 
     return cache_dir()

@@ -66,8 +66,8 @@ async def _serve(task: str) -> Response:
     state.model_for(model_name, task=TASK)  # 404 or 400 before anything else
     plan = plan_audio(form, task, fields)
     state.admit(1)
-    engine, model = state.engine_for(model_name, task=TASK, sequences=1)
-    outputs = engine.transcribe(
+    lease, model = state.lease(model_name, task=TASK, sequences=1)
+    outputs = lease.transcribe(
         await anyio.to_thread.run_sync(file.stream.read),  # a spooled upload: maybe on disk
         task=plan.task,
         language=plan.language,

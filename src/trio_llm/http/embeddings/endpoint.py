@@ -47,9 +47,9 @@ async def embeddings(raw: bytes | None = None) -> Response:
     state.model_for(req.model, task="embed")  # 404 or 400 before anything else
     plan = plan_embedding(req, state.config.limits)
     state.admit(len(plan.inputs))
-    engine, model = state.engine_for(req.model, task="embed", sequences=len(plan.inputs))
+    lease, model = state.lease(req.model, task="embed", sequences=len(plan.inputs))
     response_id = new_response_id("embd-", req.request_id)
-    outputs = await engine.embed_batch(
+    outputs = await lease.embed_batch(
         plan.inputs,
         truncate_prompt_tokens=req.truncate_prompt_tokens,
         add_special_tokens=req.add_special_tokens,

@@ -5,7 +5,7 @@ builds the prompts' token ids, and shapes the stream or the response. `serve_gen
 the rest, in this order: decode the body, check the model, plan, admit, route to the model's
 least-loaded engine, build the prompts, make the ids, generate, then stream or collect.
 Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
-`decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `engine_for`.
+`decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `lease`.
 
 Invariants:
 - Nothing reaches the engine before every check has passed. A structured-output constraint is
@@ -49,7 +49,7 @@ from trio_llm.outputs import RequestOutput
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:
-    from trio_llm.client import EngineClient
+    from trio_llm.client import EngineClient, Lease
 
 # ---------------------------------------------------------------------------------------------
 # The constraint's check
@@ -190,13 +190,13 @@ async def serve_generation(
     req, plan = endpoint.request, endpoint.plan
     await endpoint.check()
     state.admit(plan.sequences)
-    engine, model = state.engine_for(body.model, sequences=plan.sequences)
-    prompts = await endpoint.prompts(engine, model)
+    lease, model = state.lease(body.model, sequences=plan.sequences)
+    prompts = await endpoint.prompts(lease.client, model)
     plan = endpoint.plan  # building the prompts may have added a constraint (tools)
     response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
     ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
     generations = [
-        _generate(engine, prompt, plan, engine_id, req.priority)
+        _generate(lease, prompt, plan, engine_id, req.priority)
         for prompt, engine_id in zip(prompts, ids, strict=True)
     ]
     head = ResponseHead(response_id, model.name, now(), model.fingerprint)
@@ -208,10 +208,10 @@ async def serve_generation(
 
 
 def _generate(
-    engine: EngineClient, prompt: Prompt, plan: GenerationPlan, request_id: str, priority: int
+    lease: Lease, prompt: Prompt, plan: GenerationPlan, request_id: str, priority: int
 ) -> AsyncGenerator[RequestOutput, None]:
     try:
-        return engine.generate(
+        return lease.generate(
             prompt.token_ids, plan.params, request_id=request_id, priority=priority
         )
     except (InvalidPromptError, SamplingParamsError) as error:

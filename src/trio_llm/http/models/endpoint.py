@@ -45,7 +45,8 @@ async def model_card(model_id: str) -> Response:
 
 def _engine_for(model: str | None) -> tuple[EngineClient, ModelInfo]:
     """Any model tokenizes, whatever endpoint it serves."""
-    return current_state().engine_for(model, task=None)
+    lease, info = current_state().lease(model, task=None)
+    return lease.client, info
 
 
 async def tokenize() -> Response:

@@ -17,7 +17,7 @@ from functools import partial
 import trio
 from quart_trio import QuartTrio
 
-from trio_llm.client.errors import EngineStartError
+from trio_llm.client.errors import start_error_in
 from trio_llm.client.router import replica_label
 from trio_llm.http import hypercorn_fixes
 from trio_llm.http.model_specs import ModelSpec
@@ -105,7 +105,7 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
                         )
         except BaseExceptionGroup as group:
             cancel_all()
-            error = _first_start_error(group)
+            error = start_error_in(group)
             if error is None:
                 raise
             raise error from None
@@ -116,11 +116,3 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
         with contextlib.suppress(trio.TooSlowError):
             with trio.fail_after(60):
                 await done.wait()
-
-
-def _first_start_error(group: BaseExceptionGroup) -> EngineStartError | None:
-    for exc in group.exceptions:
-        found = _first_start_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
-        if isinstance(found, EngineStartError):
-            return found
-    return None

@@ -2,7 +2,7 @@
 serves, behind one `Router` (client/router.py): each model, each with its replicas.
 
 Invariants:
-- A handler gets its engine only from `engine_for`, which routes by the request's `model`
+- A handler gets its engine only from `lease`, which routes by the request's `model`
   (404 naming the served models when none has that name, 400 naming which models serve which
   endpoint when the model does not serve this one) to the least-loaded live replica (503,
   `engine_unavailable`, while none is up), and holds that replica for the request's
@@ -23,13 +23,13 @@ from quart import current_app
 
 from trio_llm import __version__
 from trio_llm.client.router import (
+    Lease,
     ModelNotServedError,
     NoLiveReplicaError,
     Router,
     ServedModel,
     aggregate,
 )
-from trio_llm.engine.loader import read_generation_config
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.ids import now, system_fingerprint
@@ -38,6 +38,7 @@ from trio_llm.http.runtime.admission import Admission
 from trio_llm.http.runtime.metrics import Metrics
 from trio_llm.http.runtime.middleware import on_request_end
 from trio_llm.http.sampling import SamplingDefaults
+from trio_llm.model_files import read_generation_config
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -146,18 +147,19 @@ class AppState:
             raise
         on_request_end(ticket.release)
 
-    def engine_for(
+    def lease(
         self, requested_model: str | None, *, task: str | None = "generate", sequences: int = 0
-    ) -> tuple[EngineClient, ModelInfo]:
-        """The least-loaded live engine serving `requested_model` (None: the first model) for
-        `task` (None: whatever it serves), held for `sequences` until the request ends."""
+    ) -> tuple[Lease, ModelInfo]:
+        """The least-loaded live replica serving `requested_model` (None: the first model) for
+        `task` (None: whatever it serves), held for `sequences` until the request ends: the
+        request generates (or embeds) through the lease, so `Router.abort` sees it."""
         served, info = self.model_for(requested_model, task=task)
         try:
             lease = self.router.lease(served, sequences)
         except NoLiveReplicaError:
             raise engine_unavailable() from None
         on_request_end(lease.release)
-        return lease.client, info
+        return lease, info
 
     def model_for(
         self, requested_model: str | None, *, task: str | None

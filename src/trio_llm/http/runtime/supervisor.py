@@ -16,12 +16,11 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import msgspec
 import trio
 
+from trio_llm.client.engine_process import OnStage, log_stage
 from trio_llm.client.errors import EngineDeadError, EngineStartError
 from trio_llm.config import EngineArgs
 
@@ -31,14 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OpenEngine = Callable[..., AbstractAsyncContextManager["EngineClient"]]
+"""`open_engine(args, on_stage=...)`, or a test's stand-in."""
 
 
 class EngineGaveUpError(RuntimeError):
     """The engine died and will not be restarted (restarts off, or too many per minute)."""
-
-
-def _log_stage(label: str, stage: str) -> None:
-    log.info("engine %s: %s", label, stage)
 
 
 def _default_open_engine() -> OpenEngine:
@@ -63,13 +59,12 @@ async def supervise_engine(
     come up)."""
     open_engine = open_engine or _default_open_engine()
     label = label or args.served_model_name or args.model
-    kwargs: dict[str, Any] = msgspec.structs.asdict(args)
-    kwargs["on_stage"] = partial(_log_stage, label)
+    on_stage: OnStage = log_stage(label)
     restarts: deque[float] = deque()
     started = False
     while True:
         try:
-            async with open_engine(**kwargs) as client:
+            async with open_engine(args, on_stage=on_stage) as client:
                 attach(client)
                 if not started:
                     started = True

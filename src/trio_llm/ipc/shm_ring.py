@@ -1,11 +1,26 @@
-"""A single-producer single-consumer message ring in shared memory, with eventfd doorbells.
+"""The shared-memory ring: a single-producer single-consumer message ring in shared memory,
+with eventfd doorbells. This module is its public face, the one to read: `ShmRing`, its two
+ends in both faces (`RingSender`/`RingReceiver`, blocking, for the engine's thread;
+`AsyncRingSender`/`AsyncRingReceiver`, AnyIO, for the frontend's event loop), its statistics
+and its errors; `trio_llm.ipc` re-exports them.
 
 Owns the frontend<->engine transport as one object per direction: `ShmRing` holds a segment
-(`_segment`: an anonymous memfd both processes map, inherited through `pass_fds`), the peer's
-pidfd, and this process's endpoints, one of each kind at most (`_sender`, `_receiver`, and their
-AnyIO faces in `_async`). What the bytes mean is `_layout`; why plain loads and stores are enough
-on x86-64, and nowhere else, is `_fence`; how a sleeping side is woken without a lost wake-up is
-`_endpoint`.
+(`_segment`: an anonymous memfd both processes map, inherited through `pass_fds`; its endpoints
+are given the `MappedSegment`, never the ring), the peer's pidfd, and this process's endpoints,
+one of each kind at most (`_sender`, `_receiver`, and their AnyIO faces in `_async`). What the
+bytes mean is `_layout`; why plain loads and stores are enough on x86-64, and nowhere else, is
+`_fence`; how a sleeping side is woken without a lost wake-up is `_endpoint`.
+
+Design facts it keeps (DESIGN.md, "The shared-memory ring"):
+- One ring per direction, SPSC, in an anonymous memfd reachable only through its fds (nothing
+  is named, so there is nothing to unlink, and nothing outlives both processes).
+- Agrona-style layout: monotonic 64-bit head and tail on their own cache lines, 8-byte aligned
+  records `[length][type][payload]` with the length published last, a padding record at the
+  wrap; a message larger than the ring is refused (`MessageTooLargeError`), never corrupting it.
+- An idle pair burns no CPU: a side blocks on its doorbell only once it announced its sleep, and
+  a dead peer wakes every blocked operation (`PeerDiedError`) through its pidfd.
+- x86-64 only (TSO): plain stores through the mapping are the publication; anywhere else the
+  ring refuses to start rather than corrupt data.
 
 Invariant: `close()` leaves nothing behind in this process, whatever was received before: the
 endpoints hand out copies only, so once they have released their views the mapping can always
@@ -17,18 +32,41 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import os
-import weakref
 from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, Self, TypeVar
 
 import anyio
 
 from trio_llm.ipc._async import AsyncRingReceiver, AsyncRingSender
 from trio_llm.ipc._endpoint import Endpoint
+from trio_llm.ipc._errors import (
+    MessageTooLargeError,
+    PeerDiedError,
+    RingClosedError,
+    RingCorruptError,
+    RingError,
+)
 from trio_llm.ipc._layout import Q_HEAD, Q_TAIL, W_CONSUMER_CLOSED, W_PRODUCER_CLOSED
 from trio_llm.ipc._receiver import RingReceiver
-from trio_llm.ipc._segment import RingSpec, attach_segment, close_fds, create_segment
+from trio_llm.ipc._segment import MappedSegment, RingSpec, attach_segment, create_segment
 from trio_llm.ipc._sender import RingSender
+
+__all__ = [
+    "AsyncRingReceiver",
+    "AsyncRingSender",
+    "MessageTooLargeError",
+    "PeerDiedError",
+    "RingClosedError",
+    "RingCorruptError",
+    "RingError",
+    "RingReceiver",
+    "RingSender",
+    "RingSpec",
+    "RingStatistics",
+    "ShmRing",
+]
+
+E = TypeVar("E", bound=Endpoint)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,9 +103,7 @@ class ShmRing:
         self.spec = spec
         self.capacity = spec.capacity
         self.fence = fence
-        self._mem = mem
-        view = memoryview(mem)
-        self._views = (view, view.cast("Q"), view.cast("I"))
+        self._segment = MappedSegment(spec, mem, fence)
         self._pidfd: int | None = None
         self._peer_gone = False
         self._sender: RingSender | None = None
@@ -75,13 +111,11 @@ class ShmRing:
         self._async_sender: AsyncRingSender | None = None
         self._async_receiver: AsyncRingReceiver | None = None
         self._closed = False
-        # Close our fds even if the caller forgets to; close() runs it early.
-        self._finalizer = weakref.finalize(self, close_fds, list(self.fds))
 
     @property
     def fds(self) -> tuple[int, ...]:
         """The fds a child must inherit (`subprocess.Popen(..., pass_fds=ring.fds)`)."""
-        return (self.spec.mem_fd, self.spec.data_fd, self.spec.space_fd)
+        return self._segment.fds
 
     @classmethod
     def create(cls, capacity: int, *, fence: Literal["lock", "membarrier"] = "lock") -> ShmRing:
@@ -117,8 +151,7 @@ class ShmRing:
                 endpoint._peer_died()
             return
         self._pidfd = pidfd
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, close_fds, [*self.fds, pidfd])
+        self._segment.adopt(pidfd)
         for endpoint in self._endpoints():
             endpoint._watch(pidfd)
 
@@ -126,15 +159,23 @@ class ShmRing:
         """This process's producer endpoint (the same object on every call)."""
         self._check_open()
         if self._sender is None:
-            self._sender = RingSender(self)
+            self._sender = self._told(RingSender(self._segment))
         return self._sender
 
     def receiver(self) -> RingReceiver:
         """This process's consumer endpoint (the same object on every call)."""
         self._check_open()
         if self._receiver is None:
-            self._receiver = RingReceiver(self)
+            self._receiver = self._told(RingReceiver(self._segment))
         return self._receiver
+
+    def _told(self, endpoint: E) -> E:
+        """`endpoint`, told what this ring knows of its peer (watched, or gone already)."""
+        if self._pidfd is not None:
+            endpoint._watch(self._pidfd)
+        if self._peer_gone:
+            endpoint._peer_died()
+        return endpoint
 
     def async_sender(self) -> AsyncRingSender:
         """The producer endpoint's AnyIO face (the same object on every call)."""
@@ -150,7 +191,7 @@ class ShmRing:
 
     def statistics(self) -> RingStatistics:
         self._check_open()
-        _, q, w = self._views
+        q, w = self._segment.q, self._segment.w
         endpoints = self._endpoints()
         return RingStatistics(
             capacity=self.capacity,
@@ -176,11 +217,9 @@ class ShmRing:
             for endpoint in self._endpoints():
                 endpoint.close()
                 endpoint._release()
-            for view in reversed(self._views):
-                view.release()  # (after the endpoints released the views they sliced from these)
-            self._mem.close()
+            self._segment.unmap()
         finally:
-            self._finalizer()
+            self._segment.close_fds()
 
     def _endpoints(self) -> list[Endpoint]:
         return [e for e in (self._sender, self._receiver) if e is not None]

@@ -1,5 +1,5 @@
-"""A `Constraint` in llguidance's terms: the grammar text it compiles to, its validation, and the
-tokenizer llguidance computes masks over.
+"""A `Constraint` in llguidance's terms: the grammar text it compiles to, its validation, the
+tokenizer llguidance computes masks over, and one request's matcher (`Grammar`).
 
 What it owns: every choice of how a constraint becomes a grammar (compact JSON unless a
 whitespace pattern is given; a choice as a Lark alternation; a grammar given as Lark or GBNF),
@@ -115,3 +115,29 @@ def llg_tokenizer(
     return llguidance.LLTokenizer(
         backend.to_str(), n_vocab=vocab_size, eos_token=sorted(eos_token_ids)
     )
+
+
+class Grammar:
+    """One request's matcher: the state of its grammar after its committed tokens."""
+
+    __slots__ = ("matcher",)
+
+    def __init__(self, matcher: LLMatcher) -> None:
+        self.matcher = matcher
+
+    def accept(self, tokens: list[int]) -> bool:
+        """Advance by the tokens the request committed; False (and `error` set) if the grammar
+        does not allow them."""
+        return self.matcher.consume_tokens(tokens)
+
+    def is_terminated(self) -> bool:
+        """The grammar admits no more tokens (EOS aside): the output is complete."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces next (none where the model has a choice)."""
+        return self.matcher.compute_ff_tokens()
