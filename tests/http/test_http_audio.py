@@ -206,6 +206,18 @@ def test_bad_requests_get_a_4xx_naming_the_field(
     assert response.json()["error"]["param"] == param
 
 
+def test_a_corrupt_file_never_reaches_the_engine(server: ServerProcess, said: bytes) -> None:
+    before = httpx.get(server.url + "/health").json()["engines"]
+    noise = np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8).tobytes()
+    half = len(said) // 2
+    for corrupt in (said[:half] + noise + said[half + 4000 :], said[:100] + noise, noise):
+        response = _post(server, "/v1/audio/transcriptions", corrupt)
+        assert response.status_code in (200, 400), response.text
+        if response.status_code == 400:
+            assert response.json()["error"]["param"] == "file"
+    assert httpx.get(server.url + "/health").json()["engines"] == before  # same pids, no restart
+
+
 def test_a_file_over_the_limits_gets_413_naming_the_file(server: ServerProcess) -> None:
     too_big = _post(server, "/v1/audio/transcriptions", b"\0" * (5 << 20))
     assert too_big.status_code == 413 and too_big.json()["error"]["param"] == "file"
