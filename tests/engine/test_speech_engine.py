@@ -156,3 +156,17 @@ def test_the_temperature_ladder_is_whispers() -> None:
     assert temperatures(0.0) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     assert temperatures(0.3) == (0.3, 0.5, 0.7, 0.9)
     assert temperatures(1.0) == (1.0,)
+
+
+def test_a_task_the_model_cannot_serve_stops_the_start() -> None:
+    from transformers import LlamaConfig
+
+    from trio_llm.engine.loader import resolve_task
+    from trio_llm.engine.speech.core import SpeechModelError
+    from trio_llm.model_files import ModelSource, UnsupportedModelError, resolve_model
+
+    text_model = ModelSource("llama", resolve_model("whisper-tiny.en").path, "llama")
+    with pytest.raises(UnsupportedModelError, match="not a Whisper model"):
+        resolve_task("transcribe", text_model, LlamaConfig())
+    with pytest.raises(SpeechModelError, match="serves task transcribe, not embed"):
+        build_core(EngineArgs(model="whisper-tiny.en", task="embed"), lambda _: None)

@@ -71,6 +71,11 @@ def resolve_task(task: str, source: ModelSource, config: PretrainedConfig) -> st
     encoder = is_encoder(config)
     if task == "auto":
         return "embed" if encoder else "generate"
+    if task == "transcribe":
+        raise UnsupportedModelError(
+            f"{source.name} is not a Whisper model in CTranslate2's format: it cannot serve task "
+            "transcribe"
+        )
     if task == "generate" and encoder:
         raise UnsupportedModelError(
             f"{source.name} is an encoder ({config.model_type}): it serves embeddings only "
