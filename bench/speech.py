@@ -8,9 +8,12 @@ itself, with PyAV).
 
 The systems run in rounds, in a rotated order each round, so that whatever else the machine does
 falls on all of them alike; every run records the load average before it. The figure is the
-real-time factor (seconds of compute per second of audio: lower is faster) and its inverse,
-audio seconds per wall second; "vs library" is throughput over the sequential library's. The
-HTTP load generator runs in this process, on the same cores as the server.
+real-time factor (wall seconds per second of audio: lower is faster) and its inverse, audio
+seconds per wall second; "vs library" is throughput over the sequential library's. Beside the
+wall clock, each run's CPU seconds: the library's are this process's, trio-llm's those of its
+processes (engine, and the server's frontend for HTTP), which a loaded machine disturbs less
+than the wall clock. The HTTP load generator runs in this process, on the same cores as the
+server.
 
     python bench/speech.py --threads 2 --rounds 2 --clips 8 --seconds 45
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import resource
 import statistics
 import sys
 import time
@@ -43,6 +48,19 @@ Run = Callable[[list[bytes]], list[str]]
 
 def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU seconds of these processes (0 for this one: its own usage)."""
+    total = 0.0
+    for pid in pids:
+        if pid == 0:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            total += usage.ru_utime + usage.ru_stime
+            continue
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def clips(count: int, seconds: float) -> list[bytes]:
@@ -149,32 +167,47 @@ def main() -> None:
             "trio-llm HTTP, c=1": http_run(server.url, 1),
             "trio-llm HTTP, c=4": http_run(server.url, 4),
         }
+        engine = [llm._loop.client.pid]  # type: ignore[union-attr]
+        served = [server.process.pid, server.engine_pid()]
+        processes = dict(zip(systems, [[0], [0], engine, served, served], strict=True))
         names = list(systems)
-        reference = systems[names[0]](files[:2])
+        reference = systems[names[0]](files[:1])
         for name in names:  # warm-up, and the texts agree
-            got = systems[name](files[:2])
+            got = systems[name](files[:1])
             wer = max(word_error_rate(r, g) for r, g in zip(reference, got, strict=True))
             print(f"# warm-up {name}: largest WER against the library's text {wer:.3f}")
         times: dict[str, list[float]] = {name: [] for name in names}
+        cpus: dict[str, list[float]] = {name: [] for name in names}
         for r in range(args.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 load = load_average()
+                cpu = cpu_seconds(processes[name])
                 start = time.perf_counter()
                 systems[name](files)
                 elapsed = time.perf_counter() - start
+                cpus[name].append(cpu_seconds(processes[name]) - cpu)
                 times[name].append(elapsed)
-                print(f"round {r + 1} {name}: {elapsed:.2f} s (load {load:.2f})", flush=True)
+                print(
+                    f"round {r + 1} {name}: {elapsed:.2f} s, {cpus[name][-1]:.1f} CPU s "
+                    f"(load {load:.2f})",
+                    flush=True,
+                )
     base = statistics.median(times[names[0]])
     print()
-    print("| system | median s | RTF | audio s per s | vs library (one at a time) | runs (s) |")
-    print("|---|---|---|---|---|---|")
+    base_cpu = statistics.median(cpus[names[0]])
+    print(
+        "| system | median s | RTF | audio s per s | vs library (one at a time) | CPU s | "
+        "CPU vs library | runs (s) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         median = statistics.median(times[name])
+        cpu = statistics.median(cpus[name])
         runs = ", ".join(f"{t:.1f}" for t in times[name])
         print(
             f"| {name} | {median:.2f} | {median / audio:.3f} | {audio / median:.1f} | "
-            f"{base / median:.2f}x | {runs} |"
+            f"{base / median:.2f}x | {cpu:.1f} | {base_cpu / cpu:.2f}x | {runs} |"
         )
 
 
