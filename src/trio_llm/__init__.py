@@ -19,6 +19,8 @@ from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
 from trio_llm.constraint import Constraint, ConstraintKind
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -26,6 +28,8 @@ from trio_llm.outputs import (
     PositionLogprobs,
     RequestMetrics,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
     TranscriptionOutput,
     TranscriptionSegment,
     TranscriptionWord,
@@ -43,6 +47,8 @@ __all__ = [
     "LLM",
     "AudioError",
     "ChatTemplateError",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "Constraint",
     "ConstraintKind",
@@ -65,6 +71,8 @@ __all__ = [
     "Router",
     "SamplingParams",
     "SamplingParamsError",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "TranscriptionOutput",
     "TranscriptionSegment",
     "TranscriptionWord",

@@ -1,5 +1,6 @@
 """What `EngineClient.generate` yields, the user-facing view of a request's progress, what
-`EngineClient.embed` returns, and what `EngineClient.transcribe` yields."""
+`EngineClient.embed`, `score` and `classify` return (vLLM's names and fields), and what
+`EngineClient.transcribe` yields."""
 
 from __future__ import annotations
 
@@ -125,3 +126,44 @@ class TranscriptionOutput:
     def text(self) -> str:
         """The whole text so far, as OpenAI's `text` gives it (no leading space)."""
         return "".join(s.text for s in self.segments).strip()
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    score: float
+    """The pair's score: a cross-encoder's activated logit, or an embedding model's cosine."""
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """What `EngineClient.score` returns for one pair of texts."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    """What the model saw for the pair: the pair's encoding for a cross-encoder, both texts'
+    token ids one after the other for an embedding model (vLLM's)."""
+    outputs: ScoringOutput
+    finished: bool = True
+
+
+@dataclass(slots=True)
+class ClassificationOutput:
+    probs: list[float]
+    """One per label, in the model's label order: the softmax over several labels, a
+    cross-encoder's activated score for one."""
+    label: str
+    """The most probable label's name (`id2label`)."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """What `EngineClient.classify` returns for one input."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
+    finished: bool = True

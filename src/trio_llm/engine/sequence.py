@@ -77,6 +77,8 @@ class Sequence:
     """With finish_reason 'error': why."""
     bans: TokenBans | None = None
     """allowed_token_ids and bad_words, built once when the request arrived."""
+    token_type_start: int = 0
+    """A pooling request's pair of texts: where the second starts (0: one text)."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -52,8 +52,13 @@ class EngineCoreRequest(_Msg, tag="add"):
     priority: int = 0
     """Lower runs first; FCFS among equals."""
     pooling: bool = False
-    """An embedding request: the engine pools the prompt's hidden states instead of generating
-    (only a pooling engine serves it; `sampling_params` is then unused)."""
+    """A pooling request (embeddings, scores, classes): the engine pools the prompt's hidden
+    states instead of generating (only a pooling engine serves it; `sampling_params` is then
+    unused)."""
+    token_type_start: int = 0
+    """A pooling request that is a pair of texts (a cross-encoder's input): the index of the
+    second text's first token, from which a model with token types gives type 1; 0: one
+    text."""
 
 
 class TranscriptionRequest(_Msg, tag="transcribe"):
@@ -109,7 +114,7 @@ class EngineReady(_Msg, tag="ready"):
     attention_backend: str = "torch"
     pid: int = 0
     task: str = "generate"
-    """generate | embed: what the engine serves."""
+    """generate | embed | score | classify: what the engine serves (trio_llm.tasks)."""
     embedding_size: int = 0
     """With task embed: the length of each embedding."""
     normalized: bool = False
@@ -120,6 +125,9 @@ class EngineReady(_Msg, tag="ready"):
     languages: list[str] | None = None
     """With task transcribe: the language codes the model knows (["en"]: English only, so it
     cannot translate)."""
+    labels: list[str] | None = None
+    """With task score or classify: the label of each output, in order (the model's
+    `id2label`); its outputs are the activated scores (probabilities over several labels)."""
 
 
 class EngineLoading(_Msg, tag="loading"):
@@ -196,7 +204,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     error: str | None = None
     """With finish_reason 'error': what went wrong with this request."""
     pooled: bytes | None = None
-    """A pooling request's embedding (raw float32), with finish_reason 'stop'."""
+    """A pooling request's output (raw float32: the embedding, or one score per label), with
+    finish_reason 'stop'."""
     speech: SpeechOutput | None = None
     """A transcription's new segments (one output per window)."""
 
