@@ -14,6 +14,7 @@ from trio_llm.http.audio import protocol as audio
 from trio_llm.http.chat import protocol as chat
 from trio_llm.http.completions import protocol as completions
 from trio_llm.http.embeddings import protocol as embeddings
+from trio_llm.http.generate import protocol as generate
 from trio_llm.http.models import protocol as models
 from trio_llm.http.pooling import protocol as pooling
 from trio_llm.http.responses import protocol as responses
@@ -69,8 +70,13 @@ def _errors_for(status: int, text: str) -> dict[str, Any]:
     }
 
 
-def _post(summary: str, request: type, response: type, *, streams: bool) -> dict[str, Any]:
+def _post(
+    summary: str, request: type, response: type, *, streams: bool, many: bool = False
+) -> dict[str, Any]:
+    """`many`: the response is a JSON array of `response`."""
     content = _json(response)
+    if many:
+        content["application/json"]["schema"] = {"type": "array", "items": _ref(response.__name__)}
     if streams:
         content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
@@ -131,6 +137,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             *models.WIRE_TYPES,
             *responses.WIRE_TYPES,
             *pooling.WIRE_TYPES,
+            *generate.WIRE_TYPES,
         ),
         ref_template="#/components/schemas/{name}",
     )
@@ -158,6 +165,19 @@ def openapi_document(version: str) -> dict[str, Any]:
                 completions.CompletionRequest,
                 completions.CompletionResponse,
                 streams=True,
+            ),
+            "/v1/chat/completions/render": _post(
+                "A chat completion's prompt token ids, rendered and not generated (vLLM's)",
+                chat.ChatCompletionRequest,
+                generate.RenderedPrompt,
+                streams=False,
+            ),
+            "/v1/completions/render": _post(
+                "Each prompt's token ids, not generated (vLLM's; a list, one per prompt)",
+                completions.CompletionRequest,
+                generate.RenderedPrompt,
+                streams=False,
+                many=True,
             ),
             "/v1/embeddings": _post(
                 "Embeddings of texts or token ids",
