@@ -63,9 +63,9 @@ async def _serve(task: str) -> Response:
     fields, file = await _read_form(config.max_audio_size)
     form = convert_request(fields, AudioForm)
     model_name = form.model or state.first_served(TASK)
-    state.model_for(model_name, task=TASK)  # 404 or 400 before anything else
+    served, _ = state.model_for(model_name, task=TASK)  # 404 or 400 before anything else
     plan = plan_audio(form, task, fields)
-    state.admit(1)
+    state.admit(served, 1)
     lease, model = state.lease(model_name, task=TASK, sequences=1)
     outputs = lease.transcribe(
         await anyio.to_thread.run_sync(file.stream.read),  # a spooled upload: maybe on disk
