@@ -21,8 +21,8 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 # Debian programs some tests drive as real processes, asked for by test.sh with --with-browser:
-# chromium (the chat page's browser test) and redis-server (stored responses shared by two
-# servers behind vLLM's router). Each is tried once per virtualenv where it can be (root and
+# chromium (the chat page's browser test), redis-server (stored responses shared by two
+# servers behind vLLM's router) and espeak-ng (the speech-to-text tests speak their sentences). Each is tried once per virtualenv where it can be (root and
 # apt-get); where it cannot, the tests that need it skip and say why.
 apt_once() {  # apt_once PACKAGE PROGRAM WHAT-FOR
     local package="$1" program="$2" why="$3"
@@ -39,15 +39,7 @@ apt_once() {  # apt_once PACKAGE PROGRAM WHAT-FOR
 if [[ "${1:-}" == "--with-browser" ]]; then
     apt_once chromium /usr/bin/chromium "for the chat page's browser test"
     apt_once redis-server /usr/bin/redis-server "for the shared responses store's test"
-fi
-# The speech-to-text tests speak their sentences with Debian's espeak-ng; likewise tried once.
-if [[ "${1:-}" == "--with-browser" && ! -x /usr/bin/espeak-ng && ! -f "$venv/.espeak-tried" ]]; then
-    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing espeak-ng with apt-get (for the speech-to-text tests)" >&2
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng; } \
-            >/dev/null || echo "bootstrap: espeak-ng could not be installed; its tests will skip" >&2
-    fi
-    touch "$venv/.espeak-tried"
+    apt_once espeak-ng /usr/bin/espeak-ng "for the speech-to-text tests"
 fi
 
 # Re-install only when pyproject.toml changed since the last successful set-up.
