@@ -22,8 +22,9 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 # Debian programs some tests drive as real processes, asked for by test.sh with --with-browser:
 # chromium (the chat page's browser test), redis-server (stored responses shared by two
-# servers behind vLLM's router) and espeak-ng (the speech-to-text tests speak their sentences). Each is tried once per virtualenv where it can be (root and
-# apt-get); where it cannot, the tests that need it skip and say why.
+# servers behind vLLM's router) and espeak-ng (the speech-to-text tests speak their
+# sentences). Each is tried once per virtualenv where it can be (root and apt-get); where it
+# cannot, the tests that need it skip and say why.
 apt_once() {  # apt_once PACKAGE PROGRAM WHAT-FOR
     local package="$1" program="$2" why="$3"
     if [[ -x "$program" || -f "$venv/.$package-tried" ]]; then
