@@ -32,8 +32,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     hub id already in the local cache."""
     served_model_name: str | None = None
     task: str = "auto"
-    """auto | generate | embed: auto serves embeddings from an encoder (BERT family) and
-    generation from a decoder; embed makes a decoder serve embeddings (last-token pooling)."""
+    """auto | generate | embed | transcribe: auto serves embeddings from an encoder (BERT
+    family), generation from a decoder and speech-to-text from a Whisper model (CTranslate2
+    format); embed makes a decoder serve embeddings (last-token pooling)."""
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16"""
     device: str = "auto"
@@ -101,7 +102,12 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """auto | on | off: n-gram prompt-lookup drafts (engine/speculative.py), verified by the
     step's samples. auto is off: measured on the CPU path, drafting made streams slower."""
     num_threads: int | None = None
-    """torch intra-op threads in the engine; None: one per core."""
+    """torch intra-op threads in the engine (CTranslate2's, in a speech engine); None: one per
+    core."""
+    compute_type: str = "default"
+    """Speech engines: CTranslate2's compute type, e.g. int8, int8_float32, float32, float16:
+    default keeps the type the model was saved in where the device computes it efficiently
+    (float32 on a CPU without fast float16), auto picks the fastest the device supports."""
     stream_interval: int = 1
     """Frontend: a streaming consumer that keeps up gets its first token at once, then output
     every this many engine steps (and at the end). Larger values cost fewer wake-ups and SSE

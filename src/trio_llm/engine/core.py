@@ -51,11 +51,13 @@ from trio_llm.engine.structured import StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
 from trio_llm.grammar import Grammar
 from trio_llm.ipc.messages import (
+    AudioChunk,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
     SchedulerStats,
+    TranscriptionRequest,
 )
 from trio_llm.tasks import TASK_WORDS, is_pooling
 
@@ -311,7 +313,12 @@ class EngineCore:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, req: EngineCoreRequest) -> None:
+    def add_request(self, req: EngineCoreRequest | TranscriptionRequest | AudioChunk) -> None:
+        if isinstance(req, AudioChunk):
+            return  # its TranscriptionRequest was refused below
+        if isinstance(req, TranscriptionRequest):
+            self.reject(req.request_id, "this engine serves text models: it does not transcribe")
+            return
         try:
             seq = self._new_sequence(req)
         except Exception as exc:  # whatever is wrong with it, it fails alone

@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException
 
 from trio_llm.http.anthropic import endpoint as anthropic
 from trio_llm.http.anthropic.protocol import error_body
+from trio_llm.http.audio import endpoint as audio
 from trio_llm.http.chat import endpoint as chat
 from trio_llm.http.completions import endpoint as completions
 from trio_llm.http.config import ServerConfig, config_from_env
@@ -35,7 +36,7 @@ from trio_llm.http.models import endpoint as models
 from trio_llm.http.ops import endpoint as ops
 from trio_llm.http.pooling import endpoint as pooling
 from trio_llm.http.responses import endpoint as responses
-from trio_llm.http.runtime.bodies import error_response
+from trio_llm.http.runtime.bodies import JSON_LIMIT_KEY, error_response
 from trio_llm.http.runtime.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
 from trio_llm.http.runtime.middleware import install_middleware
 from trio_llm.http.runtime.state import AppState, install_state
@@ -50,6 +51,8 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/completions", completions.completions),
     ("POST", "/v1/completions/render", completions.render_completion),
     ("POST", "/v1/embeddings", embeddings.embeddings),
+    ("POST", "/v1/audio/transcriptions", audio.transcriptions),
+    ("POST", "/v1/audio/translations", audio.translations),
     ("POST", "/v1/responses", responses.create_response),
     ("POST", "/v1/responses/render", responses.render_response),
     ("GET", "/v1/responses/<response_id>", responses.retrieve_response),
@@ -84,7 +87,12 @@ def _make_app(state: AppState) -> QuartTrio:
     config = state.config
     app = QuartTrio(__name__)
     install_state(app, state)
-    app.config["MAX_CONTENT_LENGTH"] = config.max_body_size
+    # The audio routes' forms may be larger than a JSON body; read_body holds JSON bodies to
+    # max_body_size itself.
+    app.config["MAX_CONTENT_LENGTH"] = max(
+        config.max_body_size, config.max_audio_size + audio.FORM_SLACK
+    )
+    app.config[JSON_LIMIT_KEY] = config.max_body_size
     app = install_middleware(app, config, state.metrics)
     _handle_errors(app, config)
     for method, path, handler in _ROUTES:

@@ -50,6 +50,11 @@ class ServerConfig:
     """Sequences each replica may queue beyond its --max-num-seqs before new requests for its
     model get 503; None: as many as it runs (admission is on by default)."""
     max_body_size: int = 16 << 20
+    """Largest JSON body."""
+    max_audio_size: int = 25 << 20
+    """Largest audio file of a transcription or translation (OpenAI's own limit)."""
+    max_audio_seconds: float = 1800.0
+    """Longest audio a transcription or translation may hold, in seconds."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish on SIGINT/SIGTERM before they are aborted."""
     log_level: str = "info"
@@ -166,10 +171,11 @@ def add_serve_arguments(
         metavar="MODEL[:OPTION=VALUE,...]",
         default=(_env("model", env) or DEFAULT_MODEL).split(),
         help=f"models to serve, each its own engine: {DEFAULT_MODEL} (default), "
-        "all-MiniLM-L6-v2 (embeddings), a Hugging Face directory, a .gguf file, or a hub id "
+        "all-MiniLM-L6-v2 (embeddings), whisper-tiny.en or whisper-base (speech to text), a "
+        "Hugging Face directory, a CTranslate2 Whisper directory, a .gguf file, or a hub id "
         "already in the local cache; options after a colon apply to that model only: name, "
-        "task, dtype, device, kv, max-len, seqs, threads, dp (e.g. "
-        "all-MiniLM-L6-v2:dtype=float32,dp=2)",
+        "task, dtype, device, kv, max-len, seqs, threads, compute, dp (e.g. "
+        "all-MiniLM-L6-v2:dtype=float32,dp=2, whisper-tiny.en:compute=int8,threads=2)",
     )
     add("--host", default=defaults.host, help="address to listen on (default %(default)s)")
     add("--port", default=defaults.port, type=int, help="port (default %(default)s)")
@@ -354,6 +360,20 @@ def add_serve_arguments(
         help="largest request body, e.g. 16MiB; bigger ones get 413 (default 16MiB)",
     )
     add(
+        "--max-audio-size",
+        default=defaults.max_audio_size,
+        type=_size,
+        help="largest audio file of /v1/audio/transcriptions and /translations, e.g. 25MiB; "
+        "bigger ones get 413 naming `file` (default 25MiB)",
+    )
+    add(
+        "--max-audio-seconds",
+        default=defaults.max_audio_seconds,
+        type=_seconds,
+        help="longest audio one transcription or translation may hold; longer gets 413 "
+        "naming `file` (default %(default)s)",
+    )
+    add(
         "--shutdown-timeout",
         default=defaults.shutdown_timeout,
         type=_seconds,
@@ -463,6 +483,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allowed_origins=origins,
         max_queued_requests=args.max_queued_requests,
         max_body_size=args.max_body_size,
+        max_audio_size=args.max_audio_size,
+        max_audio_seconds=args.max_audio_seconds,
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,

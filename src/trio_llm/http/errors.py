@@ -25,6 +25,7 @@ from trio_llm.client.errors import (
     UnsupportedTaskError,
 )
 from trio_llm.sampling_params import SamplingParamsError
+from trio_llm.speech.audio import AudioError
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ def translate_error(error: BaseException) -> ProtocolError:
         return bad_request(str(error), param=error.param)
     if isinstance(error, PromptTooLongError):
         return bad_request(str(error), param=error.param, code="context_length_exceeded")
+    if isinstance(error, AudioError):
+        return ProtocolError(error.status, str(error), param=error.param)
     if isinstance(error, InvalidPromptError):
         return bad_request(str(error), param=error.param)
     if isinstance(error, ChatTemplateError):

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from trio_llm.http.anthropic import protocol as anthropic
+from trio_llm.http.audio import protocol as audio
 from trio_llm.http.chat import protocol as chat
 from trio_llm.http.completions import protocol as completions
 from trio_llm.http.embeddings import protocol as embeddings
@@ -24,7 +25,7 @@ _ERROR_STATUSES = (
     (401, "Missing or wrong API key"),
     (404, "Unknown model"),
     (413, "Body larger than --max-body-size"),
-    (415, "Body is not JSON"),
+    (415, "Body is not JSON (multipart/form-data for the audio routes)"),
     (503, "Queue full or engine restarting; see Retry-After"),
 )
 
@@ -110,6 +111,37 @@ def _post(
     }
 
 
+def _audio_post(summary: str) -> dict[str, Any]:
+    """A multipart form: the file beside AudioForm's text fields; the answer is JSON, text,
+    srt or vtt by `response_format`, or transcript.text.* events with `stream`."""
+    form = {
+        "allOf": [
+            _ref(audio.AudioForm.__name__),
+            {
+                "type": "object",
+                "properties": {"file": {"type": "string", "format": "binary"}},
+                "required": ["file"],
+            },
+        ]
+    }
+    content = {
+        "application/json": {
+            "schema": {"oneOf": [_ref(audio.Transcription.__name__), _ref("TranscriptionVerbose")]}
+        },
+        "text/plain": {"schema": {"type": "string"}},
+        "text/vtt": {"schema": {"type": "string"}},
+        "application/x-subrip": {"schema": {"type": "string"}},
+        "text/event-stream": {"schema": {"type": "string"}},
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": form}}},
+            "responses": {"200": {"description": "OK", "content": content}, **_errors()},
+        }
+    }
+
+
 def _get(summary: str, response: type | None = None, **extra: Any) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK"}
     if response is not None:
@@ -121,6 +153,7 @@ def openapi_document(version: str) -> dict[str, Any]:
     """OpenAPI 3.1 for every route the server has."""
     _, schemas = msgspec.json.schema_components(
         (
+            *audio.WIRE_TYPES,
             *chat.WIRE_TYPES,
             *completions.WIRE_TYPES,
             *embeddings.WIRE_TYPES,
@@ -176,6 +209,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                 embeddings.EmbeddingRequest,
                 embeddings.EmbeddingResponse,
                 streams=False,
+            ),
+            "/v1/audio/transcriptions": _audio_post(
+                "Speech to text in the spoken language, from a model served for speech"
+            ),
+            "/v1/audio/translations": _audio_post(
+                "Speech to English text, from a multilingual speech model"
             ),
             "/v1/responses": _post(
                 "Responses API: a response to input items (with the history of "

@@ -12,12 +12,16 @@ from typing import Any, TypeVar
 
 import msgspec
 from msgspec import Struct
-from quart import Response, request
+from quart import Response, current_app, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.wire import decode_request
 
 R = TypeVar("R", bound=Struct)
+
+JSON_LIMIT_KEY = "TRIO_LLM_MAX_JSON_BODY"
+"""The app config key of the largest JSON body (--max-body-size)."""
 
 
 async def read_body() -> bytes:
@@ -29,7 +33,14 @@ async def read_body() -> bytes:
             f"Content-Type must be application/json, got {mimetype}",
             code="unsupported_media_type",
         )
-    return await request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
+    # MAX_CONTENT_LENGTH may be larger, for the audio routes' forms: JSON has its own limit.
+    limit = current_app.config.get(JSON_LIMIT_KEY)
+    if limit is not None and (request.content_length or 0) > limit:
+        raise RequestEntityTooLarge()
+    data = await request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
+    if limit is not None and len(data) > limit:
+        raise RequestEntityTooLarge()
+    return data
 
 
 async def decode_body(kind: type[R], raw: bytes | None = None) -> R:

@@ -65,6 +65,7 @@ USE_ENDPOINTS = {
     "score": "/score and /rerank",
     "classify": "/classify",
     "pooling": "/pooling",
+    "transcribe": "/v1/audio/transcriptions and /v1/audio/translations",
 }
 """Where each use of a model (`trio_llm.tasks`) is served, for the 400 of a model that does
 not serve the endpoint asked."""
@@ -220,6 +221,11 @@ class AppState:
         if task is not None and not serves(info.task, task):
             raise bad_request(self._wrong_task(info, task), param="model", code="wrong_model_task")
         return served, info
+
+    def first_served(self, task: str) -> str | None:
+        """The name of the first model served for `task` (what a request that names no model
+        gets, on the routes of a task other than the first model's)."""
+        return next((c.name for c in self.cards() if c.task == task), None)
 
     def cards(self) -> list[ModelInfo]:
         """Every served model's card, in order (those that came up at least once)."""
