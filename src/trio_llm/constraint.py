@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Any
 
 import msgspec
+
+MAX_SCHEMA_DEPTH = 64
+"""The deepest nesting of objects and arrays a JSON schema may have. The grammar engine reads a
+grammar with serde_json, which stops at 128 levels; a schema's own levels and the grammar's
+wrapping stay well inside that here, and no schema people write comes close."""
 
 
 class ConstraintKind(enum.IntEnum):
@@ -46,6 +52,10 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     def json_schema(
         cls, schema: dict[str, Any] | str, *, whitespace_pattern: str | None = None
     ) -> Constraint:
+        if not isinstance(schema, str):
+            depth = value_depth(schema)
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(_too_deep(depth))
         text = schema if isinstance(schema, str) else json.dumps(schema)
         return cls(ConstraintKind.JSON_SCHEMA, text, whitespace_pattern)
 
@@ -76,6 +86,9 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         if not self.spec:
             raise ValueError(f"the {kind.name.lower()} constraint is empty")
         if kind is ConstraintKind.JSON_SCHEMA:
+            depth = json_depth(self.spec)
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ValueError(_too_deep(depth))
             try:
                 schema = json.loads(self.spec)
             except ValueError as exc:
@@ -95,3 +108,40 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         except ValueError:
             return []
         return choices if isinstance(choices, list) else []
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of objects and arrays in JSON `text` (brackets inside strings not
+    counted), found without parsing it: a document thousands of levels deep must not reach a
+    recursive parser."""
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def value_depth(value: Any) -> int:
+    """The deepest nesting of dicts and lists in `value`, found without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        elif not isinstance(item, list | tuple):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def _too_deep(depth: int) -> str:
+    return f"the JSON schema is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed"

@@ -84,6 +84,8 @@ def main() -> int:
     except Exception as exc:
         _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
         return 1
+    if not core.pooling:
+        core.structured.prepare()  # now, not at the first constrained request
     try:
         tx.send(encode(core.ready))
         return EngineLoop(core, rx, tx, parent).run()

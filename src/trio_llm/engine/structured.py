@@ -22,7 +22,15 @@ output so far, which the rows of one chunk do not each see.
 
 Invariants: a request whose grammar is compiling is never scheduled; an aborted one's compile
 result is dropped. The step's masks are filled before its sampling reads them and never while
-a matcher is being advanced (`StepMasks.wait` is called before the step's update).
+a matcher is being advanced (`StepMasks.wait` is called before the step's update). A mask
+never allows a token its grammar refuses: a matcher that has failed gets an empty row, and a
+grammar that forces a byte the model cannot produce gets a row with only a placeholder token
+past the logits (`grammar.GrammarVocabulary`); the sampler reports either as a dead end
+(`DEAD_END`) instead of sampling, and no placeholder is ever proposed as a draft.
+
+The grammar vocabulary (about a second of work that holds the GIL in places) is built in the
+compile thread as soon as the engine process starts (`prepare`), not by the first constrained
+request, which would stall the running streams' steps while it is built.
 """
 
 from __future__ import annotations
@@ -41,7 +49,14 @@ import torch
 from llguidance import LLMatcher
 
 from trio_llm.constraint import Constraint
-from trio_llm.engine.grammar import ConstraintError, grammar_text, llg_tokenizer
+from trio_llm.engine.grammar import (
+    ConstraintError,
+    GrammarVocabulary,
+    clean_error,
+    grammar_text,
+    grammar_vocabulary,
+    limits,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -60,10 +75,11 @@ CACHE_SIZE = 64
 class Grammar:
     """One request's matcher: the state of its grammar after its committed tokens."""
 
-    __slots__ = ("matcher",)
+    __slots__ = ("matcher", "vocabulary")
 
-    def __init__(self, matcher: LLMatcher) -> None:
+    def __init__(self, matcher: LLMatcher, vocabulary: GrammarVocabulary) -> None:
         self.matcher = matcher
+        self.vocabulary = vocabulary
 
     def accept(self, tokens: list[int]) -> bool:
         """Advance by the tokens the request committed; False (and `error` set) if the grammar
@@ -76,11 +92,23 @@ class Grammar:
 
     @property
     def error(self) -> str:
-        return self.matcher.get_error()
+        """Why the matcher failed, in words for a client."""
+        return clean_error(self.matcher.get_error())
+
+    def dead_end(self, others: list[str]) -> str:
+        """Why the grammar allows no token of the model now (`others`: the request's other
+        restrictions in force), in words for a client."""
+        return self.vocabulary.dead_end(self.matcher, others)
 
     def forced_tokens(self) -> list[int]:
-        """The tokens the grammar forces next (none where the model has a choice)."""
-        return self.matcher.compute_ff_tokens()
+        """The tokens the grammar forces next (none where the model has a choice), up to the
+        first placeholder of a byte the model cannot produce."""
+        forced = self.matcher.compute_ff_tokens()
+        limit = self.vocabulary.vocab_size
+        for i, token in enumerate(forced):
+            if token >= limit:
+                return forced[:i]
+        return forced
 
 
 @dataclass(slots=True)
@@ -109,12 +137,9 @@ class StructuredOutputs:
         *,
         jump_forward: bool = True,
     ) -> None:
-        self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.jump_forward = jump_forward
-        self._tokenizer: llguidance.LLTokenizer | None = None
-        self._tokenizer_lock = threading.Lock()
         self._cache: OrderedDict[Constraint, LLMatcher] = OrderedDict()
         self._cache_lock = threading.Lock()
         # Two threads, so that a step's masks never wait behind a slow compile; both spend
@@ -122,38 +147,53 @@ class StructuredOutputs:
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._masker = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._executor: llguidance.LLExecutor | None = None
-        self.words = (vocab_size + 31) // 32
+        self._load_tokenizer = load_tokenizer
+        self._vocabulary: Future[GrammarVocabulary] | None = None
+        self._vocabulary_lock = threading.Lock()
 
     # -- compile --------------------------------------------------------------------------
 
     def compile(self, constraint: Constraint) -> Future[Grammar]:
-        """The request's grammar, compiled in the compile thread (the first one also builds
-        llguidance's view of the vocabulary, about a second)."""
-        return self._compiler.submit(self._compile, constraint)
+        """The request's grammar, compiled in the compile thread (after the grammar vocabulary,
+        when that is not built yet)."""
+        # The vocabulary's build goes first in the one compile thread (where waiting for it
+        # inside a compile would wait for ever).
+        vocabulary = self.prepare()
+        return self._compiler.submit(self._compile, constraint, vocabulary)
 
-    def _compile(self, constraint: Constraint) -> Grammar:
+    def _compile(self, constraint: Constraint, pending: Future[GrammarVocabulary]) -> Grammar:
         with self._cache_lock:
             template = self._cache.get(constraint)
             if template is not None:
                 self._cache.move_to_end(constraint)
+        vocabulary = pending.result()
         if template is None:
             text = grammar_text(constraint)
-            template = LLMatcher(self.tokenizer(), text, log_level=0)
+            template = LLMatcher(vocabulary.tokenizer, text, log_level=0, limits=limits())
             if template.is_error():
-                raise ConstraintError(template.get_error().split("\n<state>", 1)[0])
+                raise ConstraintError(clean_error(template.get_error()))
             with self._cache_lock:
                 self._cache[constraint] = template
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return Grammar(template.deep_copy())
+        return Grammar(template.deep_copy(), vocabulary)
 
-    def tokenizer(self) -> llguidance.LLTokenizer:
-        with self._tokenizer_lock:
-            if self._tokenizer is None:
-                self._tokenizer = llg_tokenizer(
-                    self._load_tokenizer(), self.vocab_size, sorted(self.eos_token_ids)
-                )
-            return self._tokenizer
+    def prepare(self) -> Future[GrammarVocabulary]:
+        """Start building the grammar vocabulary in the compile thread, if not yet started:
+        the engine process does it at start-up."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                self._vocabulary = self._compiler.submit(self._build_vocabulary)
+            return self._vocabulary
+
+    def _build_vocabulary(self) -> GrammarVocabulary:
+        eos = sorted(self.eos_token_ids)
+        return grammar_vocabulary(self._load_tokenizer(), self.vocab_size, eos)
+
+    def vocabulary(self) -> GrammarVocabulary:
+        """The grammar vocabulary (built on first use unless `prepare` started it; waits while
+        the compile thread builds it)."""
+        return self.prepare().result()
 
     # -- masks ----------------------------------------------------------------------------
 
@@ -172,7 +212,8 @@ class StructuredOutputs:
             row += count
         if not jobs:
             return None
-        bitmask = np.zeros((len(rows), self.words), dtype=np.int32)
+        words = self.vocabulary().mask_words
+        bitmask = np.zeros((len(rows), words), dtype=np.int32)
         done = self._masker.submit(self._fill, jobs, bitmask)
         return StepMasks(bitmask, np.asarray(rows, dtype=np.int64), done)
 
@@ -181,13 +222,18 @@ class StructuredOutputs:
             self._executor = llguidance.LLExecutor()
         # llguidance spreads the matchers over its own threads and, for a sequence with
         # drafts, fills the mask after each draft too (that call refuses empty draft lists).
-        pointer, size, rows = bitmask.ctypes.data, self.words * 4, bitmask.shape[0]
+        pointer, size, rows = bitmask.ctypes.data, bitmask.shape[1] * 4, bitmask.shape[0]
         plain = [(matcher, row) for matcher, row, drafts in jobs if not drafts]
         drafting = [job for job in jobs if job[2]]
         if plain:
             self._executor.unsafe_compute_mask_ptr(plain, pointer, size, rows)
         if drafting:
             self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, pointer, size, rows)
+        for matcher, row, drafts in jobs:
+            if matcher.is_error():
+                # A failed matcher's mask allows EOS; its rows allow nothing instead, so the
+                # sampler reports the dead end and the request fails with the matcher's error.
+                bitmask[row : row + len(drafts) + 1] = 0
 
     # -- after the step -------------------------------------------------------------------
 

@@ -63,12 +63,12 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
                 plan.messages,
                 chat_template=engine.chat_template,
                 parser=current_state().config.tool_call_parser,
-                constrain=plan.params.constraint is None,
+                answer=plan.params.constraint,
             )
             messages = tools.messages
             template_kwargs = {**(template_kwargs or {}), **tools.template_kwargs}
             self._new_parser = tools.new_parser
-            if tools.constraint is not None:
+            if tools.constraint is not plan.params.constraint:
                 await check_constraint(tools.constraint, "tools")
                 params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
                 self.plan = plan = dataclasses.replace(plan, params=params)

@@ -39,7 +39,7 @@ from trio_llm.http.serving import (
 )
 from trio_llm.http.state import ModelInfo, current_state
 from trio_llm.http.structured import check_constraint
-from trio_llm.http.tools import NamedFunction, ToolCallParser, plan_tools
+from trio_llm.http.tools import ToolCallParser, plan_tools
 from trio_llm.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -70,19 +70,17 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
         req, plan = self.request, self.plan
         messages = conversation_messages(req.instructions, self._history, plan.items)
-        choice = plan.tool_choice
-        forced = choice == "required" or isinstance(choice, NamedFunction)
         tools = plan_tools(
             [t.as_tool() for t in plan.tools],
-            choice,
+            plan.tool_choice,
             req.parallel_tool_calls,
             messages,
             chat_template=engine.chat_template,
             parser=current_state().config.tool_call_parser,
-            constrain=forced or plan.params.constraint is None,
+            answer=plan.params.constraint,
         )
         self._parser = tools.new_parser()
-        if tools.constraint is not None:  # the calls' grammar (a forced one wins text.format)
+        if tools.constraint is not plan.params.constraint:  # the calls' grammar
             await check_constraint(tools.constraint, "tools")
             params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
             self.plan = dataclasses.replace(plan, params=params)

@@ -109,6 +109,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     """With finish_reason 'error': what went wrong with this request."""
     pooled: bytes | None = None
     """A pooling request's embedding (raw float32), with finish_reason 'stop'."""
+    error_param: str | None = None
+    """With an error the request's own parameters caused ('constraint', 'allowed_token_ids',
+    ...: nothing they allow could be generated): that parameter. None: the engine failed."""
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
