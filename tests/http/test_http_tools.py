@@ -18,7 +18,7 @@ from llguidance import LLMatcher
 from transformers import AutoTokenizer
 
 from trio_llm.constraint import Constraint
-from trio_llm.engine.grammar import grammar_vocabulary
+from trio_llm.grammar import grammar_vocabulary
 from trio_llm.http import ServerConfig, build_app
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.tools import (
@@ -529,7 +529,7 @@ async def test_tool_choice_none_sends_no_tools_and_parses_nothing(
 
 
 def test_openapi_shows_the_tool_fields() -> None:
-    from trio_llm.http.openapi import openapi_document
+    from trio_llm.http.ops.openapi import openapi_document
 
     schemas = openapi_document("x")["components"]["schemas"]
     fields = schemas["ChatCompletionRequest"]["properties"]

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from trio_llm.constraint import Constraint
-from trio_llm.engine.grammar import lark_expression
+from trio_llm.grammar import lark_expression
 from trio_llm.http.tools.formats import ToolFormat
 from trio_llm.http.tools.prompting import FunctionTool
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trio_llm.constraint import Constraint
-from trio_llm.engine.grammar import ConstraintError
+from trio_llm.grammar import ConstraintError
 from trio_llm.http.errors import bad_request
 from trio_llm.http.tools.formats import (
     HERMES,

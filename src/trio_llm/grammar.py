@@ -1,0 +1,352 @@
+"""A `Constraint` in llguidance's terms: the grammar text it compiles to, its validation, the
+vocabulary llguidance computes masks over, and one request's matcher (`Grammar`).
+
+What it owns: every choice of how a constraint becomes a grammar (compact JSON unless a
+whitespace pattern is given; a choice as one lexeme; a grammar given as Lark or GBNF), the
+limits every matcher runs under, and the words the client sees when the grammar engine refuses
+something. The frontend (to refuse a bad constraint with a 400 before the engine sees it) and
+the engine (to compile it) both use this module, so the two can never disagree about what is
+valid. Nothing here imports torch; the frontend calls `check` off its event loop.
+
+Invariants:
+- llguidance's tokenization of the bytes a grammar forces is lossless. A model's vocabulary may
+  lack a token for some byte values (SmolLM2's has none for 21 of them, F2 among them: the
+  first byte of U+80000-U+BFFFF). The tokenizer then drops such a byte without a word, and
+  llguidance, forcing the tokens of what it believes are the forced bytes, would allow a token
+  the grammar refuses next. The grammar vocabulary therefore holds one placeholder token per
+  missing byte, numbered past the model's logits: a grammar that forces such a byte gets a
+  mask with no model token in it, which the sampler reports as a dead end.
+- No message from the grammar engine carries its parser state or the grammar (`clean_error`).
+
+llguidance was chosen over xgrammar by bench/structured.py (table in
+bench/results/structured.md): no dependencies, forced-token computation for jump-forward, masks
+for draft tokens in one parallel call, and Lark and GBNF both accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from copy import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+import numpy as np
+from llguidance import LLMatcher, LLParserLimits
+
+from trio_llm.constraint import Constraint, ConstraintKind
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+COMPACT_JSON: dict[str, Any] = {"whitespace_flexible": False}
+"""llguidance's JSON options by default: no whitespace anywhere, the separators "," and ":"."""
+
+PROBE_STEPS = 16
+"""Tokens a check walks into a constraint (the lowest-numbered token each step allows): where
+the grammar engine's per-step limits are met first (a choice of thousands of alternatives
+opens them all at the first token)."""
+
+
+def limits() -> LLParserLimits:
+    """The limits every matcher runs under: llguidance's own, without the parser state and
+    grammar that its verbose errors append (they must not reach a client)."""
+    return LLParserLimits(verbose_errors=False)
+
+
+class ConstraintError(ValueError):
+    """A constraint the grammar engine cannot enforce; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Grammar text
+
+
+def grammar_text(constraint: Constraint) -> str:
+    """The llguidance grammar (its JSON form) for `constraint`. Raises `ConstraintError` for a
+    spec that is not even well-formed; `check` validates the rest."""
+    try:
+        constraint.validate()
+    except ValueError as exc:
+        raise ConstraintError(str(exc)) from None
+    kind = constraint.kind
+    if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
+        options = dict(COMPACT_JSON)
+        if constraint.whitespace_pattern is not None:
+            options = {"whitespace_pattern": constraint.whitespace_pattern}
+        schema = constraint.spec if kind is ConstraintKind.JSON_SCHEMA else '{"type": "object"}'
+        try:
+            # Defaults, not overrides: a schema's own "x-guidance" options win.
+            return LLMatcher.grammar_from_json_schema(schema, defaults=options)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConstraintError(clean_error(str(exc))) from None
+    if kind is ConstraintKind.REGEX:
+        return LLMatcher.grammar_from_regex(constraint.spec)
+    if kind is ConstraintKind.CHOICE:
+        # One lexeme (an upper-case Lark rule): the lexer's automaton holds the alternatives,
+        # however many, where parser rules would open one Earley item per alternative and
+        # meet llguidance's limit of 2000 items in a row.
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.choices)
+        return LLMatcher.grammar_from_lark(f"start: CHOICE\nCHOICE: {alternatives}")
+    try:
+        # Lark, or GBNF converted to Lark.
+        return llguidance.grammar_from("grammar", constraint.spec)
+    except ValueError as exc:
+        raise ConstraintError(clean_error(str(exc))) from None
+
+
+def lark_expression(constraint: Constraint) -> str:
+    """`constraint` as the right-hand side of a Lark rule, for a grammar that offers it beside
+    something else (tool calls). A grammar constraint cannot be one: it has rules of its own."""
+    try:
+        constraint.validate()
+    except ValueError as exc:
+        raise ConstraintError(str(exc)) from None
+    kind = constraint.kind
+    if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
+        schema = json.loads(constraint.spec) if kind is ConstraintKind.JSON_SCHEMA else {}
+        if schema is True:
+            schema = {}
+        if schema is False:
+            raise ConstraintError("the JSON schema false admits nothing")
+        if kind is ConstraintKind.JSON_OBJECT:
+            schema = {"type": "object"}
+        options = dict(COMPACT_JSON)
+        if constraint.whitespace_pattern is not None:
+            options = {"whitespace_pattern": constraint.whitespace_pattern}
+        schema["x-guidance"] = {**options, **(schema.get("x-guidance") or {})}
+        return "%json " + json.dumps(schema, ensure_ascii=False)
+    if kind is ConstraintKind.REGEX:
+        return "/" + _escape_slashes(constraint.spec) + "/"
+    if kind is ConstraintKind.CHOICE:
+        return " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.choices)
+    raise ConstraintError("a grammar cannot be offered beside tool calls")
+
+
+def _escape_slashes(regex: str) -> str:
+    """`regex` with every `/` not yet escaped by a backslash escaped: a Lark regex literal."""
+    out: list[str] = []
+    escaped = False
+    for char in regex:
+        if char == "/" and not escaped:
+            out.append("\\")
+        out.append(char)
+        escaped = char == "\\" and not escaped
+    return "".join(out)
+
+
+_ROW_LIMIT = re.compile(r"Current row has (\d+) items; max is (\d+)")
+
+
+def clean_error(message: str) -> str:
+    """llguidance's error in words for a client: without its parser state or grammar, without
+    its internal prefixes, short."""
+    message = message.split("\n<state>", 1)[0].split("\n<non-verbose/>", 1)[0].strip()
+    rows = _ROW_LIMIT.search(message)
+    if rows is not None:
+        return (
+            f"the constraint is too complex for the grammar engine: {rows[1]} alternatives are "
+            f"open at one point, and at most {rows[2]} may be"
+        )
+    message = message.removeprefix("Parser Error: ").removeprefix("parser error: ")
+    return message if len(message) <= 600 else message[:597] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# The vocabulary
+
+
+@dataclass(frozen=True, eq=False)
+class GrammarVocabulary:
+    """llguidance's view of a model's vocabulary (about a second to build: do it once)."""
+
+    tokenizer: llguidance.LLTokenizer
+    vocab_size: int
+    """The model's: the width of its logits. Tokens from here on are placeholders."""
+    unproducible: frozenset[int]
+    """The byte values UTF-8 may hold that no token of the model produces (each has a
+    placeholder token)."""
+
+    @property
+    def mask_words(self) -> int:
+        """The int32 words of one bitmask row (placeholders included)."""
+        return (self.tokenizer.vocab_size + 31) // 32
+
+    def dead_end(self, matcher: LLMatcher, others: Sequence[str] = ()) -> str:
+        """Why `matcher` allows no token of the model, in words for a client; `others`: the
+        request's other restrictions in force (allowed_token_ids, bad_words...)."""
+        if matcher.is_error():
+            return "the constraint failed: " + clean_error(matcher.get_error())
+        forced = matcher.compute_ff_bytes()
+        missing = sorted({b for b in forced if b in self.unproducible})
+        if missing:
+            return (
+                f"the constraint requires the bytes {_hex(forced[:16])} next, and no token of "
+                f"this model's vocabulary produces the byte {_hex(missing)}"
+            )
+        if others:
+            return f"the constraint allows no token here that {' and '.join(others)} also allow"
+        return "the constraint allows no token of this model's vocabulary here"
+
+
+def _hex(data: Iterable[int]) -> str:
+    return " ".join(f"{b:02X}" for b in data)
+
+
+def grammar_vocabulary(
+    tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_token_ids: list[int]
+) -> GrammarVocabulary:
+    """The grammar vocabulary of a model: its tokenizer's tokens, masks as wide as its logits
+    (`vocab_size`, which may exceed the tokenizer's), every one of its EOS tokens allowed where
+    a grammar may end, and a placeholder past `vocab_size` for each byte no token produces."""
+    backend = copy(tokenizer.backend_tokenizer)  # type: ignore[attr-defined]
+    backend.no_padding()
+    backend.no_truncation()
+    spec = json.loads(backend.to_str())
+    missing = _add_byte_placeholders(spec, vocab_size)
+    llg = llguidance.LLTokenizer(
+        json.dumps(spec), n_vocab=vocab_size + len(missing), eos_token=sorted(eos_token_ids)
+    )
+    return GrammarVocabulary(llg, vocab_size, frozenset(missing))
+
+
+def _add_byte_placeholders(spec: dict[str, Any], first_id: int) -> list[int]:
+    """Give each byte the vocabulary of tokenizer.json `spec` has no token for a token of its
+    own, numbered from `first_id`; the bytes, in that order. Byte-level BPE vocabularies
+    (GPT-2's alphabet) can lack some; those with byte fallback hold every byte as `<0xNN>`."""
+    model = spec.get("model") or {}
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or "ByteLevel" not in json.dumps(spec.get("decoder")):
+        return []
+    alphabet = _byte_level_alphabet()
+    missing = [b for b in _UTF8_BYTES if alphabet[b] not in vocab]
+    for i, b in enumerate(missing):
+        vocab[alphabet[b]] = first_id + i
+    return missing
+
+
+_UTF8_BYTES = [b for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5]
+"""The byte values UTF-8 text may hold (grammars match text; llguidance also reserves 0xFF)."""
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a token's text
+    (printable Latin-1 bytes stand for themselves, the others are shifted past U+00FF)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    for i, b in enumerate(shifted):
+        chars[b] = chr(0x100 + i)
+    return [chars[b] for b in range(256)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+
+
+_CHECK_CACHE = 256
+_checked: OrderedDict[tuple[GrammarVocabulary | None, Constraint], str] = OrderedDict()
+"""Constraints validated lately (with the vocabulary they were probed on) -> their error ('' when
+valid), least recently used first."""
+_checked_lock = threading.Lock()
+
+
+def check(constraint: Constraint, vocabulary: GrammarVocabulary | None = None) -> None:
+    """Raise `ConstraintError` unless llguidance can enforce `constraint` (a bad regex, an
+    unknown JSON-schema keyword or format, a grammar that does not parse or is too deep, one
+    past the grammar engine's limits...). With the model's `vocabulary`, the grammar is also
+    compiled as the engine compiles it and walked a few tokens in (`probe`). Remembered:
+    clients send the same few constraints again and again, and a large schema takes a while."""
+    key = (vocabulary, constraint)
+    with _checked_lock:
+        error = _checked.get(key)
+        if error is not None:
+            _checked.move_to_end(key)
+    if error is None:
+        try:
+            text = grammar_text(constraint)
+            error = clean_error(LLMatcher.validate_grammar(text, limits=limits()))
+            if not error and vocabulary is not None:
+                probe(text, vocabulary)
+        except ConstraintError as exc:
+            error = str(exc)
+        with _checked_lock:
+            _checked[key] = error
+            while len(_checked) > _CHECK_CACHE:
+                _checked.popitem(last=False)
+    if error:
+        raise ConstraintError(error)
+
+
+def is_checked(constraint: Constraint, vocabulary: GrammarVocabulary | None = None) -> bool:
+    """Whether `check` answers from memory (no need to leave the event loop for it)."""
+    with _checked_lock:
+        return (vocabulary, constraint) in _checked
+
+
+def probe(text: str, vocabulary: GrammarVocabulary) -> None:
+    """Compile grammar `text` over `vocabulary` and walk it `PROBE_STEPS` tokens in, each step
+    the lowest-numbered token its mask allows: raise `ConstraintError` where it fails or allows
+    no token of the model (a grammar that forces a byte the vocabulary cannot produce)."""
+    matcher = LLMatcher(vocabulary.tokenizer, text, log_level=0, limits=limits())
+    eos = set(vocabulary.tokenizer.eos_tokens)
+    for _ in range(PROBE_STEPS):
+        if matcher.is_error():
+            break
+        if matcher.is_stopped():
+            return
+        mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little")[: vocabulary.vocab_size])
+        if matcher.is_error():
+            break
+        if allowed.size == 0:
+            raise ConstraintError(vocabulary.dead_end(matcher))
+        token = next((int(t) for t in allowed if int(t) not in eos), None)
+        if token is None:
+            return  # it may only end
+        matcher.consume_token(token)
+    if matcher.is_error():
+        raise ConstraintError(clean_error(matcher.get_error()))
+
+
+class Grammar:
+    """One request's matcher: the state of its grammar after its committed tokens."""
+
+    __slots__ = ("matcher", "vocabulary")
+
+    def __init__(self, matcher: LLMatcher, vocabulary: GrammarVocabulary) -> None:
+        self.matcher = matcher
+        self.vocabulary = vocabulary
+
+    def accept(self, tokens: list[int]) -> bool:
+        """Advance by the tokens the request committed; False (and `error` set) if the grammar
+        does not allow them."""
+        return self.matcher.consume_tokens(tokens)
+
+    def is_terminated(self) -> bool:
+        """The grammar admits no more tokens (EOS aside): the output is complete."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        """Why the matcher failed, in words for a client."""
+        return clean_error(self.matcher.get_error())
+
+    def dead_end(self, others: list[str]) -> str:
+        """Why the grammar allows no token of the model now (`others`: the request's other
+        restrictions in force), in words for a client."""
+        return self.vocabulary.dead_end(self.matcher, others)
+
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces next (none where the model has a choice), up to the
+        first placeholder of a byte the model cannot produce."""
+        forced = self.matcher.compute_ff_tokens()
+        limit = self.vocabulary.vocab_size
+        for i, token in enumerate(forced):
+            if token >= limit:
+                return forced[:i]
+        return forced
