@@ -25,11 +25,12 @@ for draft tokens in one parallel call, and Lark and GBNF both accepted.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from copy import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,10 +47,8 @@ if TYPE_CHECKING:
 COMPACT_JSON: dict[str, Any] = {"whitespace_flexible": False}
 """llguidance's JSON options by default: no whitespace anywhere, the separators "," and ":"."""
 
-PROBE_STEPS = 16
-"""Tokens a check walks into a constraint (the lowest-numbered token each step allows): where
-the grammar engine's per-step limits are met first (a choice of thousands of alternatives
-opens them all at the first token)."""
+PROBE_BYTES = 64
+"""Bytes a check walks into a constraint (`probe`)."""
 
 
 def limits() -> LLParserLimits:
@@ -176,21 +175,23 @@ class GrammarVocabulary:
         """The int32 words of one bitmask row (placeholders included)."""
         return (self.tokenizer.vocab_size + 31) // 32
 
-    def dead_end(self, matcher: LLMatcher, others: Sequence[str] = ()) -> str:
-        """Why `matcher` allows no token of the model, in words for a client; `others`: the
-        request's other restrictions in force (allowed_token_ids, bad_words...)."""
-        if matcher.is_error():
-            return "the constraint failed: " + clean_error(matcher.get_error())
-        forced = matcher.compute_ff_bytes()
-        missing = sorted({b for b in forced if b in self.unproducible})
-        if missing:
-            return (
-                f"the constraint requires the bytes {_hex(forced[:16])} next, and no token of "
-                f"this model's vocabulary produces the byte {_hex(missing)}"
-            )
-        if others:
-            return f"the constraint allows no token here that {' and '.join(others)} also allow"
-        return "the constraint allows no token of this model's vocabulary here"
+
+def dead_end(matcher: LLMatcher, unproducible: frozenset[int], others: Sequence[str] = ()) -> str:
+    """Why `matcher` allows no token of the model, in words for a client; `unproducible`: the
+    bytes no token of the model produces; `others`: the request's other restrictions in force
+    (allowed_token_ids, bad_words...)."""
+    if matcher.is_error():
+        return "the constraint failed: " + clean_error(matcher.get_error())
+    forced = matcher.compute_ff_bytes()
+    missing = sorted({b for b in forced if b in unproducible})
+    if missing:
+        return (
+            f"the constraint requires the bytes {_hex(forced[:16])} next, and no token of "
+            f"this model's vocabulary produces the byte {_hex(missing)}"
+        )
+    if others:
+        return f"the constraint allows no token here that {' and '.join(others)} also allow"
+    return "the constraint allows no token of this model's vocabulary here"
 
 
 def _hex(data: Iterable[int]) -> str:
@@ -207,30 +208,42 @@ def grammar_vocabulary(
     backend.no_padding()
     backend.no_truncation()
     spec = json.loads(backend.to_str())
-    missing = _add_byte_placeholders(spec, vocab_size)
+    vocab = (spec.get("model") or {}).get("vocab")
+    missing = []
+    if isinstance(vocab, dict) and _is_byte_level(spec.get("decoder")):
+        missing = _missing_bytes(vocab)
+        alphabet = _byte_level_alphabet()
+        for i, b in enumerate(missing):
+            vocab[alphabet[b]] = vocab_size + i
     llg = llguidance.LLTokenizer(
         json.dumps(spec), n_vocab=vocab_size + len(missing), eos_token=sorted(eos_token_ids)
     )
     return GrammarVocabulary(llg, vocab_size, frozenset(missing))
 
 
-def _add_byte_placeholders(spec: dict[str, Any], first_id: int) -> list[int]:
-    """Give each byte the vocabulary of tokenizer.json `spec` has no token for a token of its
-    own, numbered from `first_id`; the bytes, in that order. Byte-level BPE vocabularies
-    (GPT-2's alphabet) can lack some; those with byte fallback hold every byte as `<0xNN>`."""
-    model = spec.get("model") or {}
-    vocab = model.get("vocab")
-    if not isinstance(vocab, dict) or "ByteLevel" not in json.dumps(spec.get("decoder")):
-        return []
+def unproducible_bytes(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The bytes UTF-8 may hold that no token of `tokenizer` produces (the frontend's check
+    refuses a constraint that forces one; `grammar_vocabulary` gives each a placeholder)."""
+    backend = tokenizer.backend_tokenizer  # type: ignore[attr-defined]
+    if not _is_byte_level(json.loads(backend.decoder.__getstate__()) if backend.decoder else None):
+        return frozenset()
+    return frozenset(_missing_bytes(backend.get_vocab(with_added_tokens=False)))
+
+
+def _is_byte_level(decoder: Any) -> bool:
+    """Whether a tokenizer.json `decoder` maps GPT-2's byte-level alphabet back to bytes."""
+    return "ByteLevel" in json.dumps(decoder)
+
+
+def _missing_bytes(vocab: Mapping[str, int]) -> list[int]:
+    """The bytes UTF-8 may hold that have no token of their own in a byte-level `vocab`.
+    (Vocabularies with byte fallback hold every byte as `<0xNN>`; grammars match UTF-8 text,
+    and llguidance reserves 0xFF.)"""
     alphabet = _byte_level_alphabet()
-    missing = [b for b in _UTF8_BYTES if alphabet[b] not in vocab]
-    for i, b in enumerate(missing):
-        vocab[alphabet[b]] = first_id + i
-    return missing
+    return [b for b in _UTF8_BYTES if alphabet[b] not in vocab]
 
 
 _UTF8_BYTES = [b for b in range(256) if b not in (0xC0, 0xC1) and b < 0xF5]
-"""The byte values UTF-8 text may hold (grammars match text; llguidance also reserves 0xFF)."""
 
 
 def _byte_level_alphabet() -> list[str]:
@@ -249,19 +262,19 @@ def _byte_level_alphabet() -> list[str]:
 
 
 _CHECK_CACHE = 256
-_checked: OrderedDict[tuple[GrammarVocabulary | None, Constraint], str] = OrderedDict()
-"""Constraints validated lately (with the vocabulary they were probed on) -> their error ('' when
-valid), least recently used first."""
+_checked: OrderedDict[tuple[frozenset[int], Constraint], str] = OrderedDict()
+"""Constraints validated lately (with the bytes the model could not produce) -> their error
+('' when valid), least recently used first."""
 _checked_lock = threading.Lock()
 
 
-def check(constraint: Constraint, vocabulary: GrammarVocabulary | None = None) -> None:
+def check(constraint: Constraint, unproducible: frozenset[int] = frozenset()) -> None:
     """Raise `ConstraintError` unless llguidance can enforce `constraint` (a bad regex, an
     unknown JSON-schema keyword or format, a grammar that does not parse or is too deep, one
-    past the grammar engine's limits...). With the model's `vocabulary`, the grammar is also
-    compiled as the engine compiles it and walked a few tokens in (`probe`). Remembered:
-    clients send the same few constraints again and again, and a large schema takes a while."""
-    key = (vocabulary, constraint)
+    past the grammar engine's limits...) for a model whose vocabulary cannot produce the bytes
+    `unproducible`: the grammar is also walked a few bytes in (`probe`). Remembered: clients
+    send the same few constraints again and again, and a large schema takes a while."""
+    key = (unproducible, constraint)
     with _checked_lock:
         error = _checked.get(key)
         if error is not None:
@@ -270,8 +283,8 @@ def check(constraint: Constraint, vocabulary: GrammarVocabulary | None = None) -
         try:
             text = grammar_text(constraint)
             error = clean_error(LLMatcher.validate_grammar(text, limits=limits()))
-            if not error and vocabulary is not None:
-                probe(text, vocabulary)
+            if not error:
+                probe(text, unproducible)
         except ConstraintError as exc:
             error = str(exc)
         with _checked_lock:
@@ -282,33 +295,39 @@ def check(constraint: Constraint, vocabulary: GrammarVocabulary | None = None) -
         raise ConstraintError(error)
 
 
-def is_checked(constraint: Constraint, vocabulary: GrammarVocabulary | None = None) -> bool:
+def is_checked(constraint: Constraint, unproducible: frozenset[int] = frozenset()) -> bool:
     """Whether `check` answers from memory (no need to leave the event loop for it)."""
     with _checked_lock:
-        return (vocabulary, constraint) in _checked
+        return (unproducible, constraint) in _checked
 
 
-def probe(text: str, vocabulary: GrammarVocabulary) -> None:
-    """Compile grammar `text` over `vocabulary` and walk it `PROBE_STEPS` tokens in, each step
-    the lowest-numbered token its mask allows: raise `ConstraintError` where it fails or allows
-    no token of the model (a grammar that forces a byte the vocabulary cannot produce)."""
-    matcher = LLMatcher(vocabulary.tokenizer, text, log_level=0, limits=limits())
-    eos = set(vocabulary.tokenizer.eos_tokens)
-    for _ in range(PROBE_STEPS):
-        if matcher.is_error():
+@functools.cache
+def _byte_tokenizer() -> llguidance.LLTokenizer:
+    """llguidance's vocabulary of the 256 bytes, one token each (instant to build)."""
+    return llguidance.LLTokenizer("byte")
+
+
+def probe(text: str, unproducible: frozenset[int]) -> None:
+    """Compile grammar `text` over a vocabulary of single bytes and walk it `PROBE_BYTES` bytes
+    in, each step the lowest byte it allows that the model can produce: raise
+    `ConstraintError` where it fails (the grammar engine's per-step limits are met at the
+    first bytes: a choice of thousands of alternatives opens them all there) or where it
+    allows nothing the model can produce (a character whose bytes its vocabulary lacks)."""
+    tokenizer = _byte_tokenizer()
+    matcher = LLMatcher(tokenizer, text, log_level=0, limits=limits())
+    for _ in range(PROBE_BYTES):
+        if matcher.is_error() or matcher.is_stopped():
             break
-        if matcher.is_stopped():
-            return
         mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little")[: vocabulary.vocab_size])
+        allowed = np.flatnonzero(np.unpackbits(mask, bitorder="little")[:256])
         if matcher.is_error():
             break
-        if allowed.size == 0:
-            raise ConstraintError(vocabulary.dead_end(matcher))
-        token = next((int(t) for t in allowed if int(t) not in eos), None)
-        if token is None:
-            return  # it may only end
-        matcher.consume_token(token)
+        byte = next((int(b) for b in allowed if int(b) not in unproducible), None)
+        if byte is None:
+            if matcher.is_accepting():
+                return  # it may only end
+            raise ConstraintError(dead_end(matcher, unproducible))
+        matcher.consume_token(byte)
     if matcher.is_error():
         raise ConstraintError(clean_error(matcher.get_error()))
 
@@ -339,7 +358,7 @@ class Grammar:
     def dead_end(self, others: list[str]) -> str:
         """Why the grammar allows no token of the model now (`others`: the request's other
         restrictions in force), in words for a client."""
-        return self.vocabulary.dead_end(self.matcher, others)
+        return dead_end(self.matcher, self.vocabulary.unproducible, others)
 
     def forced_tokens(self) -> list[int]:
         """The tokens the grammar forces next (none where the model has a choice), up to the

@@ -53,6 +53,8 @@ class FakeEngine:
     generation_config: dict[str, Any] = field(default_factory=dict)
     """What the real client reads from the model's generation_config.json."""
     chat_template: str | None = None
+    unproducible_bytes: frozenset[int] = frozenset()
+    """The bytes the fake vocabulary cannot write (a real engine reads them off its tokenizer)."""
     """None: a template without tools (the server renders them into the system message)."""
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""

@@ -37,11 +37,17 @@ if TYPE_CHECKING:
 
 class InputProcessor:
     def __init__(
-        self, tokenizer: ConfinedTokenizer, *, max_model_len: int, vocab_size: int
+        self,
+        tokenizer: ConfinedTokenizer,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        unproducible_bytes: frozenset[int] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.unproducible_bytes = unproducible_bytes
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self.tokenizer.run(len(text), _encode, text, add_special_tokens)
@@ -166,16 +172,10 @@ class InputProcessor:
             result.append(ids)
         return result
 
-    @staticmethod
-    async def check_constraint(constraint: Constraint) -> None:
-        """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce it."""
-        try:
-            if grammar.is_checked(constraint):
-                grammar.check(constraint)
-            else:
-                await anyio.to_thread.run_sync(grammar.check, constraint, abandon_on_cancel=True)
-        except grammar.ConstraintError as error:
-            raise SamplingParamsError("constraint", str(error)) from None
+    async def check_constraint(self, constraint: Constraint) -> None:
+        """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce it
+        for this model (`check_constraint`)."""
+        await check_constraint(constraint, self.unproducible_bytes)
 
     @staticmethod
     def engine_requests(
@@ -210,6 +210,23 @@ class InputProcessor:
             )
             for child_id, child_params in children
         ]
+
+
+async def check_constraint(
+    constraint: Constraint, unproducible_bytes: frozenset[int] = frozenset()
+) -> None:
+    """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce
+    `constraint` for a model whose vocabulary writes none of `unproducible_bytes`; validated on
+    a worker thread unless it was lately."""
+    try:
+        if grammar.is_checked(constraint, unproducible_bytes):
+            grammar.check(constraint, unproducible_bytes)
+        else:
+            await anyio.to_thread.run_sync(
+                grammar.check, constraint, unproducible_bytes, abandon_on_cancel=True
+            )
+    except grammar.ConstraintError as error:
+        raise SamplingParamsError("constraint", str(error)) from None
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
-from trio_llm.client.errors import EngineRequestError
+from trio_llm.client.errors import EngineRequestError, UnservableRequestError
 from trio_llm.client.output_text import OutputText
 from trio_llm.client.stop_strings import find_stop, held_back
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
@@ -127,7 +127,11 @@ class OutputProcessor:
                 continue  # finished or abandoned here already
             collector = choice.collector
             if output.finish_reason == "error":
-                collector.fail(EngineRequestError(output.error or "the engine failed the request"))
+                message = output.error or "the engine failed the request"
+                if output.error_param is not None:
+                    collector.fail(UnservableRequestError(message, param=output.error_param))
+                else:
+                    collector.fail(EngineRequestError(message))
                 to_abort.extend(self._forget(collector.request_id, but=output.request_id))
                 continue
             try:

@@ -64,7 +64,8 @@ class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
             template_kwargs = {**(template_kwargs or {}), **tools.template_kwargs}
             self._new_parser = tools.new_parser
             if tools.constraint is not plan.params.constraint:
-                await check_constraint(tools.constraint, "tools")
+                await check_constraint(tools.constraint, "tools", model)
+                self.constraint_param = "tools"
                 params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
                 self.plan = plan = dataclasses.replace(plan, params=params)
         token_ids = await engine.apply_chat_template(

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, Protocol, 
 from msgspec import Struct
 from quart import Response
 
-from trio_llm.client.errors import InvalidPromptError
-from trio_llm.client.input_processor import InputProcessor
+from trio_llm.client.errors import InvalidPromptError, UnservableRequestError
+from trio_llm.client.input_processor import check_constraint as client_check_constraint
 from trio_llm.constraint import Constraint
 from trio_llm.http.choices import Shape
 from trio_llm.http.errors import bad_request
@@ -55,22 +55,27 @@ if TYPE_CHECKING:
 # The constraint's check
 
 
-async def check_constraint(constraint: Constraint | None, param: str | None) -> None:
-    """A 400 naming `param` unless the grammar engine can enforce `constraint` (validated in a
-    worker thread the first time: a large schema takes a while)."""
+async def check_constraint(
+    constraint: Constraint | None, param: str | None, model: ModelInfo
+) -> None:
+    """A 400 naming `param` unless the grammar engine can enforce `constraint` for `model`
+    (validated in a worker thread the first time: a large schema takes a while)."""
     if constraint is None:
         return
     try:
-        await InputProcessor.check_constraint(constraint)
+        await client_check_constraint(constraint, model.unproducible_bytes)
     except SamplingParamsError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
 
 
-async def check_request(request: StructuredFields) -> None:
-    """`check_constraint` for the constraint `request` asks for, if any."""
+async def check_request(request: StructuredFields, model: ModelInfo) -> str | None:
+    """`check_constraint` for the constraint `request` asks for, if any; the parameter it came
+    from."""
     found = constraint_of(request)
-    if found is not None:
-        await check_constraint(*found)
+    if found is None:
+        return None
+    await check_constraint(*found, model)
+    return found[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +140,9 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
     id_prefix: ClassVar[str]
     """Of the response id, with its separator: `chatcmpl-`, `cmpl-`, `resp_`."""
     plan: GenerationPlan
+    constraint_param: str | None = None
+    """The request field the plan's constraint came from (`tools` once the prompts step has
+    put the calls' grammar in), which errors about it name."""
 
     def __init__(
         self, request: RequestT, limits: RequestLimits, defaults: SamplingDefaults
@@ -160,10 +168,10 @@ class GenerationEndpoint(ABC, Generic[RequestT]):
             continuous_usage=req.continuous_usage,
         )
 
-    async def check(self) -> None:
+    async def check(self, model: ModelInfo) -> None:
         """The checks that need the grammar library, off the event loop: a 400 unless the
-        engine can enforce the request's structured-output constraint."""
-        await check_request(self.request)
+        engine can enforce the request's structured-output constraint for `model`."""
+        self.constraint_param = await check_request(self.request, model)
 
     @abstractmethod
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
@@ -188,7 +196,7 @@ async def serve_generation(
     _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
     endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
     req, plan = endpoint.request, endpoint.plan
-    await endpoint.check()
+    await endpoint.check(card)
     state.admit(plan.sequences)
     lease, model = state.lease(body.model, sequences=plan.sequences)
     prompts = await endpoint.prompts(lease.client, model)
@@ -203,7 +211,12 @@ async def serve_generation(
     metrics = state.metrics.for_model(model.name)
     if req.stream:
         return sse_response(generations, endpoint.stream(head), metrics)
-    outputs = await collect(generations, metrics)
+    try:
+        outputs = await collect(generations, metrics)
+    except UnservableRequestError as error:
+        if error.param == "constraint" and endpoint.constraint_param is not None:
+            error.param = endpoint.constraint_param
+        raise
     return json_response(endpoint.response(head, outputs))
 
 

@@ -64,8 +64,9 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
             previous = self._store.get(request.previous_response_id, "previous_response_id")
             self._history = previous.continued()
 
-    async def check(self) -> None:
-        await check_constraint(self.plan.params.constraint, self.plan.constraint_param)
+    async def check(self, model: ModelInfo) -> None:
+        self.constraint_param = self.plan.constraint_param
+        await check_constraint(self.plan.params.constraint, self.constraint_param, model)
 
     async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
         req, plan = self.request, self.plan
@@ -81,7 +82,8 @@ class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
         )
         self._parser = tools.new_parser()
         if tools.constraint is not plan.params.constraint:  # the calls' grammar
-            await check_constraint(tools.constraint, "tools")
+            await check_constraint(tools.constraint, "tools", model)
+            self.constraint_param = "tools"
             params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
             self.plan = dataclasses.replace(plan, params=params)
         token_ids = await engine.apply_chat_template(
