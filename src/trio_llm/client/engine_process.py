@@ -90,9 +90,21 @@ def _load_tokenizer(model: str) -> _Tokenizer:
     with _TOKENIZER_LOADING:
         source = resolve_model(model)
         tokenizer = load_tokenizer(source)
+        _compile_chat_template(tokenizer)
         return _Tokenizer(
             tokenizer, read_generation_config(source.path), unproducible_bytes(tokenizer)
         )
+
+
+def _compile_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Render a one-message conversation: jinja compiles the template once per process (and
+    transformers remembers it), here off the event loop rather than in the first request that
+    renders inline on it."""
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        except Exception:  # a template that needs more is compiled all the same
+            log.debug("the warm-up render of the chat template failed", exc_info=True)
 
 
 async def _handshake(

@@ -25,7 +25,7 @@ import jinja2
 import msgspec
 
 from trio_llm import grammar
-from trio_llm.client.confined_tokenizer import ConfinedTokenizer
+from trio_llm.client.confined_tokenizer import INLINE_MAX_COST, ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.constraint import Constraint
 from trio_llm.ipc.messages import EngineCoreRequest
@@ -61,9 +61,9 @@ class InputProcessor:
         chat_template_kwargs: dict[str, Any] | None = None,
         add_special_tokens: bool = False,
     ) -> list[int]:
-        size = sum(len(str(message.get("content") or "")) for message in messages)
+        template = self.tokenizer.loop.chat_template
         return await self.tokenizer.run(
-            size,
+            rendered_size(messages, chat_template_kwargs) + len(str(template or "")),
             _render_and_encode,
             messages,
             add_generation_prompt,
@@ -212,6 +212,16 @@ class InputProcessor:
         ]
 
 
+def rendered_size(messages: list[dict[str, Any]], kwargs: dict[str, Any] | None) -> int:
+    """How much a chat template renders: the messages and the template's other variables (the
+    tools, earlier calls and their arguments) as JSON text, whatever holds the bulk of it.
+    Measured in one C-speed pass; what cannot be measured counts as large."""
+    try:
+        return len(msgspec.json.encode(messages)) + len(msgspec.json.encode(kwargs or {}))
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return INLINE_MAX_COST + 1
+
+
 async def check_constraint(
     constraint: Constraint, unproducible_bytes: frozenset[int] = frozenset()
 ) -> None:
@@ -279,8 +289,9 @@ def _render_and_encode(
             continue_final_message=continue_final_message,
             **chat_template_kwargs,
         )
-    except (ValueError, jinja2.TemplateError) as exc:
-        raise ChatTemplateError(f"cannot render the chat template: {exc}") from exc
+    except Exception as exc:  # whatever the template raises, the messages made it fail
+        detail = str(exc) if isinstance(exc, ValueError | jinja2.TemplateError) else repr(exc)
+        raise ChatTemplateError(f"cannot render the chat template: {detail}") from exc
     # The template already wrote the special tokens (BOS and the role markers) as text; more
     # only when asked for (vLLM's add_special_tokens).
     return _encode(tokenizer, str(text), add_special_tokens=add_special_tokens)
