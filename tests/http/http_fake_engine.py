@@ -53,9 +53,12 @@ class FakeEngine:
     generation_config: dict[str, Any] = field(default_factory=dict)
     """What the real client reads from the model's generation_config.json."""
     chat_template: str | None = None
+    """None: a template without tools (the server renders them into the system message)."""
     unproducible_bytes: frozenset[int] = frozenset()
     """The bytes the fake vocabulary cannot write (a real engine reads them off its tokenizer)."""
-    """None: a template without tools (the server renders them into the system message)."""
+    fail_with: Exception | None = None
+    """Raised by every generation at its first step, as the real client raises what the engine
+    reports (`UnservableRequestError`, `EngineRequestError`)."""
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
@@ -209,6 +212,8 @@ class FakeEngine:
                     await trio.sleep(self.token_interval)
                 else:
                     await trio.lowlevel.checkpoint()
+                if self.fail_with is not None:
+                    raise self.fail_with
                 if step == 1 and self.die_after_first:
                     raise EngineDeadError("the engine process exited (killed by the test)")
                 if step == 1 and self.hold_after_first:
