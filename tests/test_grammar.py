@@ -17,6 +17,7 @@ from trio_llm.grammar import (
     GrammarVocabulary,
     check,
     clean_error,
+    dead_end,
     grammar_text,
     grammar_vocabulary,
     is_checked,
@@ -58,7 +59,7 @@ def test_a_forced_byte_the_model_cannot_produce_allows_no_model_token(
     F2 it has no token for, and the mask allowed the token for the lone byte BF."""
     m = matcher(Constraint.regex(ASTRAL), vocabulary)
     assert not (allowed(m) < vocabulary.vocab_size).any()
-    assert "F2" in vocabulary.dead_end(m)
+    assert "F2" in dead_end(m, vocabulary.unproducible)
     # After a byte the model can produce, the forced tokens stop before the placeholder.
     grammar = Grammar(matcher(Constraint.regex("a" + ASTRAL), vocabulary), vocabulary)
     assert vocabulary.tokenizer.decode_bytes(grammar.forced_tokens()) == b"a"
@@ -70,7 +71,7 @@ def test_an_astral_character_the_model_can_spell_is_allowed(
     m = matcher(Constraint.regex("(\U0001f600|x)"), vocabulary)
     spelled = {vocabulary.tokenizer.decode_bytes([int(t)]) for t in allowed(m)}
     assert b"x" in spelled and any(b.startswith(b"\xf0") for b in spelled)
-    check(Constraint.choice(["\U0001f600", "x"]), vocabulary)
+    check(Constraint.choice(["\U0001f600", "x"]), vocabulary.unproducible)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +122,7 @@ def test_check_refuses_what_cannot_be_served(
     constraint: Constraint, words: str, vocabulary: GrammarVocabulary
 ) -> None:
     with pytest.raises(ConstraintError) as caught:
-        check(constraint, vocabulary)
+        check(constraint, vocabulary.unproducible)
     message = str(caught.value)
     assert words in message
     assert "<state>" not in message and "<grammar>" not in message and len(message) <= 600
@@ -138,7 +139,7 @@ def test_a_schema_given_as_an_object_too_deep_to_encode_is_refused() -> None:
 def test_a_choice_of_thousands_is_served(vocabulary: GrammarVocabulary) -> None:
     choices = [f"choice number {i} here" for i in range(5000)] + ['a "quoted"\n/choice']
     constraint = Constraint.choice(choices)
-    check(constraint, vocabulary)
+    check(constraint, vocabulary.unproducible)
     for choice in (choices[4321], choices[-1]):
         m = matcher(constraint, vocabulary)
         tokens = vocabulary.tokenizer.tokenize_str(choice)
@@ -160,5 +161,5 @@ def test_a_valid_constraint_checks_from_memory_the_second_time(
     vocabulary: GrammarVocabulary,
 ) -> None:
     constraint = Constraint.json_schema(json.dumps({"type": "object", "title": "memo"}))
-    check(constraint, vocabulary)
-    assert is_checked(constraint, vocabulary) and not is_checked(constraint)
+    check(constraint, vocabulary.unproducible)
+    assert is_checked(constraint, vocabulary.unproducible) and not is_checked(constraint)

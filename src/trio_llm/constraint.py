@@ -15,6 +15,7 @@ model put whitespace anywhere lets it wander through spaces and newlines until m
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import re
 from typing import Any
@@ -52,11 +53,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     def json_schema(
         cls, schema: dict[str, Any] | str, *, whitespace_pattern: str | None = None
     ) -> Constraint:
-        if not isinstance(schema, str):
-            depth = value_depth(schema)
-            if depth > MAX_SCHEMA_DEPTH:
-                raise ValueError(_too_deep(depth))
-        text = schema if isinstance(schema, str) else json.dumps(schema)
+        text = schema if isinstance(schema, str) else schema_text(schema)
         return cls(ConstraintKind.JSON_SCHEMA, text, whitespace_pattern)
 
     @classmethod
@@ -79,26 +76,11 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
 
     def validate(self) -> None:
         """Raise `ValueError` for a spec that cannot be one of its kind (the grammar library
-        checks the rest: `trio_llm.grammar.check`)."""
-        kind = self.kind
-        if kind is ConstraintKind.JSON_OBJECT:
-            return
-        if not self.spec:
-            raise ValueError(f"the {kind.name.lower()} constraint is empty")
-        if kind is ConstraintKind.JSON_SCHEMA:
-            depth = json_depth(self.spec)
-            if depth > MAX_SCHEMA_DEPTH:
-                raise ValueError(_too_deep(depth))
-            try:
-                schema = json.loads(self.spec)
-            except ValueError as exc:
-                raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
-            if not isinstance(schema, dict | bool):
-                raise ValueError("a JSON schema must be an object (or true/false)")
-        elif kind is ConstraintKind.CHOICE:
-            choices = self.choices
-            if not choices or not all(isinstance(c, str) and c for c in choices):
-                raise ValueError("choice must be a non-empty list of non-empty strings")
+        checks the rest: `trio_llm.grammar.check`). Remembered: a request's constraint is
+        validated at each layer it crosses, and a large schema takes milliseconds to read."""
+        error = _spec_error(self.kind, self.spec)
+        if error:
+            raise ValueError(error)
 
     @property
     def choices(self) -> list[str]:
@@ -110,17 +92,52 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
         return choices if isinstance(choices, list) else []
 
 
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+@functools.lru_cache(maxsize=256)
+def _spec_error(kind: ConstraintKind, spec: str) -> str:
+    """What is wrong with `spec` as a constraint of `kind` ('' when nothing is)."""
+    if kind is ConstraintKind.JSON_OBJECT:
+        return ""
+    if not spec:
+        return f"the {kind.name.lower()} constraint is empty"
+    if kind is ConstraintKind.JSON_SCHEMA:
+        depth = json_depth(spec)
+        if depth > MAX_SCHEMA_DEPTH:
+            return _too_deep(depth)
+        try:
+            schema = json.loads(spec)
+        except ValueError as exc:
+            return f"the JSON schema is not valid JSON: {exc}"
+        if not isinstance(schema, dict | bool):
+            return "a JSON schema must be an object (or true/false)"
+    elif kind is ConstraintKind.CHOICE:
+        try:
+            choices = json.loads(spec)
+        except ValueError:
+            choices = None
+        if not choices or not isinstance(choices, list):
+            return "choice must be a non-empty list of non-empty strings"
+        if not all(isinstance(c, str) and c for c in choices):
+            return "choice must be a non-empty list of non-empty strings"
+    return ""
+
+
+_JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')
+"""What decides JSON's nesting: brackets, quotes, and escapes (a backslash and what it escapes)."""
 
 
 def json_depth(text: str) -> int:
     """The deepest nesting of objects and arrays in JSON `text` (brackets inside strings not
     counted), found without parsing it: a document thousands of levels deep must not reach a
-    recursive parser."""
+    recursive parser. Only the tokens that matter are visited (the regex skips the rest)."""
     depth = deepest = 0
+    in_string = False
     for match in _JSON_TOKENS.finditer(text):
         token = match.group()
-        if token in "[{":
+        if token == '"':
+            in_string = not in_string
+        elif in_string:
+            continue
+        elif token in "[{":
             depth += 1
             deepest = max(deepest, depth)
         elif token in "]}":
@@ -128,20 +145,24 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def value_depth(value: Any) -> int:
-    """The deepest nesting of dicts and lists in `value`, found without recursion."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list | tuple):
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in item)
-    return deepest
+def schema_text(schema: Any) -> str:
+    """`schema` as JSON text; `ValueError` for one nested too deeply to encode at all (the
+    depth of the rest is `validate`'s to refuse)."""
+    try:
+        return msgspec.json.encode(schema).decode()
+    except RecursionError:
+        raise ValueError(_too_deep(f"more than {MAX_SCHEMA_DEPTH}")) from None
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise ValueError(f"the JSON schema cannot be encoded: {exc}") from None
 
 
-def _too_deep(depth: int) -> str:
+def schema_depth(schema: Any) -> int:
+    """How deeply `schema` (a decoded JSON value) nests, read off its encoding (C speed)."""
+    try:
+        return json_depth(msgspec.json.encode(schema).decode())
+    except RecursionError:
+        return 1 << 20
+
+
+def _too_deep(depth: int | str) -> str:
     return f"the JSON schema is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed"

@@ -89,10 +89,6 @@ class InputProcessor:
         params.validate_vocab(self.vocab_size)
         if not prompt_token_ids:
             raise InvalidPromptError("the prompt is empty: give at least one token")
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise InvalidPromptError(
-                f"the prompt holds token ids outside the vocabulary (size {self.vocab_size})"
-            )
         # The wording is OpenAI's ("This model's maximum context length is"), which clients
         # (LiteLLM among them) match to tell a context overflow from other 400s.
         prompt_tokens, max_tokens = len(prompt_token_ids), params.max_tokens
@@ -115,6 +111,12 @@ class InputProcessor:
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
                 max_model_len=limit,
+            )
+        # Last: a prompt too long for the context (400,000 tokens of a 2 MB body) is refused
+        # without a pass over its ids on the event loop.
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise InvalidPromptError(
+                f"the prompt holds token ids outside the vocabulary (size {self.vocab_size})"
             )
 
     async def embedding_inputs(

@@ -28,7 +28,7 @@ from trio_llm.http.embeddings.protocol import (
 )
 from trio_llm.http.errors import bad_request
 from trio_llm.http.ids import new_response_id, now
-from trio_llm.http.runtime.bodies import decode_body
+from trio_llm.http.runtime.bodies import by_body_size, decode_body, read_body
 from trio_llm.http.runtime.state import current_state
 from trio_llm.http.sampling import RequestLimits, prompt_forms
 
@@ -60,9 +60,11 @@ def plan_embedding(request: EmbeddingRequest, limits: RequestLimits) -> Embeddin
 async def embeddings(raw: bytes | None = None) -> Response:
     """`raw`: the body, when the caller has read it already (/invocations)."""
     state = current_state()
+    if raw is None:
+        raw = await read_body()
     req = await decode_body(EmbeddingRequest, raw)
     state.model_for(req.model, task="embed")  # 404 or 400 before anything else
-    plan = plan_embedding(req, state.config.limits)
+    plan = await by_body_size(len(raw), plan_embedding, req, state.config.limits)
     sequences = len(plan.inputs) or 1
     state.admit(sequences)
     lease, model = state.lease(req.model, task="embed", sequences=sequences)

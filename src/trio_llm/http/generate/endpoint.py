@@ -41,7 +41,7 @@ from trio_llm.http.choices import Shape
 from trio_llm.http.errors import bad_request
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import engine_request_ids, new_response_id, now
-from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.http.structured import StructuredFields, constraint_of
@@ -192,9 +192,12 @@ async def serve_generation(
     """The whole of a generating request, around the endpoint's own steps. `raw`: the body,
     when the caller has read it already."""
     state = current_state()
+    if raw is None:
+        raw = await read_body()
     body = await decode_body(endpoint_type.request_type, raw)
     _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
-    endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
+    limits, defaults = state.config.limits, card.sampling_defaults
+    endpoint = await by_body_size(len(raw), endpoint_type, body, limits, defaults)
     req, plan = endpoint.request, endpoint.plan
     await endpoint.check(card)
     state.admit(plan.sequences)

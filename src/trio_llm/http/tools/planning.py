@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trio_llm.constraint import MAX_SCHEMA_DEPTH, Constraint, value_depth
+from trio_llm.constraint import MAX_SCHEMA_DEPTH, Constraint, schema_depth
 from trio_llm.grammar import ConstraintError
 from trio_llm.http.errors import bad_request
 from trio_llm.http.tools.formats import (
@@ -60,7 +60,7 @@ def check_tools(
 ) -> ToolChoiceValue:
     """The choice in force (OpenAI's default: auto with tools, none without), or a 400."""
     for i, tool in enumerate(tools):
-        depth = value_depth(tool.parameters)
+        depth = schema_depth(tool.parameters)
         if depth > MAX_SCHEMA_DEPTH:
             raise bad_request(
                 f"{param}[{i}]: the parameters' schema is nested {depth} levels deep; at most "
