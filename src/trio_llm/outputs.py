@@ -1,5 +1,5 @@
 """What `EngineClient.generate` yields, the user-facing view of a request's progress, and what
-`EngineClient.embed` returns."""
+`EngineClient.embed`, `score` and `classify` return (vLLM's names and fields)."""
 
 from __future__ import annotations
 
@@ -88,4 +88,45 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     """The input as the model saw it (after any truncation)."""
     outputs: EmbeddingOutput
+    finished: bool = True
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    score: float
+    """The pair's score: a cross-encoder's activated logit, or an embedding model's cosine."""
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """What `EngineClient.score` returns for one pair of texts."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    """What the model saw for the pair: the pair's encoding for a cross-encoder, both texts'
+    token ids one after the other for an embedding model (vLLM's)."""
+    outputs: ScoringOutput
+    finished: bool = True
+
+
+@dataclass(slots=True)
+class ClassificationOutput:
+    probs: list[float]
+    """One per label, in the model's label order: the softmax over several labels, a
+    cross-encoder's activated score for one."""
+    label: str
+    """The most probable label's name (`id2label`)."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """What `EngineClient.classify` returns for one input."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
     finished: bool = True

@@ -14,7 +14,7 @@ from trio_llm.http.chat.protocol import ChatCompletionRequest
 from trio_llm.http.completions.plan import plan_completion
 from trio_llm.http.completions.protocol import CompletionRequest
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.generate.endpoint import check_request
+from trio_llm.http.generate.endpoint import check_plan
 from trio_llm.http.runtime.state import ModelInfo
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.structured import constraint_of
@@ -153,14 +153,14 @@ async def test_what_the_engine_cannot_enforce_is_a_400_before_the_engine(
 ) -> None:
     request = chat(**fields)
     with pytest.raises(ProtocolError) as info:
-        plan_chat(request, LIMITS)  # a schema too deep to encode is refused here
-        await check_request(request, CARD)  # the rest, by the grammar check
+        plan = plan_chat(request, LIMITS)  # a schema too deep to encode is refused here
+        await check_plan(plan, CARD)  # the rest, by the grammar check
     assert (info.value.status, info.value.param) == (400, param)
     assert fragment in info.value.message
     # Asked again, the answer comes from memory, on the event loop.
     with pytest.raises(ProtocolError):
         with trio.fail_after(5):
-            await check_request(request, CARD)
+            await check_plan(plan_chat(request, LIMITS), CARD)
 
 
 async def test_valid_constraints_pass_the_check() -> None:
@@ -174,7 +174,7 @@ async def test_valid_constraints_pass_the_check() -> None:
         {"guided_choice": [f"choice {i}" for i in range(5000)]},
         {"guided_regex": "a\U0001f600b"},  # astral, and the vocabulary spells it
     ):
-        await check_request(chat(**fields), CARD)
+        await check_plan(plan_chat(chat(**fields), LIMITS), CARD)
 
 
 def test_constraint_kinds_round_trip_through_sampling_params() -> None:
@@ -198,7 +198,7 @@ def test_openapi_shows_the_structured_output_fields() -> None:
             fields
         )
         assert {"guided_choice", "guided_grammar", "guided_whitespace_pattern"} <= set(fields)
-    assert set(schemas["StructuredOutputs"]["properties"]) == {
+    assert set(schemas["StructuredOutputsParams"]["properties"]) == {
         "json",
         "regex",
         "choice",

@@ -25,13 +25,19 @@ from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, EngineRea
 from trio_llm.sampling_params import SamplingParams
 
 _POOLING_PARAMS = SamplingParams()
-"""What an embedding request carries as its (unused) sampling parameters."""
+"""What a pooling request carries as its (unused) sampling parameters."""
 
 
 def pooling_request(
-    request_id: str, token_ids: list[int], *, arrival_time: float, priority: int
+    request_id: str,
+    token_ids: list[int],
+    *,
+    arrival_time: float,
+    priority: int,
+    token_type_start: int = 0,
 ) -> EngineCoreRequest:
-    """The engine request of one input."""
+    """The engine request of one input (`token_type_start`: a pair's second text's first
+    token, from which a model with token types gives type 1)."""
     return EngineCoreRequest(
         request_id=request_id,
         prompt_token_ids=token_ids,
@@ -39,6 +45,7 @@ def pooling_request(
         arrival_time=arrival_time,
         priority=priority,
         pooling=True,
+        token_type_start=token_type_start,
     )
 
 

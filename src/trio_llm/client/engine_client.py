@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import msgspec
+import numpy as np
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
@@ -55,6 +56,7 @@ from trio_llm.client.errors import EngineDeadError, InvalidPromptError, Unsuppor
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.client.request_sender import RequestSender
+from trio_llm.client.scoring import cosine, pair_up, text_params
 from trio_llm.config import EngineArgs
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError
 from trio_llm.ipc.codec import decode_engine_message, encode
@@ -65,8 +67,16 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
 )
-from trio_llm.outputs import EmbeddingOutput, EmbeddingRequestOutput
+from trio_llm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from trio_llm.sampling_params import SamplingParams
+from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -85,7 +95,7 @@ before it fails the requests in flight itself (a bound, should the handler be st
 ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
 the served model name (`served_model_name`, else the resolved model's name), and `task` what
-it serves (generate or embed)."""
+it serves (generate, embed, score or classify: `trio_llm.tasks`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +166,7 @@ class EngineClient:
         self._embeddings = PendingEmbeddings()
         self._process_outputs = (
             self._embeddings.process_outputs
-            if ready.task == "embed"
+            if is_pooling(ready.task)
             else self._outputs.process_outputs
         )
         self._scheduler_stats = SchedulerStats(
@@ -201,7 +211,7 @@ class EngineClient:
 
     @property
     def task(self) -> str:
-        """What the engine serves: 'generate' or 'embed'."""
+        """What the engine serves: 'generate', 'embed', 'score' or 'classify'."""
         return self.model_config.task
 
     def generate(
@@ -287,25 +297,7 @@ class EngineClient:
             truncate_prompt_tokens=truncate_prompt_tokens,
             add_special_tokens=add_special_tokens,
         )
-        self._check_alive()
-        base = request_id or uuid.uuid4().hex
-        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
-        if any(map(self._embeddings.has_request, ids)):
-            raise ValueError(f"request id {base!r} is already in flight")
-        arrival_time = time.time()
-        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
-        try:
-            for engine_id, token_ids in zip(ids, inputs, strict=True):
-                request = pooling_request(
-                    engine_id, token_ids, arrival_time=arrival_time, priority=priority
-                )
-                self._post(encode(request))
-            embeddings = [await waiter.wait() for waiter in waiters]
-        finally:
-            # No await here, as in generate(): this runs when the scope is cancelled too.
-            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
-            if unfinished:
-                self._post(encode(AbortRequests(request_ids=unfinished)))
+        ids, embeddings = await self._pool(request_id, inputs, priority=priority)
         if cut is not None:
             normalized = self.model_config.normalized
             embeddings = [cut_embedding(e, cut, normalized=normalized) for e in embeddings]
@@ -313,6 +305,160 @@ class EngineClient:
             EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
             for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
         ]
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[ClassificationRequestOutput]:
+        """Each input's class probabilities (one per label of `model_config.labels`), in
+        order, from a classifier or a cross-encoder; inputs, checks and ids as
+        `embed_batch`'s. Raises `UnsupportedTaskError` on another engine."""
+        self._check_alive()
+        self._check_task("classify")
+        inputs = await self._inputs.embedding_inputs(
+            prompts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            add_special_tokens=add_special_tokens,
+        )
+        ids, outputs = await self._pool(request_id, inputs, priority=priority)
+        labels = self.model_config.labels or []
+        return [
+            ClassificationRequestOutput(
+                engine_id,
+                token_ids,
+                ClassificationOutput(probs.tolist(), labels[int(np.argmax(probs))]),
+            )
+            for engine_id, token_ids, probs in zip(ids, inputs, outputs, strict=True)
+        ]
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        max_tokens_per_doc: int | None = None,
+        names: tuple[str, str] = ("text_1", "text_2"),
+    ) -> list[ScoringRequestOutput]:
+        """One score per pair, in order: `text_1` against each of `text_2` (1:1 or 1:N), or
+        text_1[i] against text_2[i] (N:N). A cross-encoder scores the pair in the tokenizer's
+        pair encoding by its activated logit; an embedding model by the cosine of the two
+        texts' embeddings (vLLM's). Every pair is checked before any is sent
+        (`InvalidPromptError`, `PromptTooLongError` naming `text_1`/`text_2[i]`, or what
+        `names` calls the two sides); the engine packs them into its steps with everyone
+        else's. `max_tokens_per_doc` cuts each of `text_2` to its first that many tokens
+        before it is paired (Cohere's rerank option). Raises `UnsupportedTaskError` on an
+        engine that scores nothing (generation, a classifier of several labels)."""
+        self._check_alive()
+        self._check_task("score")
+        firsts, seconds = pair_up(text_1, text_2, names)
+        if max_tokens_per_doc is not None:
+            seconds = await self._inputs.cut_texts(seconds, max_tokens_per_doc)
+        params = text_params(names[1], text_2)
+        if self.task == "embed":
+            return await self._cosine_scores(
+                firsts,
+                seconds,
+                text_params(names[0], text_1),
+                params,
+                truncate_prompt_tokens,
+                request_id,
+                priority,
+            )
+        pairs = await self._inputs.pair_inputs(
+            firsts, seconds, params=params, truncate_prompt_tokens=truncate_prompt_tokens
+        )
+        inputs = [token_ids for token_ids, _ in pairs]
+        starts = [start for _, start in pairs]
+        ids, outputs = await self._pool(request_id, inputs, starts, priority=priority)
+        return [
+            ScoringRequestOutput(engine_id, token_ids, ScoringOutput(float(output[0])))
+            for engine_id, token_ids, output in zip(ids, inputs, outputs, strict=True)
+        ]
+
+    async def _cosine_scores(
+        self,
+        firsts: list[str],
+        seconds: list[str],
+        first_params: list[str],
+        params: list[str],
+        truncate_prompt_tokens: int | None,
+        request_id: str | None,
+        priority: int,
+    ) -> list[ScoringRequestOutput]:
+        """An embedding model's scores: each distinct first text and every second one
+        embedded once, in one batch."""
+        where: dict[str, str] = {}  # each distinct first text -> the field its errors name
+        for text, param in zip(
+            firsts, first_params * len(firsts) if len(first_params) == 1 else first_params
+        ):
+            where.setdefault(text, param)
+        distinct = list(where)
+        texts: list[str | list[int]] = [*distinct, *seconds]
+        inputs = await self._inputs.embedding_inputs(
+            texts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            params=[*where.values(), *params],
+        )
+        ids, vectors = await self._pool(request_id, inputs, priority=priority)
+        by_text = {text: (inputs[i], vectors[i]) for i, text in enumerate(distinct)}
+        out = []
+        for i, first in enumerate(firsts):
+            j = len(distinct) + i
+            first_ids, first_vector = by_text[first]
+            out.append(
+                ScoringRequestOutput(
+                    ids[j],
+                    first_ids + inputs[j],
+                    ScoringOutput(cosine(first_vector, vectors[j])),
+                )
+            )
+        return out
+
+    async def _pool(
+        self,
+        request_id: str | None,
+        inputs: list[list[int]],
+        token_type_starts: list[int] | None = None,
+        *,
+        priority: int,
+    ) -> tuple[list[str], list[np.ndarray]]:
+        """Send checked inputs to the pooling engine and wait for each one's output (float32:
+        an embedding, or one score per label), in order. Request i's engine id is
+        `request_id-i` (just `request_id` for one input); cancellation (or any exception)
+        aborts the inputs still in the engine."""
+        self._check_alive()
+        base = request_id or uuid.uuid4().hex
+        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
+        if any(map(self._embeddings.has_request, ids)):
+            raise ValueError(f"request id {base!r} is already in flight")
+        starts = token_type_starts or [0] * len(inputs)
+        arrival_time = time.time()
+        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
+        try:
+            for engine_id, token_ids, start in zip(ids, inputs, starts, strict=True):
+                request = pooling_request(
+                    engine_id,
+                    token_ids,
+                    arrival_time=arrival_time,
+                    priority=priority,
+                    token_type_start=start,
+                )
+                self._post(encode(request))
+            outputs = [await waiter.wait() for waiter in waiters]
+        finally:
+            # No await here, as in generate(): this runs when the scope is cancelled too.
+            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
+            if unfinished:
+                self._post(encode(AbortRequests(request_ids=unfinished)))
+        return ids, outputs
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
@@ -323,9 +469,9 @@ class EngineClient:
             list(token_ids), skip_special_tokens=skip_special_tokens
         )
 
-    async def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """Each id's entry in the vocabulary, as the tokenizer spells it ('Ġthe')."""
-        return await self._tokenizer.token_strings(list(token_ids))
+        return await self._tokenizer.vocab_tokens(list(token_ids))
 
     @property
     def chat_template(self) -> str | None:
@@ -352,10 +498,10 @@ class EngineClient:
             add_special_tokens=add_special_tokens,
         )
 
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+    def decoded_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """The text logprobs show for each token (a partial UTF-8 character as `bytes:\\xNN`).
         On the event loop's thread only."""
-        return [self._outputs.token_text(t) for t in token_ids]
+        return [self._outputs.decoded_token(t) for t in token_ids]
 
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,
@@ -439,13 +585,14 @@ class EngineClient:
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
 
-    def _check_task(self, task: str) -> None:
-        if self.task != task:
+    def _check_task(self, use: str) -> None:
+        """`UnsupportedTaskError` unless this engine serves `use` (`trio_llm.tasks`)."""
+        if not serves(self.task, use):
             name = self.model_config.model
             raise UnsupportedTaskError(
-                f"the model {name!r} serves embeddings, not generation"
-                if task == "generate"
-                else f"the model {name!r} is generative: it does not serve embeddings"
+                f"the model {name!r} is generative: it does not serve {USE_WORDS[use]}"
+                if self.task == "generate"
+                else f"the model {name!r} serves {TASK_WORDS[self.task]}, not {USE_WORDS[use]}"
             )
 
     def _check_alive(self) -> None:

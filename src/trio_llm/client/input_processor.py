@@ -2,8 +2,8 @@
 
 What it owns: chat template rendering, tokenization (of prompts and of bad words), prompt
 validation against the model's context length and vocabulary, the fan-out of `n > 1` into n
-engine requests, and the inputs of embedding requests (tokenized as one batch, truncated when
-asked, checked).
+engine requests, and the inputs of pooling requests (texts tokenized as one batch, pairs of
+texts in the tokenizer's pair encoding; truncated when asked, checked).
 
 Invariants:
 - Every check runs before anything reaches the engine, and each error names what to fix
@@ -125,21 +125,14 @@ class InputProcessor:
         *,
         truncate_prompt_tokens: int | None = None,
         add_special_tokens: bool = True,
+        params: Sequence[str] | None = None,
     ) -> list[list[int]]:
         """Each input's token ids, checked: texts are tokenized together (one call), and with
         `truncate_prompt_tokens` (-1: the model's length) cut to that many tokens the way the
         tokenizer truncates (sentence-transformers' way); without it, an input longer than the
-        model's length raises `PromptTooLongError` naming it (`input`, `input[i]`)."""
-        limit = self.max_model_len
-        truncate = truncate_prompt_tokens
-        if truncate == -1:
-            truncate = limit
-        elif truncate is not None and not 1 <= truncate <= limit:
-            raise InvalidPromptError(
-                f"truncate_prompt_tokens must be -1 or between 1 and {limit} (the model's "
-                f"maximum input length), got {truncate}",
-                param="truncate_prompt_tokens",
-            )
+        model's length raises `PromptTooLongError` naming it (`params[i]`; by default `input`,
+        or `input[i]` among several)."""
+        truncate = self._truncation(truncate_prompt_tokens)
         texts = [text for text in inputs if isinstance(text, str)]
         encoded = iter(
             await self.tokenizer.run(
@@ -149,30 +142,85 @@ class InputProcessor:
             else ()
         )
         left = self.tokenizer.loop.truncation_side == "left"
+        names = _input_params(len(inputs)) if params is None else params
         result = []
-        for i, given in enumerate(inputs):
-            param = "input" if len(inputs) == 1 else f"input[{i}]"
+        for given, param in zip(inputs, names, strict=True):
             ids = next(encoded) if isinstance(given, str) else list(given)
             if truncate is not None and len(ids) > truncate:
                 ids = ids[-truncate:] if left else ids[:truncate]
-            if not ids:
-                raise InvalidPromptError(f"{param} is empty: give at least one token", param=param)
-            if min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise InvalidPromptError(
-                    f"{param} holds token ids outside the vocabulary (size {self.vocab_size})",
-                    param=param,
-                )
-            if len(ids) > limit:
-                raise PromptTooLongError(
-                    f"This model's maximum context length is {limit} tokens, but {param} has "
-                    f"{len(ids)} tokens; shorten it, or set truncate_prompt_tokens to cut it",
-                    param=param,
-                    prompt_tokens=len(ids),
-                    max_tokens=None,
-                    max_model_len=limit,
-                )
+            self._check_pooling_input(ids, param)
             result.append(ids)
         return result
+
+    async def pair_inputs(
+        self,
+        firsts: Sequence[str],
+        seconds: Sequence[str],
+        *,
+        params: Sequence[str],
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[tuple[list[int], int]]:
+        """Each pair's token ids in the tokenizer's pair encoding (`[CLS] a [SEP] b [SEP]`,
+        `<s> a </s></s> b </s>`), with where its second text starts (the first token of type
+        1; 0 for a tokenizer without token types), checked like `embedding_inputs`; with
+        `truncate_prompt_tokens` the longer text is cut first (sentence-transformers'
+        `CrossEncoder`), without it a pair too long raises `PromptTooLongError` naming
+        `params[i]`."""
+        truncate = self._truncation(truncate_prompt_tokens)
+        pairs = await self.tokenizer.run(
+            sum(map(len, firsts)) + sum(map(len, seconds)),
+            _encode_pairs,
+            list(firsts),
+            list(seconds),
+            truncate,
+        )
+        for (ids, _), param in zip(pairs, params, strict=True):
+            if truncate is not None and len(ids) > truncate:
+                # The tokenizer leaves a pair whole when its special tokens alone need more.
+                raise InvalidPromptError(
+                    f"truncate_prompt_tokens {truncate} is too small for the pair of {param}: "
+                    f"the tokenizer cannot cut it below {len(ids)} tokens",
+                    param="truncate_prompt_tokens",
+                )
+            self._check_pooling_input(ids, param)
+        return pairs
+
+    async def cut_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Each text cut after its first `max_tokens` tokens (without special tokens), at the
+        end of the last kept token: Cohere's `max_tokens_per_doc`, which cuts a document
+        before it is paired with the query."""
+        return await self.tokenizer.run(sum(map(len, texts)), _cut_texts, list(texts), max_tokens)
+
+    def _truncation(self, truncate_prompt_tokens: int | None) -> int | None:
+        limit = self.max_model_len
+        if truncate_prompt_tokens == -1:
+            return limit
+        if truncate_prompt_tokens is not None and not 1 <= truncate_prompt_tokens <= limit:
+            raise InvalidPromptError(
+                f"truncate_prompt_tokens must be -1 or between 1 and {limit} (the model's "
+                f"maximum input length), got {truncate_prompt_tokens}",
+                param="truncate_prompt_tokens",
+            )
+        return truncate_prompt_tokens
+
+    def _check_pooling_input(self, ids: list[int], param: str) -> None:
+        limit = self.max_model_len
+        if not ids:
+            raise InvalidPromptError(f"{param} is empty: give at least one token", param=param)
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise InvalidPromptError(
+                f"{param} holds token ids outside the vocabulary (size {self.vocab_size})",
+                param=param,
+            )
+        if len(ids) > limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens, but {param} has "
+                f"{len(ids)} tokens; shorten it, or set truncate_prompt_tokens to cut it",
+                param=param,
+                prompt_tokens=len(ids),
+                max_tokens=None,
+                max_model_len=limit,
+            )
 
     async def check_constraint(self, constraint: Constraint) -> None:
         """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce it
@@ -258,6 +306,38 @@ def _encode_batch(
         max_length=truncate,
     )
     return [list(ids) for ids in encoded["input_ids"]]
+
+
+def _encode_pairs(
+    tokenizer: PreTrainedTokenizerBase,
+    firsts: list[str],
+    seconds: list[str],
+    truncate: int | None,
+) -> list[tuple[list[int], int]]:
+    encoded = tokenizer(
+        firsts,
+        seconds,
+        truncation="longest_first" if truncate is not None else False,
+        max_length=truncate,
+    )
+    types = encoded.get("token_type_ids")
+    pairs = []
+    for i, ids in enumerate(encoded["input_ids"]):
+        start = list(types[i]).index(1) if types is not None and 1 in types[i] else 0
+        pairs.append((list(ids), start))
+    return pairs
+
+
+def _cut_texts(tokenizer: PreTrainedTokenizerBase, texts: list[str], max_tokens: int) -> list[str]:
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [
+        text if len(offsets) <= max_tokens else text[: offsets[max_tokens - 1][1]]
+        for text, offsets in zip(texts, encoded["offset_mapping"], strict=True)
+    ]
+
+
+def _input_params(count: int) -> list[str]:
+    return ["input"] if count == 1 else [f"input[{i}]" for i in range(count)]
 
 
 def _bad_words_token_ids(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> list[list[int]]:

@@ -20,6 +20,9 @@ Invariants:
 - A replica that dies fails only its own requests (its client raises `EngineDeadError`); its
   slot is empty until it is attached again, and no new request is routed to it meanwhile.
 - Every lease is released exactly once, so a replica's load never leaks.
+
+Why a little over 400 lines: the routing table, the lease and `open_router` (the library's way
+to fill the table) are one concept seen from three sides.
 """
 
 from __future__ import annotations
@@ -42,7 +45,12 @@ from trio_llm.client.errors import EngineDeadError, EngineStartError, start_erro
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
-    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
     from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -111,7 +119,8 @@ class ServedModel:
 
 class Lease:
     """A request's hold on its replica: `sequences` of its load until `release()`, and the
-    requests it runs there (`generate`, `embed_batch`), which `Router.abort` finds by id until
+    requests it runs there (`generate`, `embed_batch`, `score`, `classify`), which
+    `Router.abort` finds by id until
     then. `client` is the replica's engine, for what is not a request (tokenizing)."""
 
     __slots__ = ("_request_ids", "_router", "client", "replica", "sequences")
@@ -148,6 +157,31 @@ class Lease:
         request_id = self._hold(request_id)
         try:
             return await self.client.embed_batch(prompts, request_id=request_id, **kwargs)
+        finally:
+            self._forget(request_id)
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the leased replica."""
+        request_id = self._hold(request_id)
+        try:
+            return await self.client.score(text_1, text_2, request_id=request_id, **kwargs)
+        finally:
+            self._forget(request_id)
+
+    async def classify(
+        self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the leased replica."""
+        request_id = self._hold(request_id)
+        try:
+            return await self.client.classify(prompts, request_id=request_id, **kwargs)
         finally:
             self._forget(request_id)
 
@@ -306,6 +340,38 @@ class Router:
     ) -> EmbeddingRequestOutput:
         [output] = await self.embed_batch([prompt], model=model, **kwargs)
         return output
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the least-loaded replica of `model`."""
+        pairs = 1 if isinstance(text_2, str) else len(text_2)
+        lease = self.lease(self.model(model), pairs)
+        try:
+            return await lease.score(text_1, text_2, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), len(prompts))
+        try:
+            return await lease.classify(prompts, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
 
     async def abort(self, request_id: str) -> None:
         """Stop a request on the replica that holds it; unknown or finished ids are ignored."""

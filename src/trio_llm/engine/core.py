@@ -15,6 +15,10 @@ grammar that does not compile) finishes with an 'error' output at the next step,
 continue. Every request that
 enters gets exactly one output with a finish reason; after that its id is forgotten and its
 blocks are back in the pool.
+
+Why over 400 lines: the engine's assembly (model load, dtype probe, KV sizing, the pooling
+parts) still lives here beside the step loop; moving it to its own module waits until the work
+on the model runner, weights and LoRA that changes it has landed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from trio_llm.config import EngineArgs
 from trio_llm.engine import dtype_policy, loader, pooling
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
+from trio_llm.engine.classifier import classifier_head
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
 from trio_llm.engine.scheduler import Scheduler
@@ -50,6 +55,7 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
 )
+from trio_llm.tasks import TASK_WORDS, is_pooling
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -86,6 +92,7 @@ class _Parts:
     embedding_size: int = 0
     normalized: bool = False
     matryoshka_dimensions: list[int] | None = None
+    labels: list[str] | None = None
 
 
 class EngineCore:
@@ -101,7 +108,7 @@ class EngineCore:
         dtype = loader.resolve_dtype(args.dtype, device)
         config = loader.load_config(source)
         self.task = loader.resolve_task(args.task, source, config)
-        self.pooling = self.task == "embed"
+        self.pooling = is_pooling(self.task)
         self.args = args
         self.device = torch.device(device)
         self.vocab_size = int(config.vocab_size)
@@ -153,6 +160,7 @@ class EngineCore:
             embedding_size=parts.embedding_size,
             normalized=parts.normalized,
             matryoshka_dimensions=parts.matryoshka_dimensions,
+            labels=parts.labels,
         )
 
     def _generation_parts(
@@ -223,19 +231,34 @@ class EngineCore:
     ) -> _Parts:
         """No KV cache: the block manager only does the scheduler's bookkeeping, with blocks
         for one step's tokens; a step holds whole prompts, so it holds at least the longest,
-        and as many inputs as its tokens allow (each finishes within its step)."""
+        and as many inputs as its tokens allow (each finishes within its step). A
+        classifier's sentence-transformers files say nothing the engine uses but the length
+        (its head pools by itself)."""
         args = self.args
-        pooling_config = pooling.pooling_config(source.path, is_encoder=loader.is_encoder(config))
-        model = loader.load_model(source, dtype, device, pooling=True)
-        positions = int(config.max_position_embeddings)
+        classifies = self.task in ("score", "classify")
+        if classifies:
+            pooling_config = pooling.PoolingConfig(
+                "cls", normalize=False, max_seq_length=pooling.max_seq_length(source.path)
+            )
+        else:
+            pooling_config = pooling.pooling_config(
+                source.path, is_encoder=loader.is_encoder(config)
+            )
+        model = loader.load_model(source, dtype, device, task=self.task)
+        head = classifier_head(model) if classifies else None
+        offset = loader.position_offset(config)
+        positions = int(config.max_position_embeddings) - offset
         limit = min(args.max_model_len or pooling_config.max_seq_length or positions, positions)
         max_model_len = _max_model_len(
             msgspec.structs.replace(args, max_model_len=limit), config, positions
         )
         budget = max(args.max_num_pooled_tokens, max_model_len)
         num_blocks = -(-budget // args.block_size) + budget  # a partial block per input
+        runner = PoolingRunner(
+            model, pooling_config, self.device, head=head, position_offset=offset
+        )
         return _Parts(
-            runner=PoolingRunner(model, pooling_config, self.device),
+            runner=runner,
             dtype=dtype,
             num_blocks=num_blocks,
             kv_cache_bytes=0,
@@ -243,9 +266,10 @@ class EngineCore:
             max_num_batched_tokens=budget,
             max_num_seqs=budget,
             attention_backend="packed",
-            embedding_size=int(config.hidden_size),
-            normalized=pooling_config.normalize,
-            matryoshka_dimensions=_matryoshka(config),
+            embedding_size=runner.output_size,
+            normalized=pooling_config.normalize and head is None,
+            matryoshka_dimensions=None if classifies else _matryoshka(config),
+            labels=head.labels if head is not None else None,
         )
 
     # -- requests -------------------------------------------------------------------------
@@ -273,9 +297,9 @@ class EngineCore:
         params = req.sampling_params
         if req.pooling != self.pooling:
             raise RequestError(
-                "this engine serves embeddings, not generation"
+                f"this engine serves {TASK_WORDS[self.task]}, not generation"
                 if self.pooling
-                else "this engine serves generation, not embeddings"
+                else "this engine serves generation, not pooled outputs"
             )
         if not self.pooling:
             params.validate()
@@ -292,6 +316,11 @@ class EngineCore:
                 f"the input has {len(prompt)} tokens, but this model takes at most "
                 f"{self.max_model_len}"
             )
+        if not 0 <= req.token_type_start < len(prompt):
+            raise RequestError(
+                f"token_type_start {req.token_type_start} is outside the prompt's "
+                f"{len(prompt)} tokens"
+            )
         if not self.pooling and len(prompt) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(prompt)} tokens, but this model's context holds "
@@ -307,6 +336,7 @@ class EngineCore:
             arrival=next(self._arrivals),
         )
         if self.pooling:
+            seq.token_type_start = req.token_type_start
             return seq
         if params.seed is not None and not params.greedy:
             seq.generator = torch.Generator(device=self.device)

@@ -85,6 +85,8 @@ class Sequence:
     """With an error the request's own parameters caused (a dead end): the one at fault."""
     bans: TokenBans | None = None
     """allowed_token_ids and bad_words, built once when the request arrived."""
+    token_type_start: int = 0
+    """A pooling request's pair of texts: where the second starts (0: one text)."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -31,6 +31,7 @@ from trio_llm.http.invocations import endpoint as invocations
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.models import endpoint as models
 from trio_llm.http.ops import endpoint as ops
+from trio_llm.http.pooling import endpoint as pooling
 from trio_llm.http.responses import endpoint as responses
 from trio_llm.http.runtime.bodies import error_response
 from trio_llm.http.runtime.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
@@ -48,6 +49,13 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/responses", responses.create_response),
     ("GET", "/v1/responses/<response_id>", responses.retrieve_response),
     ("DELETE", "/v1/responses/<response_id>", responses.delete_response),
+    ("POST", "/pooling", pooling.pooling),
+    ("POST", "/classify", pooling.classify),
+    ("POST", "/score", pooling.score),
+    ("POST", "/v1/score", pooling.score),
+    ("POST", "/rerank", pooling.rerank),
+    ("POST", "/v1/rerank", pooling.rerank),
+    ("POST", "/v2/rerank", pooling.rerank),
     ("POST", "/invocations", invocations.invocations),
     ("GET", "/v1/models", models.list_models),
     ("GET", "/v1/models/<path:model_id>", models.model_card),

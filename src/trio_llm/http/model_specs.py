@@ -5,7 +5,8 @@ A model on the command line (or in TRIO_LLM_MODEL, whitespace-separated) may car
 options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
 `/models/qwen:name=qwen,kv=2GiB`. They override the server-wide flags for that model only:
 
-    name     the served name (--served-model-name)     task     auto, generate or embed
+    name     the served name (--served-model-name)     task     auto, generate, embed, score,
+                                                                classify
     dtype    auto, float32, bfloat16, float16          device   auto, cpu, cuda, cuda:N
     kv       KV cache size (--kv-cache-memory)         max-len  context length
     seqs     sequences at once (--max-num-seqs)        threads  torch threads of each engine
@@ -27,7 +28,7 @@ from typing import Any
 import msgspec
 
 from trio_llm.config import EngineArgs, parse_size
-from trio_llm.model_files import TASKS
+from trio_llm.tasks import TASKS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

@@ -49,8 +49,13 @@ class EngineCoreRequest(_Msg, tag="add"):
     priority: int = 0
     """Lower runs first; FCFS among equals."""
     pooling: bool = False
-    """An embedding request: the engine pools the prompt's hidden states instead of generating
-    (only a pooling engine serves it; `sampling_params` is then unused)."""
+    """A pooling request (embeddings, scores, classes): the engine pools the prompt's hidden
+    states instead of generating (only a pooling engine serves it; `sampling_params` is then
+    unused)."""
+    token_type_start: int = 0
+    """A pooling request that is a pair of texts (a cross-encoder's input): the index of the
+    second text's first token, from which a model with token types gives type 1; 0: one
+    text."""
 
 
 class AbortRequests(_Msg, tag="abort"):
@@ -78,7 +83,7 @@ class EngineReady(_Msg, tag="ready"):
     attention_backend: str = "torch"
     pid: int = 0
     task: str = "generate"
-    """generate | embed: what the engine serves."""
+    """generate | embed | score | classify: what the engine serves (trio_llm.tasks)."""
     embedding_size: int = 0
     """With task embed: the length of each embedding."""
     normalized: bool = False
@@ -86,6 +91,9 @@ class EngineReady(_Msg, tag="ready"):
     matryoshka_dimensions: list[int] | None = None
     """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
     ([]: any); None when it may not be."""
+    labels: list[str] | None = None
+    """With task score or classify: the label of each output, in order (the model's
+    `id2label`); its outputs are the activated scores (probabilities over several labels)."""
 
 
 class EngineLoading(_Msg, tag="loading"):
@@ -125,7 +133,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     error: str | None = None
     """With finish_reason 'error': what went wrong with this request."""
     pooled: bytes | None = None
-    """A pooling request's embedding (raw float32), with finish_reason 'stop'."""
+    """A pooling request's output (raw float32: the embedding, or one score per label), with
+    finish_reason 'stop'."""
     error_param: str | None = None
     """With an error the request's own parameters caused ('constraint', 'allowed_token_ids',
     ...: nothing they allow could be generated): that parameter. None: the engine failed."""

@@ -14,6 +14,7 @@ from trio_llm.http.chat import protocol as chat
 from trio_llm.http.completions import protocol as completions
 from trio_llm.http.embeddings import protocol as embeddings
 from trio_llm.http.models import protocol as models
+from trio_llm.http.pooling import protocol as pooling
 from trio_llm.http.responses import protocol as responses
 
 _ERROR_STATUSES = (
@@ -96,6 +97,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             *embeddings.WIRE_TYPES,
             *models.WIRE_TYPES,
             *responses.WIRE_TYPES,
+            *pooling.WIRE_TYPES,
         ),
         ref_template="#/components/schemas/{name}",
     )
@@ -161,11 +163,43 @@ def openapi_document(version: str) -> dict[str, Any]:
                     },
                 },
             },
+            "/pooling": _post(
+                "Pooled outputs of inputs or chat messages (embeddings, or a classifier's "
+                "probabilities)",
+                pooling.PoolingRequest,
+                pooling.PoolingResponse,
+                streams=False,
+            ),
+            "/classify": _post(
+                "Labels and probabilities of inputs, from a classifier or cross-encoder",
+                pooling.ClassificationRequest,
+                pooling.ClassificationResponse,
+                streams=False,
+            ),
+            **{
+                path: _post(
+                    "Scores of text pairs: text_1 against one or many text_2 (a cross-encoder's "
+                    "logit, or an embedding model's cosine)",
+                    pooling.ScoreRequest,
+                    pooling.ScoreResponse,
+                    streams=False,
+                )
+                for path in ("/score", "/v1/score")
+            },
+            **{
+                path: _post(
+                    "Documents ranked against a query (vLLM's, Jina's and Cohere's shapes)",
+                    pooling.RerankRequest,
+                    pooling.RerankResponse,
+                    streams=False,
+                )
+                for path in ("/rerank", "/v1/rerank", "/v2/rerank")
+            },
             "/invocations": {
                 "post": {
                     "summary": "Chat completion (a body with messages), text completion (a "
-                    "body with prompt) or embeddings (a body with input), as vLLM's "
-                    "SageMaker-style route",
+                    "body with prompt), embeddings or classification (a body with input), "
+                    "scores (text_1) or a rerank (query), as vLLM's SageMaker-style route",
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -175,6 +209,9 @@ def openapi_document(version: str) -> dict[str, Any]:
                                         _ref(chat.ChatCompletionRequest.__name__),
                                         _ref(completions.CompletionRequest.__name__),
                                         _ref(embeddings.EmbeddingRequest.__name__),
+                                        _ref(pooling.ClassificationRequest.__name__),
+                                        _ref(pooling.ScoreRequest.__name__),
+                                        _ref(pooling.RerankRequest.__name__),
                                     ]
                                 }
                             }

@@ -39,6 +39,7 @@ from trio_llm.http.runtime.metrics import Metrics
 from trio_llm.http.runtime.middleware import on_request_end
 from trio_llm.http.sampling import SamplingDefaults
 from trio_llm.model_files import read_generation_config
+from trio_llm.tasks import TASK_WORDS, USE_WORDS, serves
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -49,10 +50,15 @@ log = logging.getLogger(__name__)
 
 _EXTENSION = "trio_llm"
 
-TASK_ENDPOINTS = {
+USE_ENDPOINTS = {
     "generate": "/v1/chat/completions, /v1/completions and /v1/responses",
     "embed": "/v1/embeddings",
+    "score": "/score and /rerank",
+    "classify": "/classify",
+    "pooling": "/pooling",
 }
+"""Where each use of a model (`trio_llm.tasks`) is served, for the 400 of a model that does
+not serve the endpoint asked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +159,9 @@ class AppState:
         self, requested_model: str | None, *, task: str | None = "generate", sequences: int = 0
     ) -> tuple[Lease, ModelInfo]:
         """The least-loaded live replica serving `requested_model` (None: the first model) for
-        `task` (None: whatever it serves), held for `sequences` until the request ends: the
-        request generates (or embeds) through the lease, so `Router.abort` sees it."""
+        `task`, a use of `trio_llm.tasks` (None: whatever it serves), held for `sequences`
+        until the request ends: the request generates (embeds, scores) through the lease, so
+        `Router.abort` sees it."""
         served, info = self.model_for(requested_model, task=task)
         try:
             lease = self.router.lease(served, sequences)
@@ -174,7 +181,7 @@ class AppState:
         info = self._cards.get(self.router.models.index(served))
         if info is None:
             raise engine_unavailable()
-        if task is not None and info.task != task:
+        if task is not None and not serves(info.task, task):
             raise bad_request(self._wrong_task(info, task), param="model", code="wrong_model_task")
         return served, info
 
@@ -215,15 +222,19 @@ class AppState:
             status = "unavailable"
         return {"status": status, "engines": engines}
 
-    def _wrong_task(self, info: ModelInfo, task: str) -> str:
-        what = {"generate": "generation", "embed": "embeddings"}
+    def _wrong_task(self, info: ModelInfo, use: str) -> str:
+        """Which served models serve which endpoint, `use`'s first (or that none does)."""
+        uses = sorted(USE_ENDPOINTS, key=lambda u: u != use)
         serving = "; ".join(
-            f"{TASK_ENDPOINTS[t]}: " + ", ".join(f"`{c.name}`" for c in self.cards() if c.task == t)
-            for t in TASK_ENDPOINTS
-            if any(c.task == t for c in self.cards())
+            f"{USE_ENDPOINTS[u]}: "
+            + ", ".join(f"`{c.name}`" for c in self.cards() if serves(c.task, u))
+            for u in uses
+            if any(serves(c.task, u) for c in self.cards())
         )
+        if not any(serves(c.task, use) for c in self.cards()):
+            serving = f"{serving}; no model here serves {USE_WORDS[use]}"
         return (
-            f"The model `{info.name}` serves {what[info.task]}, not {what[task]}; "
+            f"The model `{info.name}` serves {TASK_WORDS[info.task]}, not {USE_WORDS[use]}; "
             f"this server serves {serving}"
         )
 
