@@ -26,6 +26,14 @@ settings.load_profile(
 )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The deep fuzz mode runs each test for as long as its examples take: no per-test
+    timeout (pyproject's 300 s is sized for the derandomized examples)."""
+    if os.environ.get("TRIO_LLM_FUZZ") == "deep":
+        for item in items:
+            item.add_marker(pytest.mark.timeout(0))
+
+
 def build_tiny_llama(path: Path, tokenizer_source: ModelSource, *, seed: int = 0) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

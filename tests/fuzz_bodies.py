@@ -83,6 +83,7 @@ def embedding_bodies(model: str) -> dict[str, dict[str, Any]]:
     """A small valid body for every POST route an embedding model serves."""
     return {
         "/v1/embeddings": {"model": model, "input": "hi"},
+        "/pooling": {"model": model, "input": "hi"},
         "/invocations": {"model": model, "input": "hi"},
     }
 
@@ -225,7 +226,7 @@ def hostile_fields(route: str) -> st.SearchStrategy[dict[str, Any]]:
             st.builds(lambda t, c: {"tools": t, "tool_choice": c}, tools, _choices),
             st.builds(lambda t, f: {"tools": t, "text": {"format": f}}, tools, formats),
         )  # fmt: skip
-    if route in ("/tokenize", "/v1/embeddings"):
+    if route in ("/tokenize", "/v1/embeddings", "/pooling"):
         instead = "prompt" if route == "/tokenize" else "input"
         return st.builds(lambda m, t: {"messages": m, **t, instead: None}, conversations, template)
     return st.just({})
