@@ -45,10 +45,12 @@ FIELDS = [
     "bad_words", "allowed_token_ids", "truncate_prompt_tokens", "truncation_side",
     "prompt_logprobs", "return_token_ids", "add_special_tokens", "use_beam_search",
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "response_format", "reasoning_effort",
+    "response_format", "reasoning_effort", "thinking_token_budget", "include_reasoning",
     # /v1/responses
     "input", "instructions", "max_output_tokens", "text", "previous_response_id", "store",
     "include", "reasoning", "background", "metadata", "parallel_tool_calls", "conversation",
+    # /v1/messages
+    "system", "stop_sequences", "thinking", "output_config",
 ]  # fmt: skip
 
 scalars = (
@@ -74,6 +76,15 @@ def base_bodies(model: str) -> dict[str, dict[str, Any]]:
         "/v1/completions": {"model": model, "prompt": "hi"},
         "/invocations": {"model": model, "prompt": "hi"},
         "/v1/responses": {"model": model, "input": "hi"},
+        "/v1/messages": {
+            "model": model,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        "/v1/messages/count_tokens": {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
         "/tokenize": {"prompt": "hi"},
         "/detokenize": {"tokens": [104]},
     }

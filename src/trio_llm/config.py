@@ -61,6 +61,25 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The share of a GPU's free memory an auto KV cache takes; the rest is for activations,
     the CUDA graphs' pool and the allocator's slack."""
     enable_prefix_caching: bool = True
+    quantization: str = "auto"
+    """auto | none | int8 | int4 | w8a8: how the weights run (engine/quant). auto: a quantized
+    GGUF file in its own formats (Q4_0, Q4_1, Q4_K as int4 groups, Q8_0 as two int4 planes,
+    other formats as int8 rows; the activations in bfloat16 unless `dtype` says otherwise),
+    anything else in its float dtype;
+    none: a GGUF dequantized to `dtype`; int8 / int4: a float checkpoint quantized at load;
+    w8a8: int8 weights and int8 activations. Quantized weights run on a CPU, with the own
+    forward."""
+    scheduling_policy: str = "fcfs"
+    """fcfs | priority (vLLM's --scheduling-policy): with fcfs requests run in arrival order and
+    a request's `priority` must be 0; with priority a lower value runs first (and is preempted
+    last), FCFS among equals."""
+    kv_events_endpoint: str | None = None
+    """A ZeroMQ endpoint (e.g. tcp://*:5557) on which the engine publishes its KV-cache events
+    in vLLM's format, for a KV-aware router (engine/kv_events.py); None: none are published."""
+    kv_events_topic: str = ""
+    data_parallel_rank: int | None = None
+    """This engine's replica index among its model's (stamped on its KV events); None: the
+    model has one replica."""
     model_impl: str = "auto"
     """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
     Mistral), or transformers' modules for every model."""
@@ -78,6 +97,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     jump_forward: bool = True
     """Structured outputs: tokens a request's grammar forces are proposed as drafts and computed
     in one chunk, verified by the step's samples (the output is the same as without)."""
+    ngram_speculation: str = "auto"
+    """auto | on | off: n-gram prompt-lookup drafts (engine/speculative.py), verified by the
+    step's samples. auto is off: measured on the CPU path, drafting made streams slower."""
     num_threads: int | None = None
     """torch intra-op threads in the engine; None: one per core."""
     stream_interval: int = 1

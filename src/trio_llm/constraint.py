@@ -10,6 +10,11 @@ library user builds one with the constructors below.
 JSON is compact by default (no whitespace between tokens): a JSON grammar that lets a small
 model put whitespace anywhere lets it wander through spaces and newlines until max_tokens.
 `whitespace_pattern` (a regex) allows whitespace where JSON does, matching that pattern.
+
+A reasoning model thinks before it answers: with `thinking`, the output is a think block, free
+text up to its closing tag (at most `Thinking.budget` tokens of it, after which the closing tag
+is forced), and only what follows must match the spec. So a schema never lands in the
+reasoning, and asking for one never turns the thinking off.
 """
 
 from __future__ import annotations
@@ -41,11 +46,30 @@ class ConstraintKind(enum.IntEnum):
     """`spec` is a context-free grammar: Lark (llguidance's syntax) or llama.cpp's GBNF."""
 
 
+class Thinking(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """The think block a constrained answer comes after (`<think>...</think>`)."""
+
+    open: str = "<think>"
+    close: str = "</think>"
+    inside: bool = False
+    """The prompt opened the block itself (DeepSeek-R1's template): the output starts inside
+    it. False: the output opens it first."""
+    budget: int | None = None
+    """At most this many tokens inside the block (its tags among them); then the engine forces
+    the closing tag (thinking_budget.py). None: no limit."""
+
+
+ANY_TEXT = "start: /(.|\\n)*/"
+"""The grammar of an unconstrained answer: what a thinking budget alone constrains after."""
+
+
 class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     kind: ConstraintKind
     spec: str = ""
     whitespace_pattern: str | None = None
     """JSON kinds: the whitespace allowed between tokens, as a regex; None: none at all."""
+    thinking: Thinking | None = None
+    """The think block before the answer the spec constrains; None: the spec starts at once."""
 
     # -- constructors ---------------------------------------------------------------------
 
@@ -72,12 +96,28 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
     def grammar(cls, grammar: str) -> Constraint:
         return cls(ConstraintKind.GRAMMAR, grammar)
 
+    @classmethod
+    def any_text(cls) -> Constraint:
+        """No constraint on the answer: with `after_thinking`, only the thinking's budget."""
+        return cls(ConstraintKind.GRAMMAR, ANY_TEXT)
+
+    def after_thinking(self, thinking: Thinking | None) -> Constraint:
+        """This constraint on the answer that follows `thinking` (None: from the start)."""
+        return msgspec.structs.replace(self, thinking=thinking)
+
     # -- checks that need no grammar library ----------------------------------------------
 
     def validate(self) -> None:
         """Raise `ValueError` for a spec that cannot be one of its kind (the grammar library
-        checks the rest: `trio_llm.grammar.check`). Remembered: a request's constraint is
-        validated at each layer it crosses, and a large schema takes milliseconds to read."""
+        checks the rest: `trio_llm.grammar.check`). The spec's checks are remembered: a
+        request's constraint is validated at each layer it crosses, and a large schema takes
+        milliseconds to read."""
+        thinking = self.thinking
+        if thinking is not None:
+            if not thinking.close or (not thinking.inside and not thinking.open):
+                raise ValueError("the think block's tags must not be empty")
+            if thinking.budget is not None and thinking.budget < 1:
+                raise ValueError("a thinking budget must be at least 1 token")
         error = _spec_error(self.kind, self.spec)
         if error:
             raise ValueError(error)

@@ -39,7 +39,8 @@ import llguidance
 import numpy as np
 from llguidance import LLMatcher, LLParserLimits
 
-from trio_llm.constraint import Constraint, ConstraintKind
+from trio_llm.constraint import Constraint, ConstraintKind, Thinking
+from trio_llm.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -66,12 +67,19 @@ class ConstraintError(ValueError):
 
 
 def grammar_text(constraint: Constraint) -> str:
-    """The llguidance grammar (its JSON form) for `constraint`. Raises `ConstraintError` for a
-    spec that is not even well-formed; `check` validates the rest."""
+    """The llguidance grammar (its JSON form, or Lark) for `constraint`. Raises
+    `ConstraintError` for a spec that is not even well-formed; `check` validates the rest."""
     try:
         constraint.validate()
     except ValueError as exc:
         raise ConstraintError(str(exc)) from None
+    answer = _answer_text(constraint)
+    if constraint.thinking is None:
+        return answer
+    return _after_thinking(answer, constraint.thinking)
+
+
+def _answer_text(constraint: Constraint) -> str:
     kind = constraint.kind
     if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
         options = dict(COMPACT_JSON)
@@ -208,6 +216,7 @@ def grammar_vocabulary(
     backend.no_padding()
     backend.no_truncation()
     spec = json.loads(backend.to_str())
+    _added_tokens_as_text(spec)
     vocab = (spec.get("model") or {}).get("vocab")
     missing = []
     if isinstance(vocab, dict) and _is_byte_level(spec.get("decoder")):
@@ -259,6 +268,36 @@ def _byte_level_alphabet() -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # Checks
+
+
+_THINK_GAP = "/[ \\t\\r\\n]{0,4}/"
+"""What may separate the closing tag from the answer (Qwen3 writes a blank line); bounded, so a
+small model cannot wander through whitespace there."""
+
+
+def _after_thinking(answer: str, thinking: Thinking) -> str:
+    """`answer` (a grammar's JSON or Lark text) after a think block. The block is required (a
+    model that thinks writes one, if only an empty one; one that does not gets no `thinking`),
+    and its text is free up to its closing tag: a lexeme with the tag as its `suffix`, lazy, so
+    the first tag ends it, and one llguidance can roll back (jump-forward's drafts). The
+    answer is the second grammar of the list, `@answer`. A budget is not the grammar's: the
+    engine counts the block's tokens and forces the tag (thinking_budget.py)."""
+    if answer.lstrip().startswith("{"):
+        inner = json.loads(answer)["grammars"]
+    else:
+        inner = [{"lark_grammar": answer}]
+    if len(inner) != 1:
+        raise ConstraintError("a grammar of several grammars cannot follow a think block")
+    inner[0]["name"] = "answer"
+    close = json.dumps(thinking.close, ensure_ascii=False)
+    opening = "" if thinking.inside else json.dumps(thinking.open, ensure_ascii=False) + " "
+    lark = [
+        "%llguidance {}",
+        f"start: {opening}thought GAP @answer",
+        f"thought[suffix={close}]: /(.|\\n)*/",
+        f"GAP: {_THINK_GAP}",
+    ]
+    return json.dumps({"grammars": [{"lark_grammar": "\n".join(lark)}, *inner]})
 
 
 _CHECK_CACHE = 256
@@ -332,19 +371,68 @@ def probe(text: str, unproducible: frozenset[int]) -> None:
         raise ConstraintError(clean_error(matcher.get_error()))
 
 
+def _added_tokens_as_text(spec: dict[str, Any]) -> None:
+    """Move the added tokens of tokenizer.json `spec` that are not special (Qwen3's `<think>`
+    and `</think>`, DeepSeek-R1's) into its vocabulary, spelled in the byte-level alphabet.
+    llguidance takes every added token for a special one, which no text of a grammar matches:
+    a grammar that writes `</think>` could then never be satisfied by the token a model closes
+    its thinking with. (llguidance then tokenizes such a tag as the text it is, which only
+    matters for the tokens it proposes as forced.) Byte-level vocabularies only."""
+    vocab = (spec.get("model") or {}).get("vocab")
+    added = spec.get("added_tokens") or []
+    if not isinstance(vocab, dict) or "ByteLevel" not in json.dumps(spec.get("decoder")):
+        return
+    alphabet = _byte_level_alphabet()
+    kept = []
+    for token in added:
+        spelled = "".join(alphabet[b] for b in token["content"].encode())
+        if token.get("special") or spelled in vocab:  # a vocabulary entry of its own already
+            kept.append(token)
+        else:
+            vocab[spelled] = token["id"]
+    spec["added_tokens"] = kept
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a token's text
+    (printable Latin-1 bytes stand for themselves, the others are shifted past U+00FF)."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in chars)
+    for i, b in enumerate(shifted):
+        chars[b] = chr(0x100 + i)
+    return [chars[b] for b in range(256)]
+
+
 class Grammar:
-    """One request's matcher: the state of its grammar after its committed tokens."""
+    """One request's matcher: the state of its grammar after its committed tokens (and of its
+    thinking budget, when it has one)."""
 
-    __slots__ = ("matcher", "vocabulary")
+    __slots__ = ("budget", "matcher", "vocabulary")
 
-    def __init__(self, matcher: LLMatcher, vocabulary: GrammarVocabulary) -> None:
+    def __init__(
+        self,
+        matcher: LLMatcher,
+        vocabulary: GrammarVocabulary,
+        budget: ThinkingBudget | None = None,
+    ) -> None:
         self.matcher = matcher
         self.vocabulary = vocabulary
+        self.budget = budget
 
     def accept(self, tokens: list[int]) -> bool:
         """Advance by the tokens the request committed; False (and `error` set) if the grammar
         does not allow them."""
-        return self.matcher.consume_tokens(tokens)
+        if not self.matcher.consume_tokens(tokens):
+            return False
+        if self.budget is not None:
+            self.budget.advance(tokens)
+        return True
+
+    def forced_token(self) -> int | None:
+        """The one token the next step may write (the thinking budget's closing tag); None:
+        the grammar's mask decides."""
+        return None if self.budget is None else self.budget.next_token()
 
     def is_terminated(self) -> bool:
         """The grammar admits no more tokens (EOS aside): the output is complete."""
@@ -361,8 +449,11 @@ class Grammar:
         return dead_end(self.matcher, self.vocabulary.unproducible, others)
 
     def forced_tokens(self) -> list[int]:
-        """The tokens the grammar forces next (none where the model has a choice), up to the
-        first placeholder of a byte the model cannot produce."""
+        """The tokens the grammar forces next (none where the model has a choice, nor while
+        the thinking budget forces its tag: one token a step then), up to the first
+        placeholder of a byte the model cannot produce."""
+        if self.forced_token() is not None:
+            return []
         forced = self.matcher.compute_ff_tokens()
         limit = self.vocabulary.vocab_size
         for i, token in enumerate(forced):

@@ -64,7 +64,7 @@ async def refusal(sdk: openai.AsyncOpenAI, **extra: Any) -> dict[str, Any]:
         ({"structural_tag": {"type": "structural_tag"}}, "structural_tag"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
-        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"documents": [{"title": "t", "text": "x"}]}, "documents"),
         ({"chat_template": "{{ messages }}"}, "chat_template"),
         ({"logprob_token_ids": [1]}, "logprob_token_ids"),
         ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": "x"}]}]},

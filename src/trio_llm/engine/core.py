@@ -37,12 +37,14 @@ import torch
 
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling
+from trio_llm.engine import dtype_policy, loader, pooling, quant, speculative
 from trio_llm.engine.attention import resolve_backend
-from trio_llm.engine.block_manager import BlockManager
+from trio_llm.engine.block_manager import BlockManager, salt_root
 from trio_llm.engine.classifier import classifier_head
+from trio_llm.engine.kv_events import KVEventPublisher
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
+from trio_llm.engine.quant import gguf_model
 from trio_llm.engine.scheduler import Scheduler
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StructuredOutputs
@@ -75,6 +77,7 @@ class RequestError(ValueError):
 GRAMMAR_POLL_SECONDS = 0.002
 """How long the idle loop sleeps on the request ring while a grammar compiles (a compile takes
 about a millisecond; the ring's doorbell cannot tell the loop that one has finished)."""
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(slots=True)
@@ -119,8 +122,23 @@ class EngineCore:
         else:
             parts = self._generation_parts(source, config, dtype, device, stage)
         self.max_model_len = parts.max_model_len
+        if args.scheduling_policy not in SCHEDULING_POLICIES:
+            raise EngineConfigError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {args.scheduling_policy!r}"
+            )
+        prefix_caching = args.enable_prefix_caching and not self.pooling
+        self.kv_events: KVEventPublisher | None = None
+        if args.kv_events_endpoint is not None and prefix_caching:
+            self.kv_events = KVEventPublisher(
+                args.kv_events_endpoint,
+                topic=args.kv_events_topic,
+                block_size=args.block_size,
+                medium="GPU" if device.startswith("cuda") else None,
+                rank=args.data_parallel_rank,
+            )
         self.block_manager = BlockManager(
-            parts.num_blocks, args.block_size, args.enable_prefix_caching and not self.pooling
+            parts.num_blocks, args.block_size, prefix_caching, self.kv_events
         )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -131,6 +149,12 @@ class EngineCore:
             chunked_prefill=not self.pooling,
         )
         self.runner = parts.runner
+        self._ngram = speculative.resolve_mode(
+            args.ngram_speculation,
+            quantized=isinstance(self.runner, ModelRunner)
+            and self.runner.own is not None
+            and self.runner.own.quantized,
+        )
         self.structured = StructuredOutputs(
             lambda: model_files.load_tokenizer(source),
             self.vocab_size,
@@ -161,6 +185,7 @@ class EngineCore:
             normalized=parts.normalized,
             matryoshka_dimensions=parts.matryoshka_dimensions,
             labels=parts.labels,
+            priority_scheduling=args.scheduling_policy == "priority",
         )
 
     def _generation_parts(
@@ -173,9 +198,19 @@ class EngineCore:
     ) -> _Parts:
         args = self.args
         backend = resolve_backend(args.attention_backend, device)
+        how, gguf = quant.plan(args.quantization, source, config, device, args.model_impl)
+        weights = None
+        if how != "none":
+            dtype = quant.activation_dtype(args.dtype)
         # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
-        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
-        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        measure = (
+            how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        )
+        if gguf is not None:
+            model = quant.meta_model(source, dtype)
+            weights = gguf_model.load_weights(gguf, model.config, dtype)
+        else:
+            model = loader.load_model(source, torch.float32 if measure else dtype, device)
         if measure:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
@@ -210,6 +245,8 @@ class EngineCore:
             ),
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
+            weights=weights,
+            quantization=how,
         )
         return _Parts(
             runner=runner,
@@ -334,7 +371,13 @@ class EngineCore:
             max_tokens=room if params.max_tokens is None else min(params.max_tokens, room),
             priority=req.priority,
             arrival=next(self._arrivals),
+            cache_root=salt_root(params.cache_salt),
         )
+        if req.priority and self.args.scheduling_policy != "priority":
+            raise RequestError(
+                "priority is honoured only with scheduling_policy 'priority' "
+                "(--scheduling-policy priority); this engine schedules fcfs"
+            )
         if self.pooling:
             seq.token_type_start = req.token_type_start
             return seq
@@ -408,6 +451,8 @@ class EngineCore:
             batch = self.scheduler.schedule()
             if batch.seqs:
                 outputs.extend(self._run(batch))
+        if self.kv_events is not None:
+            self.kv_events.flush()
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(), stats=self.stats())
 
     def _run(self, batch: ScheduledBatch) -> list[EngineCoreOutput]:
@@ -428,9 +473,12 @@ class EngineCore:
             assert prompt_logprobs is not None
             prompt_logprobs.extend(lps)
         advanced = self.scheduler.update(batch, result.token_ids, result.draft_token_ids)
+        alone = len(self.scheduler.running) + len(self.scheduler.waiting)
         for seq, _ in advanced:
             if seq.grammar is not None and not seq.is_finished:
                 self.structured.propose_drafts(seq, self.max_model_len)
+            elif speculative.wants_drafts(self._ngram, seq, alone):
+                speculative.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
 
     def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:

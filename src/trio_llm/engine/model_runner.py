@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trio_llm.engine import llama, row_tiles
+from trio_llm.engine import llama, quant, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -112,10 +112,14 @@ class ModelRunner:
         single_token_dtype: torch.dtype | None = None,
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
+        weights: llama.Weights | None = None,
+        quantization: str = "none",
     ) -> None:
         """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
         MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
-        the engine's own forward, without single-token weight sets. Elsewhere it is ignored."""
+        the engine's own forward, without single-token weight sets. Elsewhere it is ignored.
+        `weights`: the own forward's weights when they do not come from `model` (a GGUF file's,
+        `engine.quant`); `quantization` int8 or int4 quantizes the model's at start-up."""
         self.model = model
         self.decoder = model.model
         self.own: LlamaForward | None = None
@@ -125,9 +129,23 @@ class ModelRunner:
         self.device = device
         self.row_tile = 0
         """Rows per matmul call when batch invariance is on (0: off)."""
+
         if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
-            self.own = LlamaForward(model, max_model_len, F.linear)
-            self.own.linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            self.own = LlamaForward(model, max_model_len, F.linear, weights)
+            if quantization in ("int8", "int4", "w8a8"):
+                quant.quantize_forward(self.own, quantization)
+            quantized = self.own.quantized
+            if quantized and batch_invariant == "auto":
+                # Not free with quantized weights: prefill chunks would have to stay on the
+                # quantized kernels, 3x slower than dequantized at 512 rows (engine/quant).
+                batch_invariant = "off"
+            linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            if quantized:
+                linear = quant.dispatching(linear, dense=not self.row_tile)
+                # The embedding and LM head live in the forward now (quantized).
+                model.model.embed_tokens.to("meta")
+                model.lm_head.to("meta")
+            self.own.linear = linear
             # Its fused weights replace the layers' own: free them rather than hold both.
             self.decoder.layers = torch.nn.ModuleList()
         self._attention = metadata_type(backend)

@@ -62,6 +62,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    cache_root: int = 0
+    """Where its chain of block hashes starts: 0, or a salt's root (`block_manager.salt_root`)
+    for a request with a `cache_salt`, so that its blocks match only requests with that salt."""
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of the full blocks, in order (kept across preemption: tokens stay)."""
     block_chain: list[int] = field(default_factory=list)

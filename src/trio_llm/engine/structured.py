@@ -26,7 +26,7 @@ result is dropped. The step's masks are filled before its sampling reads them an
 a matcher is being advanced (`StepMasks.wait` is called before the step's update). A mask
 never allows a token its grammar refuses: a matcher that has failed gets an empty row, and a
 grammar that forces a byte the model cannot produce gets a row with only a placeholder token
-past the logits (`grammar.GrammarVocabulary`); the sampler reports either as a dead end
+past the logits (`trio_llm.grammar.GrammarVocabulary`); the sampler reports either as a dead end
 (`DEAD_END`) instead of sampling, and no placeholder is ever proposed as a draft.
 
 The grammar vocabulary (about a second of work that holds the GIL in places) is built in the
@@ -59,6 +59,7 @@ from trio_llm.grammar import (
     grammar_vocabulary,
     limits,
 )
+from trio_llm.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -99,9 +100,14 @@ class StructuredOutputs:
         *,
         jump_forward: bool = True,
     ) -> None:
+        self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.jump_forward = jump_forward
+        self._hf: PreTrainedTokenizerBase | None = None
+        self._hf_lock = threading.Lock()
+        self._vocabulary: Future[GrammarVocabulary] | None = None
+        self._vocabulary_lock = threading.Lock()
         self._cache: OrderedDict[Constraint, LLMatcher] = OrderedDict()
         self._cache_lock = threading.Lock()
         # Two threads, so that a step's masks never wait behind a slow compile; both spend
@@ -109,9 +115,6 @@ class StructuredOutputs:
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._masker = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._executor: llguidance.LLExecutor | None = None
-        self._load_tokenizer = load_tokenizer
-        self._vocabulary: Future[GrammarVocabulary] | None = None
-        self._vocabulary_lock = threading.Lock()
 
     # -- compile --------------------------------------------------------------------------
 
@@ -138,7 +141,10 @@ class StructuredOutputs:
                 self._cache[constraint] = template
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return Grammar(template.deep_copy(), vocabulary)
+        budget = None
+        if constraint.thinking is not None:
+            budget = ThinkingBudget.of(constraint.thinking, self._token_bytes, self._tokenize)
+        return Grammar(template.deep_copy(), vocabulary, budget)
 
     def prepare(self) -> Future[GrammarVocabulary]:
         """Start building the grammar vocabulary in the compile thread, if not yet started:
@@ -150,12 +156,30 @@ class StructuredOutputs:
 
     def _build_vocabulary(self) -> GrammarVocabulary:
         eos = sorted(self.eos_token_ids)
-        return grammar_vocabulary(self._load_tokenizer(), self.vocab_size, eos)
+        return grammar_vocabulary(self._hf_tokenizer(), self.vocab_size, eos)
 
     def vocabulary(self) -> GrammarVocabulary:
         """The grammar vocabulary (built on first use unless `prepare` started it; waits while
         the compile thread builds it)."""
         return self.prepare().result()
+
+    def _token_bytes(self, token: int) -> bytes:
+        return self.vocabulary().tokenizer.decode_bytes([token])
+
+    def _tokenize(self, text: bytes) -> list[int]:
+        """`text` as the model's own tokenizer writes it (a tag that is one added token stays
+        one), or as llguidance does when it is not whole UTF-8."""
+        try:
+            decoded = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return self.vocabulary().tokenizer.tokenize_bytes(text)
+        return list(self._hf_tokenizer().encode(decoded, add_special_tokens=False))
+
+    def _hf_tokenizer(self) -> PreTrainedTokenizerBase:
+        with self._hf_lock:
+            if self._hf is None:
+                self._hf = self._load_tokenizer()
+            return self._hf
 
     # -- masks ----------------------------------------------------------------------------
 
@@ -164,18 +188,25 @@ class StructuredOutputs:
         `Sequence.sample_rows` says: each sampling sequence's draft rows, then its last row);
         None when no sampling sequence is constrained."""
         jobs: list[tuple[LLMatcher, int, list[int]]] = []
+        forced: list[tuple[int, int]] = []
+        """(mask row, token): a row that allows that one token (a thinking budget's tag)."""
         rows: list[int] = []
         row = 0
         for seq, n in zip(batch.seqs, batch.num_tokens):
             count = seq.num_sample_rows(n)
             if count and seq.grammar is not None:
-                jobs.append((seq.grammar.matcher, len(rows), list(seq.draft_token_ids)))
+                token = seq.grammar.forced_token()
+                if token is not None and count == 1:
+                    forced.append((len(rows), token))
+                else:
+                    jobs.append((seq.grammar.matcher, len(rows), list(seq.draft_token_ids)))
                 rows.extend(range(row, row + count))
             row += count
-        if not jobs:
+        if not rows:
             return None
-        words = self.vocabulary().mask_words
-        bitmask = np.zeros((len(rows), words), dtype=np.int32)
+        bitmask = np.zeros((len(rows), self.vocabulary().mask_words), dtype=np.int32)
+        for at, token in forced:
+            bitmask[at, token // 32] = np.uint32(1 << (token % 32)).view(np.int32)
         done = self._masker.submit(self._fill, jobs, bitmask)
         return StepMasks(bitmask, np.asarray(rows, dtype=np.int64), done)
 

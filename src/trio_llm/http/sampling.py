@@ -83,6 +83,9 @@ class SamplingFields(StructuredFields, kw_only=True):
     return_token_ids: bool = False
     priority: Int32 = 0
     request_id: RequestId | None = None
+    cache_salt: str | None = None
+    """vLLM's per-tenant prefix-cache isolation: prompts match cached blocks only of
+    requests with the same salt."""
 
     @property
     def include_usage(self) -> bool:
@@ -96,6 +99,17 @@ class SamplingFields(StructuredFields, kw_only=True):
 
 # ---------------------------------------------------------------------------------------------
 # What they mean
+
+
+class OneSequence:
+    """What admission counts of a plan (`GenerationPlan.sequences`) for an API that answers
+    with one sequence (Responses, Messages). A mixin of the plan's dataclass."""
+
+    __slots__ = ()
+
+    @property
+    def sequences(self) -> int:
+        return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +363,7 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         constraint=None if constraint is None else constraint[0],
+        cache_salt=request.cache_salt,
     )
     try:
         params.validate()

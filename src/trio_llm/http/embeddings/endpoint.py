@@ -63,10 +63,10 @@ async def embeddings(raw: bytes | None = None) -> Response:
     if raw is None:
         raw = await read_body()
     req = await decode_body(EmbeddingRequest, raw)
-    state.model_for(req.model, task="embed")  # 404 or 400 before anything else
+    served, _ = state.model_for(req.model, task="embed")  # 404 or 400 before anything else
     plan = await by_body_size(len(raw), plan_embedding, req, state.config.limits)
     sequences = len(plan.inputs) or 1
-    state.admit(sequences)
+    state.admit(served, sequences)
     lease, model = state.lease(req.model, task="embed", sequences=sequences)
     response_id = new_response_id("embd-", req.request_id)
     inputs = plan.inputs

@@ -7,8 +7,10 @@ endpoint was given, such as the stored responses), `prepare` (the plan and the m
 the prompts' token ids, the `SamplingParams` to generate with, and what the answer needs), then
 `stream` (the SSE chunks' builder) or `response` (the complete response from the outputs).
 `serve_generation` does the rest, in this order: decode the body, check the model, plan, check
-the plan's constraint with the grammar library, admit, route to the model's least-loaded
-replica, prepare, make the ids, generate, then stream or collect.
+the plan's constraint with the grammar library, admit, prepare (any replica tokenizes: they
+share the tokenizer), route to the model's replica for that prompt (cache-aware), make the ids,
+generate, then stream or collect, and settle (an endpoint's optional last step, awaited before
+the response's last bytes go out: the Responses API stores the response there).
 Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
 `decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `lease`.
 
@@ -31,9 +33,10 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+import trio
 from msgspec import Struct
 from quart import Response
 
@@ -41,9 +44,11 @@ from trio_llm.client.errors import InvalidPromptError, UnservableRequestError
 from trio_llm.client.input_processor import check_constraint as client_check_constraint
 from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request
+from trio_llm.http.generate.protocol import RenderedPrompt
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import ResponseHead, engine_request_ids, new_response_id, now
 from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
+from trio_llm.http.runtime.middleware import header_request_id
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import RequestOutput
@@ -157,22 +162,22 @@ class GenerationEndpoint(Protocol[RequestT, PlanT, PreparedT]):
 
 
 async def check_constraint(
-    constraint: Constraint | None, param: str | None, model: ModelInfo
+    constraint: Constraint | None, param: str | None, unproducible: frozenset[int] = frozenset()
 ) -> None:
-    """A 400 naming `param` unless the grammar engine can enforce `constraint` for `model` (its
-    vocabulary may lack bytes the constraint forces); validated in a worker thread the first
-    time: a large schema takes a while."""
+    """A 400 naming `param` unless the grammar engine can enforce `constraint` for a model whose
+    vocabulary writes none of the bytes `unproducible` (a constraint may force one); validated
+    in a worker thread the first time: a large schema takes a while."""
     if constraint is None:
         return
     try:
-        await client_check_constraint(constraint, model.unproducible_bytes)
+        await client_check_constraint(constraint, unproducible)
     except SamplingParamsError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
 
 
 async def check_plan(plan: GenerationPlan, model: ModelInfo) -> None:
-    """`check_constraint` for the constraint the plan carries, if any."""
-    await check_constraint(plan.params.constraint, plan.constraint_param, model)
+    """`check_constraint` for the constraint the plan carries, if any, for `model`."""
+    await check_constraint(plan.params.constraint, plan.constraint_param, model.unproducible_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,23 +193,31 @@ async def serve_generation(
     if raw is None:
         raw = await read_body()
     request = await decode_body(endpoint.request_type, raw)
-    _, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
+    served, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
     limits, defaults = state.config.limits, card.sampling_defaults
     plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)
     await check_plan(plan, card)
-    state.admit(plan.sequences)
-    lease, model = state.lease(request.model, sequences=plan.sequences)
-    prepared = await endpoint.prepare(request, plan, lease.client, model)
-    response_id = new_response_id(endpoint.id_prefix, request.request_id)
-    ids = engine_request_ids(response_id, len(prepared.prompts), request.request_id is not None)
+    state.admit(served, plan.sequences)
+    prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
+    lease, model = state.lease(
+        request.model,
+        sequences=plan.sequences,
+        prompt=prepared.prompts[0].token_ids if prepared.prompts else (),
+        cache_salt=prepared.params.cache_salt,
+    )
+    given_id = request.request_id or header_request_id()
+    response_id = new_response_id(endpoint.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), given_id is not None)
     generations = [
         _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request)
         for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
     ]
     head = ResponseHead(response_id, model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
+    settle = _settle_step(endpoint, prepared)
     if request.stream:
-        return sse_response(generations, endpoint.stream(request, prepared, head), metrics)
+        builder = endpoint.stream(request, prepared, head)
+        return sse_response(generations, builder, metrics, settle)
     try:
         outputs = await collect(generations, metrics)
     except UnservableRequestError as error:
@@ -212,7 +225,17 @@ async def serve_generation(
             own = prepared.params.constraint is plan.params.constraint
             error.param = plan.constraint_param if own else "tools"
         raise
-    return json_response(endpoint.response(request, prepared, head, outputs))
+    response = endpoint.response(request, prepared, head, outputs)
+    await settle()
+    return json_response(response)
+
+
+def _settle_step(endpoint: Any, prepared: Any) -> Callable[[], Awaitable[None]]:
+    """The endpoint's optional `settle(prepared)` step, or nothing to do."""
+    settle = getattr(endpoint, "settle", None)
+    if settle is None:
+        return trio.lowlevel.checkpoint
+    return lambda: settle(prepared)
 
 
 def _generate(
@@ -231,3 +254,42 @@ def _generate(
         renames = {"prompt": prompt.param, "max_tokens": max_tokens_param}
         error.param = renames.get(error.param, error.param)
         raise
+
+
+_RENDERED_SAMPLING = ("n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")
+
+
+async def serve_render(
+    endpoint: GenerationEndpoint[Any, Any, Any], raw: bytes | None = None, *, one: bool
+) -> Response:
+    """A generating request rendered, not run: its prompts' token ids as the engine would get
+    them (chat template, tools and truncation applied), checked as the request would be, but
+    neither admitted nor generated. `one`: answer the first prompt as an object (chat), else
+    the list of every prompt's (completions, vLLM's shape)."""
+    state = current_state()
+    if raw is None:
+        raw = await read_body()
+    request = await decode_body(endpoint.request_type, raw)
+    served, card = state.model_for(request.model, task="generate")
+    limits, defaults = state.config.limits, card.sampling_defaults
+    plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)
+    await check_plan(plan, card)
+    prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
+    params = prepared.params
+    sampling = {name: getattr(params, name) for name in _RENDERED_SAMPLING}
+    given_id = request.request_id or header_request_id()
+    response_id = new_response_id(endpoint.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), False)
+    rendered = [
+        RenderedPrompt(
+            request_id=engine_id,
+            token_ids=prompt.token_ids,
+            model=card.name,
+            sampling_params=sampling,
+            stream=request.stream,
+            cache_salt=params.cache_salt,
+            priority=request.priority,
+        )
+        for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
+    ]
+    return json_response(rendered[0] if one else rendered)

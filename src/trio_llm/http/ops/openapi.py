@@ -10,9 +10,11 @@ from typing import Any
 
 import msgspec
 
+from trio_llm.http.anthropic import protocol as anthropic
 from trio_llm.http.chat import protocol as chat
 from trio_llm.http.completions import protocol as completions
 from trio_llm.http.embeddings import protocol as embeddings
+from trio_llm.http.generate import protocol as generate
 from trio_llm.http.models import protocol as models
 from trio_llm.http.pooling import protocol as pooling
 from trio_llm.http.responses import protocol as responses
@@ -44,6 +46,21 @@ _ERROR_SCHEMA = {
 }
 
 
+_ANTHROPIC_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["type", "message"],
+        },
+    },
+    "required": ["type", "error"],
+}
+"""The errors of the Messages API's routes: Anthropic's shape."""
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -52,31 +69,43 @@ def _json(kind: type) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(kind.__name__)}}
 
 
-def _errors() -> dict[str, Any]:
+def _errors(schema: str = "ErrorResponse") -> dict[str, Any]:
     errors: dict[str, Any] = {}
     for status, text in _ERROR_STATUSES:
-        errors |= _errors_for(status, text)
+        errors |= _errors_for(status, text, schema)
     return errors
 
 
-def _errors_for(status: int, text: str) -> dict[str, Any]:
+def _errors_for(status: int, text: str, schema: str = "ErrorResponse") -> dict[str, Any]:
     return {
         str(status): {
             "description": text,
-            "content": {"application/json": {"schema": _ref("ErrorResponse")}},
+            "content": {"application/json": {"schema": _ref(schema)}},
         }
     }
 
 
-def _post(summary: str, request: type, response: type, *, streams: bool) -> dict[str, Any]:
+def _post(
+    summary: str,
+    request: type,
+    response: type,
+    *,
+    streams: bool,
+    many: bool = False,
+    errors: str = "ErrorResponse",
+) -> dict[str, Any]:
+    """`many`: the response is a JSON array of `response`; `errors`: the schema of its
+    errors."""
     content = _json(response)
+    if many:
+        content["application/json"]["schema"] = {"type": "array", "items": _ref(response.__name__)}
     if streams:
         content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "post": {
             "summary": summary,
             "requestBody": {"required": True, "content": _json(request)},
-            "responses": {"200": {"description": "OK", "content": content}, **_errors()},
+            "responses": {"200": {"description": "OK", "content": content}, **_errors(errors)},
         }
     }
 
@@ -97,11 +126,14 @@ def openapi_document(version: str) -> dict[str, Any]:
             *embeddings.WIRE_TYPES,
             *models.WIRE_TYPES,
             *responses.WIRE_TYPES,
+            *anthropic.WIRE_TYPES,
             *pooling.WIRE_TYPES,
+            *generate.WIRE_TYPES,
         ),
         ref_template="#/components/schemas/{name}",
     )
     schemas["ErrorResponse"] = _ERROR_SCHEMA
+    schemas["AnthropicError"] = _ANTHROPIC_ERROR_SCHEMA
     model_param = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
     response_param = {
         "name": "response_id",
@@ -126,6 +158,19 @@ def openapi_document(version: str) -> dict[str, Any]:
                 completions.CompletionResponse,
                 streams=True,
             ),
+            "/v1/chat/completions/render": _post(
+                "A chat completion's prompt token ids, rendered and not generated (vLLM's)",
+                chat.ChatCompletionRequest,
+                generate.RenderedPrompt,
+                streams=False,
+            ),
+            "/v1/completions/render": _post(
+                "Each prompt's token ids, not generated (vLLM's; a list, one per prompt)",
+                completions.CompletionRequest,
+                generate.RenderedPrompt,
+                streams=False,
+                many=True,
+            ),
             "/v1/embeddings": _post(
                 "Embeddings of texts or token ids",
                 embeddings.EmbeddingRequest,
@@ -138,6 +183,12 @@ def openapi_document(version: str) -> dict[str, Any]:
                 responses.ResponsesRequest,
                 responses.ResponseObject,
                 streams=True,
+            ),
+            "/v1/responses/render": _post(
+                "A Responses request's prompt token ids, rendered and not generated (vLLM's)",
+                responses.ResponsesRequest,
+                generate.RenderedPrompt,
+                streams=False,
             ),
             "/v1/responses/{response_id}": {
                 "get": {
@@ -163,6 +214,21 @@ def openapi_document(version: str) -> dict[str, Any]:
                     },
                 },
             },
+            "/v1/messages": _post(
+                "Anthropic's Messages API: a message in content blocks (thinking, text, "
+                "tool_use); streamed as Anthropic's events",
+                anthropic.MessagesRequest,
+                anthropic.Message,
+                streams=True,
+                errors="AnthropicError",
+            ),
+            "/v1/messages/count_tokens": _post(
+                "The prompt tokens a Messages request renders to, tools included",
+                anthropic.CountTokensRequest,
+                anthropic.TokenCount,
+                streams=False,
+                errors="AnthropicError",
+            ),
             "/pooling": _post(
                 "Pooled outputs of inputs or chat messages (embeddings, or a classifier's "
                 "probabilities)",
