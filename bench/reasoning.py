@@ -21,7 +21,7 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 import hostinfo  # bench/hostinfo.py
 from trio_llm.constraint import Constraint, Thinking
-from trio_llm.grammar import grammar_text, llg_tokenizer
+from trio_llm.grammar import grammar_text, grammar_vocabulary
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.reasoning import ReasoningParser
 from trio_llm.http.reasoning.formats import QWEN3
@@ -83,7 +83,7 @@ def mask_cost(tokenizer: object, llg: object, constraint: Constraint, text: str)
 def main() -> None:
     print(hostinfo.describe())
     tokenizer = load_tokenizer(resolve_model(None))
-    llg = llg_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    llg = grammar_vocabulary(tokenizer, len(tokenizer), [tokenizer.eos_token_id]).tokenizer
     for name, us in parser_cost(tokenizer).items():
         print(f"parser {name:16s} {us:6.2f} us/piece")
     schema = Constraint.json_schema(SCHEMA)

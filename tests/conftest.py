@@ -12,9 +12,27 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tiny_models import build_tiny_model
 from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
+
+# Every Hypothesis test runs derandomized unless TRIO_LLM_FUZZ says otherwise (fuzz_bodies.py):
+# the suite is green or red for a reason, not by the seed it drew.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("random", derandomize=False, database=None, print_blob=True)
+settings.register_profile("deep", derandomize=False, database=None, print_blob=True)
+settings.load_profile(
+    {"random": "random", "deep": "deep"}.get(os.environ.get("TRIO_LLM_FUZZ", ""), "ci")
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The deep fuzz mode runs each test for as long as its examples take: no per-test
+    timeout (pyproject's 300 s is sized for the derandomized examples)."""
+    if os.environ.get("TRIO_LLM_FUZZ") == "deep":
+        for item in items:
+            item.add_marker(pytest.mark.timeout(0))
 
 
 def build_tiny_llama(path: Path, tokenizer_source: ModelSource, *, seed: int = 0) -> Path:

@@ -54,6 +54,11 @@ class FakeEngine:
     """What the real client reads from the model's generation_config.json."""
     chat_template: str | None = None
     """None: a template without tools (the server renders them into the system message)."""
+    unproducible_bytes: frozenset[int] = frozenset()
+    """The bytes the fake vocabulary cannot write (a real engine reads them off its tokenizer)."""
+    fail_with: Exception | None = None
+    """Raised by every generation at its first step, as the real client raises what the engine
+    reports (`UnservableRequestError`, `EngineRequestError`)."""
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
     generation_prompt: str = ""
@@ -225,6 +230,8 @@ class FakeEngine:
                     await trio.sleep(self.token_interval)
                 else:
                     await trio.lowlevel.checkpoint()
+                if self.fail_with is not None:
+                    raise self.fail_with
                 if step == 1 and self.die_after_first:
                     raise EngineDeadError("the engine process exited (killed by the test)")
                 if step == 1 and self.hold_after_first:

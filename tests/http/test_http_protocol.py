@@ -105,7 +105,10 @@ def test_a_bad_key_is_named_as_a_key() -> None:
     body = b'{"messages": [], "logit_bias": {"not_a_token_id": 1}}'
     error = error_of(decode_request, body, ChatCompletionRequest)
     assert error.param == "logit_bias"
-    assert error.message.startswith("Invalid request: logit_bias: keys must be token ids")
+    assert error.message.startswith(
+        'Invalid request: logit_bias: the key "not_a_token_id" is not a token id; keys must be '
+        "token ids"
+    )
     body = b'{"messages": [], "chat_template_kwargs": {"a": 1}, "logit_bias": {"-1": 1}}'
     assert "keys must be token ids" in error_of(decode_request, body, ChatCompletionRequest).message
 

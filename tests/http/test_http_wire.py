@@ -237,8 +237,13 @@ async def test_validation_errors_name_the_field(sdk: openai.AsyncOpenAI) -> None
     error = await refusal(sdk, logit_bias={"not_a_token_id": 1})
     assert error["param"] == "logit_bias"
     assert error["message"] == (
-        "Invalid request: logit_bias: keys must be token ids (Expected `int`, got `str`)"
+        'Invalid request: logit_bias: the key "not_a_token_id" is not a token id; keys must be '
+        "token ids (Expected `int`, got `str`)"
     )
+    error = await refusal(sdk, logit_bias={"5": 1, "-7": 1})
+    assert error["param"] == "logit_bias" and '"-7" is not a token id' in error["message"]
+    error = await refusal(sdk, logit_bias={"5": "high"})
+    assert error["param"] == "logit_bias" and 'the value for "5"' in error["message"]
     error = await refusal(sdk, extra_body={"top_k": "many"})
     assert error["param"] == "top_k" and error["message"].startswith("Invalid request: top_k: ")
     error = await refusal(sdk, messages=[{"role": "user", "content": 5}])

@@ -15,7 +15,7 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 from transformers import AutoTokenizer
 
 from trio_llm.constraint import Constraint, Thinking
-from trio_llm.grammar import ConstraintError, check, grammar_text, llg_tokenizer
+from trio_llm.grammar import ConstraintError, check, grammar_text, grammar_vocabulary
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.reasoning import (
     ReasoningParser,
@@ -161,7 +161,7 @@ def tokenizer(default_model: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def llg(tokenizer: Any) -> Any:
-    return llg_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    return grammar_vocabulary(tokenizer, len(tokenizer), [tokenizer.eos_token_id]).tokenizer
 
 
 def consume(llg: Any, tokenizer: Any, constraint: Constraint, text: str) -> LLMatcher:
@@ -300,7 +300,7 @@ def test_a_tag_that_is_one_added_token_satisfies_the_grammar(default_model: Any)
     special): the grammar's text tags accept them."""
     tokenizer = AutoTokenizer.from_pretrained(default_model.path)
     tokenizer.add_tokens(["<think>", "</think>"])
-    llg = llg_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    llg = grammar_vocabulary(tokenizer, len(tokenizer), [tokenizer.eos_token_id]).tokenizer
     think, close = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     matcher = LLMatcher(llg, grammar_text(SCHEMA.after_thinking(Thinking())), log_level=0)
     ids = [think, *tokenizer.encode("Hmm.", add_special_tokens=False), close]

@@ -144,6 +144,7 @@ class EngineClient:
         *,
         max_message_bytes: int,
         generation_config: dict[str, Any] | None = None,
+        unproducible_bytes: frozenset[int] = frozenset(),
     ) -> None:
         self._tokenizer = ConfinedTokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -161,8 +162,13 @@ class EngineClient:
         self._receiver = receiver
         self._max_message_bytes = max_message_bytes
         self._stream_interval = args.stream_interval
+        self.unproducible_bytes = unproducible_bytes
+        """The bytes no token of the model writes (a constraint that forces one is refused)."""
         self._inputs = InputProcessor(
-            self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
+            self._tokenizer,
+            max_model_len=ready.max_model_len,
+            vocab_size=ready.vocab_size,
+            unproducible_bytes=unproducible_bytes,
         )
         self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._embeddings = PendingEmbeddings()

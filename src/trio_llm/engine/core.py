@@ -405,15 +405,17 @@ class EngineCore:
             self.scheduler.finish(seq, "abort")
             self._pending.append(EngineCoreOutput(request_id=request_id, finish_reason="abort"))
 
-    def reject(self, request_id: str, message: str) -> None:
+    def reject(self, request_id: str, message: str, *, param: str | None = None) -> None:
         """Finish a request with an 'error' output at the next step, whether it is running,
-        waiting, finished or was never read."""
+        waiting, finished or was never read; `param`: the request's parameter at fault."""
         seq = self.requests.pop(request_id, None)
         if seq is not None:
             self._forget_compile(request_id)
             self.scheduler.finish(seq, "error")
         self._pending.append(
-            EngineCoreOutput(request_id=request_id, finish_reason="error", error=message)
+            EngineCoreOutput(
+                request_id=request_id, finish_reason="error", error=message, error_param=param
+            )
         )
 
     # -- the loop body --------------------------------------------------------------------
@@ -438,7 +440,8 @@ class EngineCore:
             try:
                 seq.grammar = future.result()
             except Exception as exc:
-                self.reject(request_id, f"the constraint does not compile: {exc}")
+                message = f"the constraint does not compile: {exc}"
+                self.reject(request_id, message, param="constraint")
                 continue
             seq.awaiting_grammar = False
 
@@ -510,10 +513,11 @@ class EngineCore:
         for seq, num_new in advanced:
             out = EngineCoreOutput(
                 request_id=seq.request_id,
-                new_token_ids=seq.token_ids[-num_new:],
+                new_token_ids=seq.token_ids[len(seq.token_ids) - num_new :],
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
                 error=seq.error,
+                error_param=seq.error_param,
             )
             if result.logprobs is not None:
                 i = index[id(seq)]

@@ -358,7 +358,7 @@ class ModelRunner:
             st = SamplingTensors.build(
                 sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
             )
-            out = self.sampler(logits, st)
+            out = self.sampler(logits, st, masked=masks is not None)
             lps = out.logprobs
             if lps is not None:
                 logprobs = [None] * len(seqs)

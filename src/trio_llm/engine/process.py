@@ -22,6 +22,7 @@ before the process exits non-zero.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -88,6 +89,12 @@ def main() -> int:
     except Exception as exc:
         _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
         return 1
+    if not core.pooling:
+        core.structured.prepare()  # now, not at the first constrained request
+    # The model and its libraries out of the collector's full passes, which would otherwise
+    # stall a step for the time it takes to visit them all.
+    gc.collect()
+    gc.freeze()
     try:
         tx.send(encode(core.ready))
         return EngineLoop(core, rx, tx, parent).run()

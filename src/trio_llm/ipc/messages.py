@@ -210,6 +210,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     finish_reason 'stop'."""
     speech: SpeechOutput | None = None
     """A transcription's new segments (one output per window)."""
+    error_param: str | None = None
+    """With an error the request's own parameters caused ('constraint', 'allowed_token_ids',
+    ...: nothing they allow could be generated): that parameter. None: the engine failed."""
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):

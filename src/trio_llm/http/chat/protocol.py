@@ -141,8 +141,11 @@ class ChatCompletionResponse(Struct, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
+    service_tier: str | None = None
+    """OpenAI's (always null here), present as its SDK's model has it."""
     system_fingerprint: str | None = None
-    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
+    prompt_logprobs: PromptLogprobs | None = None
+    """vLLM's: always present (null unless asked for), as its clients read it."""
     prompt_token_ids: list[int] | UnsetType = UNSET
 
 

@@ -96,13 +96,13 @@ async def render_conversation(
             messages,
             chat_template=template,
             parser=formats.tool_call_parser,
-            # A forced call's grammar wins over the answer's format; with auto, calls are
-            # parsed but only the format is enforced.
-            constrain=conversation.forced or constraint is None,
+            # A forced call's grammar wins over the answer's format; with auto, one grammar
+            # allows either calls or an answer in that format.
+            answer=constraint,
         )
         messages = tools.messages
         kwargs.update(tools.template_kwargs)
-        if tools.constraint is not None:
+        if tools.constraint is not constraint:
             constraint, param = tools.constraint, "tools"
     kwargs.update(conversation.template_kwargs or {})
     token_ids = await engine.apply_chat_template(
@@ -121,5 +121,5 @@ async def render_conversation(
             param = conversation.budget_param
         constraint = reasoning.constrain(constraint)
     if constraint != conversation.constraint:
-        await check_constraint(constraint, param)
+        await check_constraint(constraint, param, engine.unproducible_bytes)
     return Rendered(token_ids, constraint, tools, reasoning)

@@ -32,7 +32,7 @@ from trio_llm.http.responses.protocol import (
     input_items,
 )
 from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults
-from trio_llm.http.structured import validated
+from trio_llm.http.structured import schema_constraint, validated
 from trio_llm.http.tools import NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
@@ -88,7 +88,7 @@ def text_constraint(text: TextConfig | None) -> tuple[Constraint, str] | None:
         raise bad_request(
             "text.format.schema is required when its type is json_schema", "text.format.schema"
         )
-    return validated(Constraint.json_schema(format.schema), "text.format.schema")
+    return schema_constraint(format.schema, "text.format.schema")
 
 
 def tool_choice(

@@ -83,6 +83,8 @@ class ModelInfo:
     """What requests that leave sampling fields unset get (`--generation-config`)."""
     fingerprint: str | None = None
     """`system_fingerprint` of every response."""
+    unproducible_bytes: frozenset[int] = frozenset()
+    """The bytes no token of the model writes: a constraint that forces one is refused."""
 
 
 @dataclass
@@ -125,6 +127,7 @@ class AppState:
                 mc.embedding_size,
                 self._sampling_defaults(engine) if mc.task == "generate" else SamplingDefaults(),
                 system_fingerprint(mc.model, mc.dtype, __version__),
+                engine.unproducible_bytes,
             )
             self.metrics.for_model(mc.model)  # its figures exist, at zero, from now on
 
