@@ -48,10 +48,12 @@ class Variant:
     impl: str  # "hf" or "own"
     dtype: str
     invariant: str  # "off", "on" or "auto"
+    quantization: str = "none"  # the GGUF dequantized unless a variant says otherwise
 
     @property
     def label(self) -> str:
-        return f"{self.impl}, {self.dtype}, invariance {self.invariant}"
+        quantized = "" if self.quantization == "none" else f", weights {self.quantization}"
+        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}"
 
     def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
         return EngineArgs(
@@ -60,6 +62,8 @@ class Variant:
             dtype=self.dtype,
             model_impl="transformers" if self.impl == "hf" else "auto",
             batch_invariant=self.invariant,
+            quantization=self.quantization,
+            ngram_speculation="off",
             kv_cache_memory=kv_cache_memory,
             enable_prefix_caching=False,  # every case's prompts are new; no stale hits
         )
@@ -74,6 +78,12 @@ VARIANTS = {
     "hf-fp32-inv": Variant("hf", "float32", "on"),
     "hf-bf16": Variant("hf", "bfloat16", "off"),
     "hf-bf16-inv": Variant("hf", "bfloat16", "on"),
+    # The GGUF in its own formats (Q4_1 as int4, Q8_0 as int8) and as int8 with int8
+    # activations (engine/quant), activations in bf16; invariance on keeps every row on the
+    # quantized kernels.
+    "own-gguf": Variant("own", "auto", "off", "auto"),
+    "own-gguf-inv": Variant("own", "auto", "on", "auto"),
+    "own-w8a8": Variant("own", "auto", "off", "w8a8"),
 }
 DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]
 

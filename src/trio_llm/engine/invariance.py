@@ -391,15 +391,26 @@ def decide(
     backend: str = "torch",
     single_token: bool = False,
     model_path: str | None = None,
+    quantized: bool = False,
 ) -> Decision:
     """The matmul an engine runs and whether invariance is on, for `--batch-invariant mode`.
 
     `off`: plain matmuls. `auto`: this CPU class's plan where the checks pass (each plan costs
-    within 10% of a step; bench/results/step_profile.md), off otherwise. `on`: the class's
-    plan, or padded calls where only those pass; raises InvarianceUnavailable where neither
-    does or the configuration cannot keep it. `heads`: (query heads, KV heads, head dim)."""
+    within 10% of a step; bench/results/step_profile.md), off otherwise, and off with quantized
+    weights. `on`: the class's plan, or padded calls where only those pass; raises
+    InvarianceUnavailable where neither does or the configuration cannot keep it. `heads`:
+    (query heads, KV heads, head dim). `quantized`: some matmuls run on quantized kernels
+    (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
+    dense path a prefill takes without invariance: past the bound `auto` keeps."""
     if mode == "off":
         return Decision(Matmul(), False, "--batch-invariant off")
+    if mode == "auto" and quantized:
+        return Decision(
+            Matmul(),
+            False,
+            "quantized weights would keep every prefill chunk on the quantized kernels (3x "
+            "slower than dequantized at 512 rows); --batch-invariant on does that",
+        )
     reason = unavailable_reason(
         dtype, device, backend=backend, single_token=single_token, model_path=model_path
     )

@@ -30,8 +30,11 @@ from torch import Tensor
 
 from trio_llm.engine.attention import AttentionMetadata
 from trio_llm.engine.invariance import Matmul, Weight, rowwise
+from trio_llm.engine.quant.weights import embedding, is_quantized
 
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
+Linear = Callable[[Tensor, Weight, Tensor | None], Tensor]
+"""How the forward multiplies: a `Matmul`, or quantized weights' dispatch around one."""
 _STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 """Rotary embeddings whose frequencies do not depend on the sequence length, so a table built
 once holds them for every position."""
@@ -53,6 +56,9 @@ def supports(model: torch.nn.Module) -> bool:
 
 @dataclass(slots=True)
 class _Layer:
+    """A layer's weights; the matrices may be quantized (`engine.quant`), which only `linear`
+    looks into."""
+
     input_norm: Tensor
     qkv: Weight
     """[(Hq + 2 Hkv) * D, hidden]: q, k and v projections in one."""
@@ -64,13 +70,42 @@ class _Layer:
     down: Weight
 
 
+@dataclass(slots=True)
+class Weights:
+    """Everything the forward multiplies by, fused: from a loaded model (`of`) or built
+    elsewhere (a GGUF file's quantized tensors, `engine.quant`)."""
+
+    embed: Tensor
+    norm: Tensor
+    lm_head: Tensor
+    layers: list[_Layer]
+    dtype: torch.dtype
+    """The activations' dtype."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> Weights:
+        decoder = model.model
+        return cls(
+            embed=decoder.embed_tokens.weight.detach(),
+            norm=decoder.norm.weight.detach(),
+            lm_head=model.lm_head.weight.detach(),
+            layers=[LlamaForward._fuse(layer) for layer in decoder.layers],
+            dtype=decoder.embed_tokens.weight.dtype,
+        )
+
+
 class LlamaForward:
     """A Llama-family model as plain tensors, computing hidden states for the packed row."""
 
     def __init__(
-        self, model: torch.nn.Module, max_positions: int, linear: Matmul | None = None
+        self,
+        model: torch.nn.Module,
+        max_positions: int,
+        linear: Matmul | None = None,
+        weights: Weights | None = None,
     ) -> None:
-        """The matmuls run through `linear` (plain F.linear when None), see `use`."""
+        """The matmuls run through `linear` (plain F.linear when None), see `use`. `weights`:
+        given, `model` only lends its config and rotary embedding."""
         config = model.config
         decoder = model.model
         self.num_heads = int(config.num_attention_heads)
@@ -79,21 +114,24 @@ class LlamaForward:
             getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         )
         self.eps = float(config.rms_norm_eps)
-        self.embed = decoder.embed_tokens.weight.detach()
-        self.norm = decoder.norm.weight.detach()
-        self.lm_head: Weight = model.lm_head.weight.detach()
+        weights = weights or Weights.of(model)
+        self.embed = weights.embed
+        self.norm = weights.norm
+        self.lm_head: Weight = weights.lm_head
         self.scale = self.head_dim**-0.5
-        self.layers = [self._fuse(layer) for layer in decoder.layers]
+        self.layers = weights.layers
         self.intermediate = int(self.layers[0].down.shape[1])
-        self.cos, self.sin = _rotary_table(decoder.rotary_emb, max_positions, self.embed)
+        self.cos, self.sin = _rotary_table(
+            decoder.rotary_emb, max_positions, self.norm, weights.dtype
+        )
         self.use(linear or Matmul())
 
     def use(self, linear: Matmul) -> None:
         """Run every matmul through `linear`, on the weights `linear.prepare` makes of the
         current ones (once, at start-up: a packed plan replaces them), with the activation
-        computed row by row (`rowwise`) when it keeps batch invariance. Weights that are not
-        plain tensors are left as they are."""
-        self.linear = linear
+        computed row by row (`rowwise`) when it keeps batch invariance. Quantized weights are
+        left as they are (the runner's `quant.dispatching` sends them to their own kernels)."""
+        self.linear: Linear = linear
         self.activation: Callable[[Tensor], Tensor] = (
             F.silu if linear.plan is None else partial(rowwise, F.silu)
         )
@@ -138,7 +176,7 @@ class LlamaForward:
         q_end, k_end = hq * d, (hq + hkv) * d
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin.index_select(0, positions).unsqueeze(1)
-        x = F.embedding(input_ids, self.embed)
+        x = embedding(input_ids, self.embed)
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
             h = _rms_norm(x, layer.input_norm, self.eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias)
@@ -153,23 +191,20 @@ class LlamaForward:
             x = x + linear(act, layer.down, None)
         return _rms_norm(x, self.norm, self.eps)
 
-    @staticmethod
-    def weight_shapes(config: object) -> list[tuple[int, int]]:
-        """(out_features, in_features) of every distinct matmul of a model with `config`, as this
-        forward fuses them, the LM head's included."""
-        heads = int(config.num_attention_heads)  # type: ignore[attr-defined]
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        hidden = int(config.hidden_size)  # type: ignore[attr-defined]
-        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-        inter = int(config.intermediate_size)  # type: ignore[attr-defined]
-        shapes = [
-            ((heads + 2 * kv_heads) * head_dim, hidden),
-            (hidden, heads * head_dim),
-            (2 * inter, hidden),
-            (hidden, inter),
-            (int(config.vocab_size), hidden),  # type: ignore[attr-defined]
-        ]
-        return list(dict.fromkeys(shapes))
+    def _matrices(self) -> tuple[Weight, ...]:
+        layer = self.layers[0]
+        return (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any matmul runs on quantized weights (which `linear` must dispatch)."""
+        return any(is_quantized(w) for w in self._matrices())
+
+    def weight_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every distinct float matmul, the LM head's included
+        (quantized ones run on their own kernels, row-exact at any size)."""
+        weights = (w for w in self._matrices() if not is_quantized(w))
+        return list(dict.fromkeys((int(w.shape[0]), int(w.shape[1])) for w in weights))
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.linear(hidden, self.lm_head, None)
@@ -190,10 +225,10 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotary_table(
-    rotary: torch.nn.Module, max_positions: int, like: Tensor
+    rotary: torch.nn.Module, max_positions: int, like: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """cos and sin for every position, [max_positions, D], exactly as the model's own rotary
     module gives them (the frequencies, their scaling, the cast to the model's dtype)."""
     positions = torch.arange(max_positions, device=like.device).unsqueeze(0)
-    cos, sin = rotary(like, positions)
+    cos, sin = rotary(like.to(dtype), positions)
     return cos[0].contiguous(), sin[0].contiguous()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from trio_llm.engine import invariance, llama
+from trio_llm.engine import invariance, llama, quant
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -112,13 +112,17 @@ class ModelRunner:
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
         cpu_flags: frozenset[str] = frozenset(),
+        weights: llama.Weights | None = None,
+        quantization: str = "none",
     ) -> None:
         """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
         MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
         the engine's own forward, without single-token weight sets. Elsewhere it is ignored.
 
         `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
-        (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable."""
+        (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable.
+        `weights`: the own forward's weights when they do not come from `model` (a GGUF file's,
+        `engine.quant`); `quantization` int8 or int4 quantizes the model's at start-up."""
         self.model = model
         self.decoder = model.model
         self.own: LlamaForward | None = None
@@ -127,24 +131,38 @@ class ModelRunner:
         self.block_size = spec.block_size
         self.device = device
         own = model_impl == "auto" and single_token_dtype is None and llama.supports(model)
+        quantized = False
+        if own:
+            self.own = LlamaForward(model, max_model_len, weights=weights)
+            if quantization in ("int8", "int4", "w8a8"):
+                quant.quantize_forward(self.own, quantization)
+            quantized = self.own.quantized
         config = model.config
         self.invariance = invariance.decide(
             batch_invariant,
             dtype=spec.dtype,
             device=device,
             flags=cpu_flags,
-            shapes=(LlamaForward.weight_shapes(config) if own else invariance.linear_shapes(model)),
+            shapes=self.own.weight_shapes() if self.own else invariance.linear_shapes(model),
             heads=(int(config.num_attention_heads), spec.num_kv_heads, spec.head_dim),
             backend=backend,
             single_token=single_token_dtype is not None,
             model_path=None if own else invariance.unsupported_modules(model),
+            quantized=quantized,
         )
         """Whether every row is computed one way whatever shares its step, and how."""
         log.info(
             "batch invariance %s: %s", "on" if self.invariance.on else "off", self.invariance.reason
         )
-        if own:
-            self.own = LlamaForward(model, max_model_len, self.invariance.matmul)
+        if self.own is not None:
+            self.own.use(self.invariance.matmul)
+            if quantized:
+                # Quantized weights on their own kernels, row-exact for any rows; with
+                # invariance off, calls of many rows (prefill chunks) dequantize instead.
+                self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
+                # The embedding and LM head live in the forward now (quantized).
+                model.model.embed_tokens.to("meta")
+                model.lm_head.to("meta")
             # Its fused weights replace the layers' own: free them rather than hold both.
             self.decoder.layers = torch.nn.ModuleList()
         elif self.invariance.on:
@@ -345,7 +363,7 @@ class ModelRunner:
                 inputs.sampling,
                 draft_offsets=np.arange(len(index)) - first,
             )
-            out = self.sampler(logits, st)
+            out = self.sampler(logits, st, masked=masks is not None)
             lps = out.logprobs
             if lps is not None:
                 logprobs = [None] * len(seqs)

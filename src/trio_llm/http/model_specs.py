@@ -9,8 +9,9 @@ options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
                                                                 classify
     dtype    auto, float32, bfloat16, float16          device   auto, cpu, cuda, cuda:N
     kv       KV cache size (--kv-cache-memory)         max-len  context length
-    seqs     sequences at once (--max-num-seqs)        threads  torch threads of each engine
-    dp       replicas (--data-parallel-size)
+    seqs     sequences at once (--max-num-seqs)        threads  torch (or CTranslate2) threads
+    compute  a speech model's CTranslate2 compute      dp       replicas (--data-parallel-size)
+             type (int8, float32, ...)
 
 Only a tail that reads as `key=value` pairs is taken for options, so a path with a colon in it
 still names a model. Invariant: every spec is checked here (keys, values, unique names where
@@ -41,6 +42,7 @@ _OPTIONS = {
     "max_len": "max_model_len",
     "seqs": "max_num_seqs",
     "threads": "num_threads",
+    "compute": "compute_type",
     "dp": "replicas",
 }
 _INT_OPTIONS = frozenset({"max_model_len", "max_num_seqs", "num_threads", "replicas"})
