@@ -199,7 +199,7 @@ def test_gguf_tensors_load_into_the_fused_layers_in_their_formats(
     }
     path = write_gguf(tiny, tmp_path / "tiny.gguf", kinds)
     weights = gguf_model.load_weights(path, tiny.config, BF16)
-    reference = LlamaForward(tiny, 64, torch.nn.functional.linear)
+    reference = LlamaForward(tiny, 64)
     for ours, theirs in zip(weights.layers, reference.layers, strict=True):
         assert isinstance(ours.qkv, Int4Weight)  # Q4_0 and Q4_1 share the int4 form
         assert isinstance(ours.gate_up, Int4Weight) and isinstance(ours.down, Int4Weight)
@@ -229,7 +229,7 @@ def test_the_q_and_k_rows_come_back_in_transformers_order(
     writer_kinds = {n: Q.F32 for n in ("attn_q", "attn_k", "attn_v")}
     write_gguf(tiny, path, writer_kinds)
     weights = gguf_model.load_weights(path, tiny.config, torch.float32)
-    reference = LlamaForward(tiny, 64, torch.nn.functional.linear)
+    reference = LlamaForward(tiny, 64)
     assert torch.equal(weights.layers[0].qkv, reference.layers[0].qkv)
 
 
