@@ -33,14 +33,14 @@ def test_hub_id_not_in_cache_is_refused_offline(
         loader.resolve_model("nobody/nothing-here")
 
 
-def test_unsupported_architecture_is_refused_at_load(tmp_path: Path) -> None:
-    from transformers import GPT2Config
+def test_what_is_not_a_causal_lm_is_refused_at_load(tmp_path: Path) -> None:
+    from transformers import T5Config
 
-    GPT2Config(n_layer=1, n_embd=16, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(
+    T5Config(num_layers=1, d_model=16, num_heads=2, architectures=["T5Model"]).save_pretrained(
         tmp_path
     )
     source = loader.resolve_model(str(tmp_path))
-    with pytest.raises(loader.UnsupportedModelError, match="GPT2LMHeadModel is not supported"):
+    with pytest.raises(loader.UnsupportedModelError, match="T5Model is not supported"):
         loader.load_config(source)
 
 

@@ -32,7 +32,7 @@ import msgspec
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling
+from trio_llm.engine import dtype_policy, generic, loader, pooling
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
@@ -165,12 +165,14 @@ class EngineCore:
         backend = resolve_backend(args.attention_backend, device)
         # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
         measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        generic.check_class(config, source.name)
         model = loader.load_model(source, torch.float32 if measure else dtype, device)
         if measure:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
                 model.to(dtype)
-        spec = kv_cache_spec(model, args.block_size, dtype)
+        layers = generic.inspect(model, source.name)
+        spec = kv_cache_spec(layers, args.block_size, dtype)
         kv_bytes = args.kv_cache_bytes(device, loader.free_device_memory(device))
         num_blocks = kv_bytes // spec.bytes_per_block
         if num_blocks < 1:
@@ -182,11 +184,17 @@ class EngineCore:
         # More running sequences than tokens per step would leave some never decoding.
         max_num_seqs = min(args.max_num_seqs, budget)
         max_model_len = _max_model_len(args, config, num_blocks * args.block_size)
+        backend, why = generic.attention_backend(
+            layers, backend, args.attention_backend, max_model_len
+        )
+        if why:
+            stage(f"attention: {why}")
         stage("allocating the KV cache")
         runner = ModelRunner(
             model,
             spec,
             num_blocks,
+            layers=layers,
             device=self.device,
             backend=backend,
             seed=args.seed,
@@ -201,6 +209,7 @@ class EngineCore:
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
         )
+        stage(f"forward: {runner.choice.describe()}")
         return _Parts(
             runner=runner,
             dtype=dtype,
@@ -459,12 +468,6 @@ def _matryoshka(config: PretrainedConfig) -> list[int] | None:
 def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
     """The context limit: asked for, or the model's own, capped by what the engine can hold."""
     limit = args.max_model_len or int(config.max_position_embeddings)  # type: ignore[attr-defined]
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and limit > window:
-        # The paged attention attends over the whole context: beyond the window it would
-        # differ from the model's own sliding-window attention.
-        log.warning("max_model_len %d capped to the sliding window %d", limit, window)
-        limit = window
     if limit > capacity:
         log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
         limit = capacity
@@ -474,6 +477,13 @@ def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
 def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The matmul weights of the model's first decoder layer and its LM head: what a decode
     step spends its time on, layer by layer."""
-    first_layer = model.model.layers[0]  # type: ignore[union-attr,index]
-    weights = [m.weight for m in first_layer.modules() if isinstance(m, torch.nn.Linear)]
+    from transformers.pytorch_utils import Conv1D
+
+    decoder = generic.decoder_of(model)
+    stacks = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    weights = [
+        m.weight if isinstance(m, torch.nn.Linear) else m.weight.T  # Conv1D: [in, out]
+        for m in (stacks[0][0].modules() if stacks else ())
+        if isinstance(m, torch.nn.Linear | Conv1D)
+    ]
     return [*weights, model.get_output_embeddings().weight]
