@@ -62,8 +62,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     the CUDA graphs' pool and the allocator's slack."""
     enable_prefix_caching: bool = True
     model_impl: str = "auto"
-    """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
-    Mistral), or transformers' modules for every model."""
+    """auto | own | transformers: the engine's own forward where one covers the model (the
+    Llama family: Llama, Qwen2, Mistral), transformers' modules with the paged attention for any
+    other causal LM (engine/forwards.py); own refuses a model no own forward covers."""
     batch_invariant: str = "auto"
     """auto | on | off: compute every row of every matmul the same way whatever else is in the
     batch, so a request gets the same tokens alone or in company (engine/row_tiles.py). auto:

@@ -10,6 +10,7 @@ preempted and recomputed)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ PROMPTS = random_prompts([5, 23, 41], seed=7, vocab=VOCAB)
 SHARED = PROMPTS[2][:32] + random_prompts([6], seed=8, vocab=VOCAB)[0]
 """Shares two full blocks (32 tokens) with the longest prompt: a prefix-cache hit after it."""
 assert max(map(len, PROMPTS)) > 2 * WINDOW  # the windows matter
+OWN = {"llama", "qwen2", "mistral"}
+"""The architectures `--model-impl auto` runs on an own forward."""
 
 
 @dataclass
@@ -36,21 +39,37 @@ class Case:
     """transformers' greedy tokens for PROMPTS, then for SHARED."""
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
-    name = request.param
-    path = tmp_path_factory.mktemp(name)
-    model = build(name, path)
-    expected = [hf_greedy(model, p, NEW_TOKENS) for p in [*PROMPTS, SHARED]]
-    return Case(name, path, expected)
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Case]:
+    """Each architecture's tiny model and transformers' tokens, built once for the module."""
+    built: dict[str, Case] = {}
+
+    def case(name: str) -> Case:
+        if name not in built:
+            path = tmp_path_factory.mktemp(name)
+            model = build(name, path)
+            expected = [hf_greedy(model, p, NEW_TOKENS) for p in [*PROMPTS, SHARED]]
+            built[name] = Case(name, path, expected)
+        return built[name]
+
+    return case
+
+
+RUNS = [(name, "auto") for name in sorted(CONFIGS)] + [(n, "transformers") for n in sorted(OWN)]
+"""Every architecture as `--model-impl auto` runs it, and those auto runs on an own forward on
+transformers' modules too."""
 
 
 def _requests(prompts: list[list[int]], tag: str) -> list:
     return [request(f"{tag}{i}", p, max_tokens=NEW_TOKENS) for i, p in enumerate(prompts)]
 
 
-def test_alone_batched_and_after_a_prefix_hit(case: Case) -> None:
-    core = make_core(case.path)
+@pytest.mark.parametrize(("name", "impl"), RUNS)
+def test_alone_batched_and_after_a_prefix_hit(
+    cases: Callable[[str], Case], name: str, impl: str
+) -> None:
+    case = cases(name)
+    core = make_core(case.path, model_impl=impl)
     alone = run(core, _requests(PROMPTS[:1], "alone"))
     assert alone["alone0"].token_ids == case.expected[0], "alone"
     together = run(core, _requests(PROMPTS, "batch"))
@@ -61,11 +80,15 @@ def test_alone_batched_and_after_a_prefix_hit(case: Case) -> None:
     assert hit.token_ids == case.expected[-1], "after a prefix-cache hit"
 
 
-def test_chunked_and_preempted(case: Case) -> None:
+@pytest.mark.parametrize(("name", "impl"), RUNS)
+def test_chunked_and_preempted(cases: Callable[[str], Case], name: str, impl: str) -> None:
+    case = cases(name)
     roomy = make_core(case.path)
     block_bytes = roomy.ready.kv_cache_bytes // roomy.ready.num_blocks
     # Eight blocks for a batch that reaches 14: sequences are preempted and recomputed.
-    core = make_core(case.path, max_num_batched_tokens=8, kv_cache_memory=8 * block_bytes)
+    core = make_core(
+        case.path, max_num_batched_tokens=8, kv_cache_memory=8 * block_bytes, model_impl=impl
+    )
     got = run(core, _requests([*PROMPTS, SHARED], "c"))
     assert core.stats().num_preemptions > 0
     for i, expected in enumerate(case.expected):
