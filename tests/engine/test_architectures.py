@@ -28,6 +28,7 @@ SHARED = PROMPTS[2][:32] + random_prompts([6], seed=8, vocab=VOCAB)[0]
 """Shares two full blocks (32 tokens) with the longest prompt: a prefix-cache hit after it."""
 assert max(map(len, PROMPTS)) > 2 * WINDOW  # the windows matter
 OWN = {"llama", "qwen2", "mistral"}
+MIXTURES = {"qwen3_moe", "mixtral", "olmoe"}
 """The architectures `--model-impl auto` runs on an own forward."""
 
 
@@ -78,6 +79,9 @@ def test_alone_batched_and_after_a_prefix_hit(
     hit = run(core, [request("hit", SHARED, max_tokens=NEW_TOKENS)])["hit"]
     assert hit.num_cached_tokens >= 32
     assert hit.token_ids == case.expected[-1], "after a prefix-cache hit"
+    if name in MIXTURES:
+        # Each expert computes its routed tokens in one grouped call, not every token.
+        assert core.runner.model.config._experts_implementation == "grouped_mm"
 
 
 @pytest.mark.parametrize(("name", "impl"), RUNS)
