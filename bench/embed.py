@@ -45,7 +45,7 @@ def sentence_transformers_run(threads: int) -> Callable[[list[str]], np.ndarray]
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from trio_llm.engine.loader import resolve_model
+    from trio_llm.model_files import resolve_model
 
     torch.set_num_threads(threads)
     model = SentenceTransformer(str(resolve_model(MODEL).path), device="cpu")
@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import trio_llm
-    from trio_llm.engine.loader import load_tokenizer, resolve_model
+    from trio_llm.model_files import load_tokenizer, resolve_model
 
     corpus = sentences(args.count, seed=7)
     tokenizer = load_tokenizer(resolve_model(MODEL))

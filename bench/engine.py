@@ -34,11 +34,16 @@ import torch
 import hostinfo  # bench/hostinfo.py
 from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
-from trio_llm.engine.launch import EngineLaunch
-from trio_llm.engine.loader import resolve_model
 from trio_llm.ipc import ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
-from trio_llm.ipc.messages import EngineCoreOutputs, EngineCoreRequest, EngineReady, Shutdown
+from trio_llm.ipc.messages import (
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineLaunch,
+    EngineReady,
+    Shutdown,
+)
+from trio_llm.model_files import resolve_model
 from trio_llm.sampling_params import SamplingParams
 
 

@@ -34,7 +34,7 @@ if [[ -n "$dupes" ]]; then
 fi
 # The default model's tokenizer files (no weights), from its converted directory.
 tokenizer_dir="$(PYTHONPATH="$root/src" "${VENV_PYTHON:-$py}" -c \
-    'from trio_llm.engine.loader import resolve_model; print(resolve_model(None).path)')"
+    'from trio_llm.model_files import resolve_model; print(resolve_model(None).path)')"
 mkdir -p .whl/tokenizer
 for f in tokenizer.json tokenizer_config.json chat_template.jinja config.json; do
     [[ -f "$tokenizer_dir/$f" ]] && cp "$tokenizer_dir/$f" .whl/tokenizer/

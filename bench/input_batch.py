@@ -33,8 +33,7 @@ from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.input_batch import InputBatch, Staging
 from trio_llm.engine.model_runner import ModelRunner
 from trio_llm.engine.sampler import SamplingTensors
-from trio_llm.engine.scheduler import ScheduledBatch
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.sampling_params import SamplingParams
 
 BLOCK = 16

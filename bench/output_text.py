@@ -37,8 +37,8 @@ def measure(tokens: int, repeats: int) -> list[dict[str, object]]:
     from trio_llm.client.collector import RequestCollector
     from trio_llm.client.input_processor import InputProcessor
     from trio_llm.client.output_processor import OutputProcessor
-    from trio_llm.engine.loader import load_tokenizer, resolve_model
     from trio_llm.ipc.messages import EngineCoreOutput
+    from trio_llm.model_files import load_tokenizer, resolve_model
     from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
     tokenizer = load_tokenizer(resolve_model(None))

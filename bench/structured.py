@@ -49,10 +49,11 @@ def write_section(out: Path, name: str, body: str) -> None:
 
 def libraries(args: argparse.Namespace) -> str:
     from structured_libraries import measure, report
+    from trio_llm import model_files
     from trio_llm.engine import loader
 
-    source = loader.resolve_model(args.model)
-    tokenizer = loader.load_tokenizer(source)
+    source = model_files.resolve_model(args.model)
+    tokenizer = model_files.load_tokenizer(source)
     config = loader.load_config(source)
     eos = sorted(loader.eos_token_ids(source, config))
     before = uptime()

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from structured_cases import SCHEMAS
+from trio_llm import model_files
 from trio_llm.config import EngineArgs
 from trio_llm.constraint import Constraint
-from trio_llm.engine import loader, model_runner
+from trio_llm.engine import model_runner
 from trio_llm.engine.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -162,8 +163,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def measure(model: str | None, dtype: str, rounds: int, steps: int, uptime: Any) -> str:
-    source = loader.resolve_model(model)
-    tokenizer = loader.load_tokenizer(source)
+    source = model_files.resolve_model(model)
+    tokenizer = model_files.load_tokenizer(source)
     prompts = chat_prompts(tokenizer)
     args = dict(
         model=model or source.origin, dtype=dtype, kv_cache_memory="512MiB", jump_forward=False

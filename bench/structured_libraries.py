@@ -54,7 +54,7 @@ class Llg:
         import llguidance
         import llguidance.numpy as lnp
 
-        from trio_llm.engine.grammar import llg_tokenizer
+        from trio_llm.grammar import llg_tokenizer
 
         self.llg, self.lnp, self.vocab = llguidance, lnp, vocab
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_llm.engine.loader import ModelSource, load_tokenizer, resolve_model
+from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
 
 
 def build_tiny_llama(path: Path, tokenizer_source: ModelSource, *, seed: int = 0) -> Path:

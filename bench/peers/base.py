@@ -35,7 +35,7 @@ class Skipped:
 
 
 def hf_dir() -> Path:
-    from trio_llm.engine.loader import resolve_model
+    from trio_llm.model_files import resolve_model
 
     return resolve_model(None).path
 

@@ -12,7 +12,7 @@ LABEL = "llama-cpp-python server"
 
 
 def gguf_path() -> Path:
-    from trio_llm.engine.loader import default_gguf_path
+    from trio_llm.model_files import default_gguf_path
 
     return default_gguf_path()
 

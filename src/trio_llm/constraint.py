@@ -4,7 +4,7 @@ It travels inside `SamplingParams` (and so inside `EngineCoreRequest`) as its ki
 never as a compiled object: the engine compiles it, in a worker thread of its own process
 (`trio_llm.engine.structured`). The frontend builds one from whichever field a caller used
 (`response_format`, vLLM's `structured_outputs`, the legacy `guided_*`), validates it with the
-grammar library before anything reaches the engine (`trio_llm.engine.grammar.check`), and the
+grammar library before anything reaches the engine (`trio_llm.grammar.check`), and the
 library user builds one with the constructors below.
 
 JSON is compact by default (no whitespace between tokens): a JSON grammar that lets a small
@@ -69,7 +69,7 @@ class Constraint(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tru
 
     def validate(self) -> None:
         """Raise `ValueError` for a spec that cannot be one of its kind (the grammar library
-        checks the rest: `trio_llm.engine.grammar.check`)."""
+        checks the rest: `trio_llm.grammar.check`)."""
         kind = self.kind
         if kind is ConstraintKind.JSON_OBJECT:
             return

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 import msgspec
 import trio
 
-from trio_llm.client.engine_client import EngineClient, open_engine
+from trio_llm.client.engine_client import EngineClient
+from trio_llm.client.engine_process import open_engine
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trio_llm.engine.loader import ModelSource, load_tokenizer
+from trio_llm.model_files import ModelSource, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -105,5 +105,5 @@ async def client_with_fake_engine(
             max_message_bytes=sender.sync.max_message_size,
         )
         engine = FakeEngine(process, output_ring.sender(), request_ring)
-        async with client._serving():
+        async with client.running():
             yield client, engine

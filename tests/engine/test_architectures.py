@@ -20,7 +20,7 @@ from engine_helpers import hf_greedy, make_core, random_prompts, request, run
 
 from trio_llm.config import EngineArgs
 from trio_llm.engine.core import EngineCore
-from trio_llm.engine.loader import UnsupportedModelError
+from trio_llm.model_files import UnsupportedModelError
 
 NEW_TOKENS = 24
 PROMPTS = random_prompts([5, 23, 41], seed=7, vocab=VOCAB)

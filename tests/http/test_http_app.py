@@ -23,7 +23,7 @@ from http_clients import (
     sse_payloads,
 )
 from trio_llm.config import EngineArgs
-from trio_llm.http import ServerConfig, build_app
+from trio_llm.http import ServerConfig, app_state, build_app
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
@@ -360,6 +360,27 @@ async def test_client_disconnect_aborts_streaming_over_http1(
     with trio.fail_after(1):
         await engine.wait_for(lambda: not engine.running)
     assert len(engine.aborted) == 1
+
+
+async def test_router_abort_reaches_an_http_request(engine: FakeEngine, serve_app) -> None:  # type: ignore[no-untyped-def]
+    """HTTP requests go through the router as the library's do: `Router.abort` of an engine
+    request id ends that HTTP stream with finish_reason 'abort'."""
+    app = build_app(engine)
+    url = await serve_app(app)
+    engine.hold_after_first = True
+    async with (
+        httpx.AsyncClient(base_url=url) as c,
+        c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response,
+    ):
+        with trio.fail_after(5):
+            await engine.wait_for(lambda: len(engine.running) == 1)
+        [engine_id] = engine.running
+        router = app_state(app).router
+        assert router.holder(engine_id) is not None
+        await router.abort(engine_id)
+        events = sse_payloads((await response.aread()).decode())
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
 
 
 async def test_client_disconnect_aborts_non_streaming(engine: FakeEngine, url: str) -> None:

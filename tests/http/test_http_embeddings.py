@@ -17,7 +17,7 @@ import pytest
 from embedding_corpus import sentences
 from http_server_process import ServerProcess, run_server
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
-from trio_llm.engine.loader import load_tokenizer, resolve_model
+from trio_llm.model_files import load_tokenizer, resolve_model
 
 EMBED = DEFAULT_EMBEDDING_MODEL
 

@@ -6,27 +6,19 @@ import json
 
 import pytest
 
-from trio_llm.http.builders import (
-    ChatStream,
-    CompletionStream,
-    Shape,
-    chat_response,
-    completion_response,
-    merge_final,
-    token_bytes,
-)
+from trio_llm.http.chat.build import ChatStream, chat_response
+from trio_llm.http.chat.plan import plan_chat
+from trio_llm.http.chat.protocol import ChatCompletionRequest
+from trio_llm.http.choices import Shape
+from trio_llm.http.completions.build import CompletionStream, completion_response
+from trio_llm.http.completions.plan import plan_completion
+from trio_llm.http.completions.protocol import CompletionRequest
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.plans import (
-    RequestLimits,
-    SamplingDefaults,
-    Truncation,
-    check_model,
-    check_token_ids,
-    plan_chat,
-    plan_completion,
-)
-from trio_llm.http.protocol import ChatCompletionRequest, CompletionRequest, decode_request
-from trio_llm.http.responses import SSE_DONE, sse_event
+from trio_llm.http.generate.streams import merge_final
+from trio_llm.http.logprobs import token_bytes
+from trio_llm.http.sampling import RequestLimits, SamplingDefaults, Truncation, check_token_ids
+from trio_llm.http.sse import SSE_DONE, sse_event
+from trio_llm.http.wire import decode_request
 from trio_llm.outputs import (
     CompletionOutput,
     Logprob,
@@ -124,7 +116,7 @@ def test_deeply_nested_values_are_a_400_not_a_crash() -> None:
 
 
 def test_unknown_fields_are_ignored_and_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("DEBUG", logger="trio_llm.http.protocol"):
+    with caplog.at_level("DEBUG", logger="trio_llm.http.wire"):
         request = chat(store=True, metadata={"a": 1})
     assert request.messages[0].content == "hi"
     assert "metadata, store" in caplog.text
@@ -341,11 +333,7 @@ def test_completion_defaults_and_echo_logprobs() -> None:
     assert (plan.params.logprobs, plan.params.prompt_logprobs, plan.echo) == (2, 2, True)
 
 
-def test_model_and_token_checks() -> None:
-    check_model(None, "m")
-    check_model("m", "m")
-    error = error_of(check_model, "other", "m")
-    assert (error.status, error.param, error.code) == (404, "model", "model_not_found")
+def test_token_checks() -> None:
     error = error_of(check_token_ids, [1, 100], 100, "prompt")
     assert (error.status, error.param) == (400, "prompt")
 

@@ -20,8 +20,8 @@ from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 
 from trio_llm.http import ServerConfig, build_app
-from trio_llm.http.protocol_responses import FunctionCall, OutputMessage, ResponseObject
-from trio_llm.http.responses_builder import ResponsesStream, complete_response
+from trio_llm.http.responses.build import ResponsesStream, complete_response
+from trio_llm.http.responses.protocol import FunctionCall, OutputMessage, ResponseObject
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)

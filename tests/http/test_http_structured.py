@@ -9,10 +9,15 @@ import pytest
 import trio
 
 from trio_llm.constraint import Constraint, ConstraintKind
+from trio_llm.http.chat.plan import plan_chat
+from trio_llm.http.chat.protocol import ChatCompletionRequest
+from trio_llm.http.completions.plan import plan_completion
+from trio_llm.http.completions.protocol import CompletionRequest
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.plans import RequestLimits, plan_chat, plan_completion
-from trio_llm.http.protocol import ChatCompletionRequest, CompletionRequest, decode_request
-from trio_llm.http.structured import check_request, constraint_of
+from trio_llm.http.generate.endpoint import check_request
+from trio_llm.http.sampling import RequestLimits
+from trio_llm.http.structured import constraint_of
+from trio_llm.http.wire import decode_request
 
 LIMITS = RequestLimits()
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -160,7 +165,7 @@ def test_constraint_kinds_round_trip_through_sampling_params() -> None:
 
 
 def test_openapi_shows_the_structured_output_fields() -> None:
-    from trio_llm.http.openapi import openapi_document
+    from trio_llm.http.ops.openapi import openapi_document
 
     schemas = openapi_document("x")["components"]["schemas"]
     for request in ("ChatCompletionRequest", "CompletionRequest"):

@@ -12,7 +12,7 @@ import trio.testing
 
 from trio_llm.client.errors import EngineStartError
 from trio_llm.config import EngineArgs
-from trio_llm.http.supervisor import EngineGaveUpError, supervise_engine
+from trio_llm.http.runtime.supervisor import EngineGaveUpError, supervise_engine
 
 
 class Engine:
@@ -37,7 +37,7 @@ class Opener:
             await self._opened.park()
 
     @asynccontextmanager
-    async def __call__(self, **kwargs: Any) -> AsyncIterator[Engine]:
+    async def __call__(self, args: EngineArgs, **kwargs: Any) -> AsyncIterator[Engine]:
         if self.fail_next:
             self.fail_next = False
             raise EngineStartError("no")

@@ -15,7 +15,7 @@ from http_fake_engine import FakeEngine
 from llguidance import LLMatcher
 from transformers import AutoTokenizer
 
-from trio_llm.engine.grammar import llg_tokenizer
+from trio_llm.grammar import llg_tokenizer
 from trio_llm.http import ServerConfig, build_app
 from trio_llm.http.tools import (
     FORMATS,
@@ -371,7 +371,7 @@ async def test_tool_choice_none_sends_no_tools_and_parses_nothing(
 
 
 def test_openapi_shows_the_tool_fields() -> None:
-    from trio_llm.http.openapi import openapi_document
+    from trio_llm.http.ops.openapi import openapi_document
 
     schemas = openapi_document("x")["components"]["schemas"]
     fields = schemas["ChatCompletionRequest"]["properties"]

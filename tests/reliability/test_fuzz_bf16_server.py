@@ -28,7 +28,7 @@ from schemathesis.checks import not_a_server_error
 from fuzz_bodies import base_bodies, mutated_bodies, spliced_bodies
 from http_server_process import ServerProcess, run_server
 from trio_llm import __version__
-from trio_llm.http.openapi import openapi_document
+from trio_llm.http.ops.openapi import openapi_document
 
 KEY = "sk-fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,7 +1,8 @@
 """The nursery-based engine client (the frontend): `open_engine` yields an `EngineClient`;
 `open_router` starts several engines (models, replicas) behind one `Router`."""
 
-from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig, open_engine
+from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
+from trio_llm.client.engine_process import open_engine
 from trio_llm.client.errors import (
     ChatTemplateError,
     EngineDeadError,
@@ -12,6 +13,7 @@ from trio_llm.client.errors import (
     UnsupportedTaskError,
 )
 from trio_llm.client.router import (
+    Lease,
     ModelNotServedError,
     NoLiveReplicaError,
     Router,
@@ -26,6 +28,7 @@ __all__ = [
     "EngineStartError",
     "EngineStats",
     "InvalidPromptError",
+    "Lease",
     "ModelConfig",
     "ModelNotServedError",
     "NoLiveReplicaError",

@@ -1,8 +1,12 @@
-"""The embedding requests in flight on the frontend side of a pooling engine.
+"""Embeddings on the frontend side of a pooling engine: the requests in flight, the request
+message, and the Matryoshka cut.
 
 What it owns: one waiter per engine request, which the output handler completes with the
-engine's pooled output (or fails) and `EngineClient.embed` awaits. A pooling request gets
-exactly one output from the engine, so there is nothing to detokenize and nothing to merge.
+engine's pooled output (or fails) and `EngineClient.embed_batch` awaits (a pooling request gets
+exactly one output from the engine, so there is nothing to detokenize and nothing to merge);
+the `EngineCoreRequest` of one input; which `dimensions` a model may be cut to
+(`check_dimensions`) and the cut itself, normalised again when the model normalises
+(`cut_embedding`).
 
 Invariants: like the output processor, everything here is synchronous and never waits; a
 waiter is completed at most once, and a request is forgotten as soon as it is (or as soon as
@@ -16,8 +20,58 @@ from collections.abc import Callable, Sequence
 import anyio
 import numpy as np
 
-from trio_llm.client.errors import EngineRequestError
-from trio_llm.ipc.messages import EngineCoreOutput
+from trio_llm.client.errors import EngineRequestError, InvalidPromptError
+from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, EngineReady
+from trio_llm.sampling_params import SamplingParams
+
+_POOLING_PARAMS = SamplingParams()
+"""What an embedding request carries as its (unused) sampling parameters."""
+
+
+def pooling_request(
+    request_id: str, token_ids: list[int], *, arrival_time: float, priority: int
+) -> EngineCoreRequest:
+    """The engine request of one input."""
+    return EngineCoreRequest(
+        request_id=request_id,
+        prompt_token_ids=token_ids,
+        sampling_params=_POOLING_PARAMS,
+        arrival_time=arrival_time,
+        priority=priority,
+        pooling=True,
+    )
+
+
+def check_dimensions(model: EngineReady, dimensions: int | None) -> int | None:
+    """The size to cut embeddings to, None for none; `InvalidPromptError` (param
+    `dimensions`) for one the model was not trained for."""
+    if dimensions is None or dimensions == model.embedding_size:
+        return None
+    allowed = model.matryoshka_dimensions
+    if (
+        allowed is None
+        or not 1 <= dimensions <= model.embedding_size
+        or (allowed and dimensions not in allowed)
+    ):
+        sizes = (
+            "it was not trained to be cut shorter"
+            if allowed is None
+            else f"it can be cut to {', '.join(map(str, allowed)) or 'any size'}"
+        )
+        raise InvalidPromptError(
+            f"the model {model.model!r} cannot give embeddings of {dimensions} dimensions: "
+            f"its own have {model.embedding_size}, and {sizes}",
+            param="dimensions",
+        )
+    return dimensions
+
+
+def cut_embedding(embedding: np.ndarray, size: int, *, normalized: bool) -> np.ndarray:
+    """The first `size` dimensions (Matryoshka), normalised again when the model normalises."""
+    cut = embedding[:size]
+    if normalized:
+        cut = cut / max(float(np.linalg.norm(cut)), 1e-12)
+    return cut.astype(np.float32, copy=False)
 
 
 class EmbeddingWaiter:

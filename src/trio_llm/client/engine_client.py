@@ -1,21 +1,23 @@
-"""The engine client: the frontend half of the engine, for Trio and asyncio programs alike.
+"""The engine client: the frontend half of a running engine, for Trio and asyncio programs alike.
 
-What it owns: the engine process (start, ready handshake, stop, reap), the two shared-memory
-rings, and three background tasks in the `open_engine` task group:
+What it owns: a started engine's two shared-memory rings (engine_process.py starts and stops
+the process and hands them over), the calls (generate, embed, abort, tokenize, statistics), and
+three background tasks run for `open_engine`'s block (`running`):
 - the output handler reads the output ring and feeds the output processor, in bounded chunks with
   a checkpoint between them, so one huge step never stalls the event loop;
-- the request sender owns the request ring's sending end (a ring endpoint belongs to one task)
-  and writes what could not be written at once;
+- the request sender (request_sender.py) owns the request ring's sending end and writes what
+  could not be written at once;
 - the process watcher notices the engine's exit at once (new calls fail from then on) and,
   once the output handler has drained the output ring, fails every request still in flight.
 
+Why it is over 400 lines: it is one object whose state (requests in flight, the engine's
+liveness, its statistics) its calls and its three tasks share; the pieces that stand alone
+(process start and stop, the request sender, embeddings, the output processor, the input
+processor) live in their own modules.
+
 Invariants:
-- The abort path never waits. `_post()` writes to the ring at once when it is free, else queues
-  the message for the sender task, in order; so a cancelled or closed `generate()` aborts its
-  engine requests from a `finally:` without an `await`, which a cancelled scope would interrupt
-  and an async generator being finalized could not do. The queue holds at most one add and one
-  abort per request in flight.
-- Messages reach the engine in the order they were posted: an abort never overtakes its add.
+- The abort path never waits: requests are posted through `RequestSender.post`, so a cancelled
+  or closed `generate()` aborts its engine requests from a `finally:` without an `await`.
 - Once the engine process has exited, every new call raises `EngineDeadError` at once (the
   watcher sees the exit through the process handle), and every `generate()` in flight raises it
   after the outputs the engine published before it died: the output handler, which sees the
@@ -29,13 +31,9 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
-import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,41 +41,29 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import anyio.to_thread
 import msgspec
-import numpy as np
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
-from trio_llm.client.embeddings import PendingEmbeddings
-from trio_llm.client.errors import (
-    EngineDeadError,
-    EngineStartError,
-    InvalidPromptError,
-    UnsupportedTaskError,
+from trio_llm.client.embeddings import (
+    PendingEmbeddings,
+    check_dimensions,
+    cut_embedding,
+    pooling_request,
 )
+from trio_llm.client.errors import EngineDeadError, InvalidPromptError, UnsupportedTaskError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
+from trio_llm.client.request_sender import RequestSender
 from trio_llm.config import EngineArgs
-from trio_llm.engine.launch import EngineLaunch
-from trio_llm.engine.loader import load_tokenizer, read_generation_config, resolve_model
-from trio_llm.ipc import (
-    AsyncRingReceiver,
-    AsyncRingSender,
-    RingClosedError,
-    RingError,
-    ShmRing,
-)
+from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (
     AbortRequests,
     EngineCoreOutputs,
-    EngineCoreRequest,
     EngineFailure,
-    EngineLoading,
     EngineReady,
     SchedulerStats,
-    Shutdown,
 )
 from trio_llm.outputs import EmbeddingOutput, EmbeddingRequestOutput
 from trio_llm.sampling_params import SamplingParams
@@ -91,8 +77,6 @@ log = logging.getLogger(__name__)
 
 OUTPUT_CHUNK = 64
 """Engine outputs the handler processes between two checkpoints."""
-SHUTDOWN_TIMEOUT = 5.0
-"""Seconds the engine gets to exit after the Shutdown message, then again after SIGTERM."""
 DRAIN_TIMEOUT = 5.0
 """Seconds the watcher waits, after the engine exited, for the output handler to drain the ring
 before it fails the requests in flight itself (a bound, should the handler be stuck)."""
@@ -102,12 +86,6 @@ ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
 the served model name (`served_model_name`, else the resolved model's name), and `task` what
 it serves (generate or embed)."""
-
-OnStage = Callable[[str], None]
-"""Hears each start-up stage of the engine as it begins ('loading the weights', ...)."""
-
-_POOLING_PARAMS = SamplingParams()
-"""What an embedding request carries as its (unused) sampling parameters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +139,7 @@ class EngineClient:
         """The model's generation_config.json as written (empty when it has none): its
         creator's recommended sampling values, which the server applies as defaults."""
         self._process = process
-        self._sender = sender
+        self._requests = RequestSender(sender)
         self._receiver = receiver
         self._max_message_bytes = max_message_bytes
         self._stream_interval = args.stream_interval
@@ -178,8 +156,6 @@ class EngineClient:
         self._scheduler_stats = SchedulerStats(
             num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
         )
-        self._outbox: deque[bytes] = deque()
-        self._outbox_filled: anyio.Event | None = None
         self._dead = anyio.Event()
         """Set once the engine process has exited (or the client closed)."""
         self._drained = anyio.Event()
@@ -299,7 +275,7 @@ class EngineClient:
         engine id is `request_id-i` (just `request_id` for one input)."""
         self._check_alive()
         self._check_task("embed")
-        cut = self._check_dimensions(dimensions)
+        cut = check_dimensions(self.model_config, dimensions)
         inputs = await self._inputs.embedding_inputs(
             prompts,
             truncate_prompt_tokens=truncate_prompt_tokens,
@@ -314,18 +290,10 @@ class EngineClient:
         waiters = [self._embeddings.add(engine_id) for engine_id in ids]
         try:
             for engine_id, token_ids in zip(ids, inputs, strict=True):
-                self._post(
-                    encode(
-                        EngineCoreRequest(
-                            request_id=engine_id,
-                            prompt_token_ids=token_ids,
-                            sampling_params=_POOLING_PARAMS,
-                            arrival_time=arrival_time,
-                            priority=priority,
-                            pooling=True,
-                        )
-                    )
+                request = pooling_request(
+                    engine_id, token_ids, arrival_time=arrival_time, priority=priority
                 )
+                self._post(encode(request))
             embeddings = [await waiter.wait() for waiter in waiters]
         finally:
             # No await here, as in generate(): this runs when the scope is cancelled too.
@@ -333,41 +301,12 @@ class EngineClient:
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
         if cut is not None:
-            embeddings = [self._cut(embedding, cut) for embedding in embeddings]
+            normalized = self.model_config.normalized
+            embeddings = [cut_embedding(e, cut, normalized=normalized) for e in embeddings]
         return [
             EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
             for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
         ]
-
-    def _check_dimensions(self, dimensions: int | None) -> int | None:
-        """The size to cut embeddings to, None for none; `InvalidPromptError` (param
-        `dimensions`) for one the model was not trained for."""
-        mc = self.model_config
-        if dimensions is None or dimensions == mc.embedding_size:
-            return None
-        allowed = mc.matryoshka_dimensions
-        if (
-            allowed is None
-            or not 1 <= dimensions <= mc.embedding_size
-            or (allowed and dimensions not in allowed)
-        ):
-            sizes = (
-                "it was not trained to be cut shorter"
-                if allowed is None
-                else f"it can be cut to {', '.join(map(str, allowed)) or 'any size'}"
-            )
-            raise InvalidPromptError(
-                f"the model {mc.model!r} cannot give embeddings of {dimensions} dimensions: "
-                f"its own have {mc.embedding_size}, and {sizes}",
-                param="dimensions",
-            )
-        return dimensions
-
-    def _cut(self, embedding: np.ndarray, size: int) -> np.ndarray:
-        cut = embedding[:size]
-        if self.model_config.normalized:
-            cut = cut / max(float(np.linalg.norm(cut)), 1e-12)
-        return cut.astype(np.float32, copy=False)
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
@@ -419,13 +358,14 @@ class EngineClient:
         await self._drained.wait()
 
     @asynccontextmanager
-    async def _serving(self) -> AsyncIterator[None]:
-        """Run the background tasks for the block's duration; the client is closed after."""
+    async def running(self) -> AsyncIterator[None]:
+        """Run the background tasks for the block's duration; the client is closed after
+        (`open_engine` runs it)."""
         body_error: BaseException | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._watch_process)
             tasks.start_soon(self._handle_outputs)
-            tasks.start_soon(self._send_requests)
+            tasks.start_soon(self._requests.run)
             try:
                 yield
             except BaseException as exc:
@@ -518,35 +458,9 @@ class EngineClient:
     # -- the request ring -----------------------------------------------------------------
 
     def _post(self, message: bytes) -> None:
-        """Send `message` to the engine without waiting: now if the ring has room and nothing
-        is queued before it, else through the sender task."""
-        if not self.is_alive:
-            return
-        if not self._outbox:
-            try:
-                self._sender.send_nowait(message)
-            except anyio.WouldBlock:
-                pass
-            except RingClosedError:
-                return  # the engine is going; the process watcher reports it
-            else:
-                return
-        self._outbox.append(message)
-        if self._outbox_filled is not None:
-            self._outbox_filled.set()
-
-    async def _send_requests(self) -> None:
-        """The background task that owns the request ring's sending end while it waits."""
-        try:
-            while True:
-                while self._outbox:
-                    await self._sender.send(self._outbox[0])
-                    self._outbox.popleft()
-                self._outbox_filled = anyio.Event()
-                await self._outbox_filled.wait()
-                self._outbox_filled = None
-        except RingClosedError:
-            return  # the engine exited; the process watcher reports it
+        """Send `message` to the engine without waiting (`RequestSender.post`)."""
+        if self.is_alive:
+            self._requests.post(message)
 
     # -- the output ring ------------------------------------------------------------------
 
@@ -583,13 +497,13 @@ class EngineClient:
         # is known: wait for it (bounded), so the requests' error says how the engine ended.
         with anyio.move_on_after(DRAIN_TIMEOUT):
             await self._dead.wait()
-        self._on_dead()
+        self.fail_in_flight()
 
     # -- the process ----------------------------------------------------------------------
 
     async def _watch_process(self) -> None:
         code = await self._process.wait()
-        self._exit = _describe_exit(code)
+        self._exit = describe_exit(code)
         self._mark_dead()
         # The output handler fails the requests in flight once it has drained the ring; this
         # is only the bound, should it never see the ring end.
@@ -597,15 +511,15 @@ class EngineClient:
             await self._drained.wait()
         if not self._closed:
             log.error("%s", self._dead_reason())
-        self._on_dead()
+        self.fail_in_flight()
 
     def _mark_dead(self) -> None:
         """No new call reaches the engine from now on."""
         self._dead.set()
-        self._outbox.clear()
+        self._requests.clear()
 
-    def _on_dead(self) -> None:
-        """Fail every request still in flight (once)."""
+    def fail_in_flight(self) -> None:
+        """Fail every request still in flight (once): the engine is gone."""
         self._mark_dead()
         if self._drained.is_set():
             return
@@ -615,163 +529,11 @@ class EngineClient:
         self._drained.set()
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it)."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def _engine_args(model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
-    if model is not None:
-        engine_args = {**engine_args, "model": model}
-    return EngineArgs(**engine_args)
-
-
-_TOKENIZER_LOADING = threading.Lock()
-"""Engines started at once load their tokenizers on worker threads, one at a time:
-transformers' lazy imports are not thread-safe (two first imports at once raised "cannot
-import name 'AutoTokenizer'")."""
-
-
-def _load_tokenizer(model: str) -> tuple[PreTrainedTokenizerBase, dict[str, Any]]:
-    with _TOKENIZER_LOADING:
-        source = resolve_model(model)
-        return load_tokenizer(source), read_generation_config(source.path)
-
-
-async def _handshake(
-    process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs, on_stage: OnStage
-) -> tuple[EngineReady, PreTrainedTokenizerBase, dict[str, Any]]:
-    """Load the tokenizer (and read the generation config) while the engine loads the model;
-    then wait for its ready message, passing on its progress."""
-    try:
-        with anyio.fail_after(args.startup_timeout):
-            try:
-                tokenizer, generation_config = await anyio.to_thread.run_sync(
-                    _load_tokenizer, args.model, abandon_on_cancel=True
-                )
-            except Exception as exc:
-                raise EngineStartError(
-                    f"cannot load the tokenizer of {args.model!r}: {exc}"
-                ) from exc
-            try:
-                message = decode_engine_message(await receiver.receive())
-                while isinstance(message, EngineLoading):
-                    on_stage(message.stage)
-                    message = decode_engine_message(await receiver.receive())
-            except RingClosedError:
-                code = await process.wait()
-                raise EngineStartError(
-                    f"the engine process ended before it was ready ({_describe_exit(code)}); "
-                    "its log above says why"
-                ) from None
-    except TimeoutError:
-        raise EngineStartError(
-            f"the engine was not ready within startup_timeout={args.startup_timeout} s"
-        ) from None
-    if isinstance(message, EngineFailure):
-        raise EngineStartError(message.message, engine_traceback=message.traceback)
-    if not isinstance(message, EngineReady):
-        raise EngineStartError(f"the engine sent {type(message).__name__} before it was ready")
-    return message, tokenizer, generation_config
-
-
-async def _stop_process(
-    process: anyio.abc.Process, sender: AsyncRingSender, *, ready: bool
-) -> None:
-    """Shutdown message, then SIGTERM, then SIGKILL, each after a timeout; always reaps.
-    An engine that never became ready reads no messages yet: it gets SIGTERM at once.
-    Call it shielded."""
-    if process.returncode is None:
-        graceful = ready
-        if ready:
-            try:
-                sender.send_nowait(encode(Shutdown()))
-            except (anyio.WouldBlock, RingError):
-                graceful = False  # a full or closed ring: SIGTERM does the job
-        if not graceful or not await _exits_within(process, SHUTDOWN_TIMEOUT):
-            if graceful:
-                log.warning("the engine did not exit after Shutdown; sending SIGTERM")
-            process.terminate()
-            if not await _exits_within(process, SHUTDOWN_TIMEOUT):
-                log.warning("the engine did not exit after SIGTERM; sending SIGKILL")
-                process.kill()
-                await process.wait()
-    await process.aclose()
-
-
-async def _exits_within(process: anyio.abc.Process, seconds: float) -> bool:
-    with anyio.move_on_after(seconds):
-        await process.wait()
-        return True
-    return False
-
-
-def _log_stage(model: str) -> OnStage:
-    return lambda stage: log.info("engine %s: %s", model, stage)
-
-
-@asynccontextmanager
-async def open_engine(
-    model: str | None = None, *, on_stage: OnStage | None = None, **engine_args: Any
-) -> AsyncIterator[EngineClient]:
-    """Start an engine process and yield a client for it; stop the engine on the way out.
-
-    `engine_args` are `EngineArgs` fields. `on_stage` hears each start-up stage as the engine
-    begins it (by default they are logged at info level). Raises `EngineStartError` with the
-    engine's own message when the model cannot be loaded, or when it is not ready within
-    `startup_timeout` seconds.
-    """
-    args = _engine_args(model, engine_args)
-    on_stage = on_stage or _log_stage(args.served_model_name or args.model)
-    with (
-        ShmRing.create(args.ring_capacity) as request_ring,
-        ShmRing.create(args.ring_capacity) as output_ring,
-    ):
-        launch = EngineLaunch(
-            args=args, request_ring=request_ring.spec, output_ring=output_ring.spec
-        )
-        process = await anyio.open_process(
-            [sys.executable, "-m", "trio_llm.engine"],
-            stdin=subprocess.PIPE,
-            stdout=None,
-            stderr=None,
-            pass_fds=(*request_ring.fds, *output_ring.fds),
-            # Its own session: a terminal's Ctrl-C reaches only this process, whose
-            # KeyboardInterrupt then shuts the engine down in order.
-            start_new_session=True,
-        )
-        sender, receiver = request_ring.async_sender(), output_ring.async_receiver()
-        client: EngineClient | None = None
-        try:
-            request_ring.watch_peer(process.pid)
-            output_ring.watch_peer(process.pid)
-            assert process.stdin is not None
-            try:
-                await process.stdin.send(encode(launch))
-                await process.stdin.aclose()
-            except (anyio.BrokenResourceError, OSError):
-                pass  # it died already; the handshake says how
-            ready, tokenizer, generation_config = await _handshake(
-                process, receiver, args, on_stage
-            )
-            client = EngineClient(
-                args,
-                process,
-                sender,
-                receiver,
-                tokenizer,
-                ready,
-                max_message_bytes=sender.sync.max_message_size,
-                generation_config=generation_config,
-            )
-            async with client._serving():
-                yield client
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _stop_process(process, sender, ready=client is not None)
-            if client is not None:
-                client._on_dead()

@@ -21,6 +21,16 @@ class EngineStartError(RuntimeError):
         """The engine's traceback, when it reported one."""
 
 
+def start_error_in(group: BaseExceptionGroup) -> EngineStartError | None:
+    """The first `EngineStartError` in `group`, however deeply nested: engines started at once
+    (replicas, models) fail their start with it alone, not with the group around it."""
+    for exc in group.exceptions:
+        found = start_error_in(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(found, EngineStartError):
+            return found
+    return None
+
+
 class EngineRequestError(RuntimeError):
     """The engine failed this one request (finish_reason 'error'); other requests go on."""
 

@@ -24,10 +24,10 @@ import anyio.to_thread
 import jinja2
 import msgspec
 
+from trio_llm import grammar
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.constraint import Constraint
-from trio_llm.engine import grammar
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 

@@ -2,8 +2,11 @@
 
 What it owns: the routing table (each served model and its replica slots, each slot holding the
 replica's live `EngineClient` or None while it is down), each replica's load, and which replica
-holds each request routed through `generate`/`embed`. `open_router` starts every engine of a
-table at once (for the library; the HTTP server's supervisor attaches and restarts them itself).
+holds each request. Every request, the library's and the HTTP server's, goes through a `Lease`:
+`lease` picks the replica and holds its load, the lease's `generate`/`embed_batch` run the
+request there and record which replica holds it (what `abort` reads); `Router.generate` and
+`Router.embed_batch` are a lease for one call. `open_router` starts every engine of a table at
+once (for the library; the HTTP server's supervisor attaches and restarts them itself).
 
 A new request goes to its model's live replica with the least load, ties broken round-robin.
 The load is what the frontend has routed there and not yet seen finish: the sequences a lease
@@ -13,7 +16,7 @@ replica's running plus waiting sequences, plus those on their way.
 
 Invariants:
 - A request stays on the replica it was first routed to for its whole life: its lease, and the
-  `request_id -> replica` entry `abort` reads, are released only when it ends.
+  `request_id -> replica` entries `abort` reads, are released only when it ends.
 - A replica that dies fails only its own requests (its client raises `EngineDeadError`); its
   slot is empty until it is attached again, and no new request is routed to it meanwhile.
 - Every lease is released exactly once, so a replica's load never leaks.
@@ -27,15 +30,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import msgspec
 
-from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig, open_engine
-from trio_llm.client.errors import EngineDeadError, EngineStartError
+from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
+from trio_llm.client.engine_process import log_stage, open_engine
+from trio_llm.client.errors import EngineDeadError, EngineStartError, start_error_in
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
@@ -43,8 +46,6 @@ if TYPE_CHECKING:
     from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-E = TypeVar("E", bound=BaseException)
 
 
 class ModelNotServedError(LookupError):
@@ -109,31 +110,71 @@ class ServedModel:
 
 
 class Lease:
-    """A request's hold on its replica: `sequences` of its load until `release()`."""
+    """A request's hold on its replica: `sequences` of its load until `release()`, and the
+    requests it runs there (`generate`, `embed_batch`), which `Router.abort` finds by id until
+    then. `client` is the replica's engine, for what is not a request (tokenizing)."""
 
-    __slots__ = ("_router", "client", "replica", "request_id", "sequences")
+    __slots__ = ("_request_ids", "_router", "client", "replica", "sequences")
 
-    def __init__(
-        self, router: Router, replica: Replica, sequences: int, request_id: str | None
-    ) -> None:
+    def __init__(self, router: Router, replica: Replica, sequences: int) -> None:
         assert replica.client is not None
         self._router: Router | None = router
         self.replica = replica
         self.client: EngineClient = replica.client
         self.sequences = sequences
-        self.request_id = request_id
+        self._request_ids: list[str] = []
         replica.load += sequences
-        if request_id is not None:
-            router._holders[request_id] = self
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """`EngineClient.generate` on the leased replica (`ValueError` for an id in flight)."""
+        request_id = self._hold(request_id)
+        try:
+            return self.client.generate(prompt, params, request_id=request_id, priority=priority)
+        except BaseException:
+            self._forget(request_id)
+            raise
+
+    async def embed_batch(
+        self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
+    ) -> list[EmbeddingRequestOutput]:
+        """`EngineClient.embed_batch` on the leased replica."""
+        request_id = self._hold(request_id)
+        try:
+            return await self.client.embed_batch(prompts, request_id=request_id, **kwargs)
+        finally:
+            self._forget(request_id)
+
+    def _hold(self, request_id: str | None) -> str:
+        """Record that this lease runs `request_id` (a new id when None)."""
+        router = self._router
+        if router is None:
+            raise RuntimeError("this lease was released")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in router._holders:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        router._holders[request_id] = self
+        self._request_ids.append(request_id)
+        return request_id
+
+    def _forget(self, request_id: str) -> None:
+        if self._router is not None and self._router._holders.get(request_id) is self:
+            del self._router._holders[request_id]
 
     def release(self) -> None:
         """Idempotent."""
-        router, self._router = self._router, None
-        if router is None:
+        if self._router is None:
             return
+        for request_id in self._request_ids:
+            self._forget(request_id)
+        self._router = None
         self.replica.load -= self.sequences
-        if self.request_id is not None and router._holders.get(self.request_id) is self:
-            del router._holders[self.request_id]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +253,7 @@ class Router:
 
     # -- routing -------------------------------------------------------------------------
 
-    def lease(self, model: ServedModel, sequences: int, *, request_id: str | None = None) -> Lease:
+    def lease(self, model: ServedModel, sequences: int) -> Lease:
         """Hold the least-loaded live replica of `model` for `sequences`; `NoLiveReplicaError`
         when it has none."""
         replica = model.pick()
@@ -220,7 +261,7 @@ class Router:
             raise NoLiveReplicaError(
                 f"no replica of {model.name or 'the model'} is running (restarting); retry later"
             )
-        return Lease(self, replica, sequences, request_id)
+        return Lease(self, replica, sequences)
 
     def holder(self, request_id: str) -> Replica | None:
         """The replica a request routed through this router runs on, while it runs."""
@@ -237,12 +278,9 @@ class Router:
         priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
         """`EngineClient.generate` on the least-loaded replica of `model`."""
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self._holders:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        lease = self.lease(self.model(model), params.n, request_id=request_id)
+        lease = self.lease(self.model(model), params.n)
         try:
-            stream = lease.client.generate(prompt, params, request_id=request_id, priority=priority)
+            stream = lease.generate(prompt, params, request_id=request_id, priority=priority)
         except BaseException:
             lease.release()
             raise
@@ -257,10 +295,9 @@ class Router:
         **kwargs: Any,
     ) -> list[EmbeddingRequestOutput]:
         """`EngineClient.embed_batch` on the least-loaded replica of `model`."""
-        request_id = request_id or uuid.uuid4().hex
-        lease = self.lease(self.model(model), len(prompts), request_id=request_id)
+        lease = self.lease(self.model(model), len(prompts))
         try:
-            return await lease.client.embed_batch(prompts, request_id=request_id, **kwargs)
+            return await lease.embed_batch(prompts, request_id=request_id, **kwargs)
         finally:
             lease.release()
 
@@ -350,7 +387,7 @@ async def open_router(
             finally:
                 engines.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        start_error = _first(group, EngineStartError)
+        start_error = start_error_in(group)
         if start_error is None:
             raise
         raise start_error from None
@@ -368,7 +405,7 @@ async def _run_replica(
 ) -> None:
     label = replica_label(args, index)
     try:
-        async with open_engine(on_stage=partial(_log_stage, label), **_fields(args)) as client:
+        async with open_engine(args, on_stage=log_stage(label)) as client:
             router.attach(group, index, client)
             task_status.started()
             await client.wait_dead()
@@ -382,22 +419,3 @@ async def _run_replica(
 def replica_label(args: EngineArgs, index: int) -> str:
     """How logs and errors name one engine: `model[replica]`."""
     return f"{args.served_model_name or args.model}[{index}]"
-
-
-def _log_stage(label: str, stage: str) -> None:
-    log.info("engine %s: %s", label, stage)
-
-
-def _first(group: BaseExceptionGroup, kind: type[E]) -> E | None:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = _first(exc, kind)
-            if found is not None:
-                return found
-        elif isinstance(exc, kind):
-            return exc
-    return None
-
-
-def _fields(args: EngineArgs) -> dict[str, Any]:
-    return msgspec.structs.asdict(args)

@@ -31,16 +31,18 @@ from typing import TYPE_CHECKING
 import msgspec
 import torch
 
+from trio_llm import model_files
 from trio_llm.config import EngineArgs
 from trio_llm.engine import dtype_policy, generic, loader, pooling
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
-from trio_llm.engine.scheduler import ScheduledBatch, Scheduler
-from trio_llm.engine.sequence import Sequence
-from trio_llm.engine.structured import Grammar, StructuredOutputs
+from trio_llm.engine.scheduler import Scheduler
+from trio_llm.engine.sequence import ScheduledBatch, Sequence
+from trio_llm.engine.structured import StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
+from trio_llm.grammar import Grammar
 from trio_llm.ipc.messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -94,7 +96,7 @@ class EngineCore:
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         stage("resolving the model")
-        source = loader.resolve_model(args.model)
+        source = model_files.resolve_model(args.model)
         device = loader.resolve_device(args.device)
         dtype = loader.resolve_dtype(args.dtype, device)
         config = loader.load_config(source)
@@ -123,7 +125,7 @@ class EngineCore:
         )
         self.runner = parts.runner
         self.structured = StructuredOutputs(
-            lambda: loader.load_tokenizer(source),
+            lambda: model_files.load_tokenizer(source),
             self.vocab_size,
             self.eos_token_ids,
             jump_forward=args.jump_forward,
@@ -155,7 +157,7 @@ class EngineCore:
 
     def _generation_parts(
         self,
-        source: loader.ModelSource,
+        source: model_files.ModelSource,
         config: PretrainedConfig,
         dtype: torch.dtype,
         device: str,
@@ -222,7 +224,11 @@ class EngineCore:
         )
 
     def _pooling_parts(
-        self, source: loader.ModelSource, config: PretrainedConfig, dtype: torch.dtype, device: str
+        self,
+        source: model_files.ModelSource,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        device: str,
     ) -> _Parts:
         """No KV cache: the block manager only does the scheduler's bookkeeping, with blocks
         for one step's tokens; a step holds whole prompts, so it holds at least the longest,

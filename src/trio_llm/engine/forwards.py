@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from trio_llm.engine import llama
-from trio_llm.engine.loader import UnsupportedModelError
+from trio_llm.model_files import UnsupportedModelError
 
 MODEL_IMPLS = ("auto", "own", "transformers")
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from trio_llm.engine.attention import ATTN_IMPLEMENTATION, AttentionMetadata
-from trio_llm.engine.loader import UnsupportedModelError
+from trio_llm.model_files import UnsupportedModelError
 
 INSPECT_IMPLEMENTATION = "trio_inspect"
 """The attention and mask implementation `inspect` switches the model to while it records."""

@@ -32,8 +32,7 @@ from trio_llm.engine.generic import AttentionLayer, GenericForward, decoder_of
 from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
-from trio_llm.engine.scheduler import ScheduledBatch
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StepMasks, apply_bitmask
 from trio_llm.engine.weight_sets import WeightSets
 from trio_llm.ipc.messages import TokenLogprobs

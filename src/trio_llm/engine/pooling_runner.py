@@ -19,7 +19,7 @@ import torch
 
 from trio_llm.engine.attention.packed import PackedAttentionMetadata
 from trio_llm.engine.pooling import PoolingConfig, pool
-from trio_llm.engine.scheduler import ScheduledBatch
+from trio_llm.engine.sequence import ScheduledBatch
 
 
 class PoolingRunner:

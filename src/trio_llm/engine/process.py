@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trio_llm.engine.launch import EngineLaunch
 from trio_llm.ipc import (
     MessageTooLargeError,
     PeerDiedError,
@@ -46,6 +45,7 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineFailure,
+    EngineLaunch,
     EngineLoading,
     Shutdown,
 )

@@ -27,27 +27,10 @@ once it holds committed tokens (never drafts).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
 from trio_llm.engine.block_manager import BlockManager
-from trio_llm.engine.sequence import Sequence, SequenceStatus
+from trio_llm.engine.sequence import ScheduledBatch, Sequence, SequenceStatus
 from trio_llm.ipc.messages import SchedulerStats
-
-
-@dataclass(slots=True)
-class ScheduledBatch:
-    seqs: list[Sequence]
-    """Decodes (one token) first, then prefill chunks."""
-    num_tokens: list[int]
-    """Tokens each sequence computes this step, starting at its `num_computed_tokens`."""
-    num_decodes: int
-    removed: list[Sequence] = field(default_factory=list)
-    """Sequences that left the running set (finished, aborted, preempted) since the last
-    batch: the model runner frees their rows of the persistent input batch."""
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens)
 
 
 class Scheduler:

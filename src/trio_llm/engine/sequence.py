@@ -14,6 +14,10 @@ the table is empty, while the tokens (prompt and output so far) stay.
 computed with it in its next step and committed only as far as that step's samples agree, so
 the uncomputed tokens and the sample rows count them, while the prefix cache, the finish checks
 and the outputs never see them. A preemption drops them.
+
+`ScheduledBatch` is one step's sequences as the scheduler hands them to the model runner (and
+to the structured-output step); it lives here, beside what it holds, so that the modules that
+read it need not import the scheduler.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from trio_llm.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from trio_llm.engine.structured import Grammar
     from trio_llm.engine.token_bans import TokenBans
+    from trio_llm.grammar import Grammar
 
 
 class SequenceStatus(enum.Enum):
@@ -123,3 +127,19 @@ class Sequence:
 
     def __lt__(self, other: Sequence) -> bool:
         return self.order() < other.order()
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    """Decodes (one token) first, then prefill chunks."""
+    num_tokens: list[int]
+    """Tokens each sequence computes this step, starting at its `num_computed_tokens`."""
+    num_decodes: int
+    removed: list[Sequence] = field(default_factory=list)
+    """Sequences that left the running set (finished, aborted, preempted) since the last
+    batch: the model runner frees their rows of the persistent input batch."""
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)

@@ -4,9 +4,10 @@ committed, and propose the tokens the grammar forces (jump-forward).
 
 The interface is vLLM v1's structured-output manager in small: `compile` (a future, resolved in
 a worker thread), the bitmask of a step (`start_masks`, filled in a second thread while the
-model runs), `Grammar.accept`, `Grammar.is_terminated`. There is no rollback: the matcher only
-ever holds a request's committed tokens. Draft tokens never enter it, and preemption keeps a
-sequence's tokens, so neither has anything to undo.
+model runs), `Grammar.accept`, `Grammar.is_terminated` (`Grammar`, one request's matcher, is
+trio_llm/grammar.py's). There is no rollback: the matcher only ever holds a request's committed
+tokens. Draft tokens never enter it, and preemption keeps a sequence's tokens, so neither has
+anything to undo.
 
 Jump-forward is speculative decoding with the grammar as the drafter. When the grammar forces a
 continuation (the keys and punctuation a schema fixes), those tokens become the sequence's
@@ -41,13 +42,12 @@ import torch
 from llguidance import LLMatcher
 
 from trio_llm.constraint import Constraint
-from trio_llm.engine.grammar import ConstraintError, grammar_text, llg_tokenizer
+from trio_llm.grammar import ConstraintError, Grammar, grammar_text, llg_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from trio_llm.engine.scheduler import ScheduledBatch
-    from trio_llm.engine.sequence import Sequence
+    from trio_llm.engine.sequence import ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -55,32 +55,6 @@ MAX_DRAFT_TOKENS = 32
 """Forced tokens proposed at once; a longer forced run continues after the next step."""
 CACHE_SIZE = 64
 """Compiled grammars kept (least recently used evicted); a new request copies one."""
-
-
-class Grammar:
-    """One request's matcher: the state of its grammar after its committed tokens."""
-
-    __slots__ = ("matcher",)
-
-    def __init__(self, matcher: LLMatcher) -> None:
-        self.matcher = matcher
-
-    def accept(self, tokens: list[int]) -> bool:
-        """Advance by the tokens the request committed; False (and `error` set) if the grammar
-        does not allow them."""
-        return self.matcher.consume_tokens(tokens)
-
-    def is_terminated(self) -> bool:
-        """The grammar admits no more tokens (EOS aside): the output is complete."""
-        return self.matcher.is_stopped()
-
-    @property
-    def error(self) -> str:
-        return self.matcher.get_error()
-
-    def forced_tokens(self) -> list[int]:
-        """The tokens the grammar forces next (none where the model has a choice)."""
-        return self.matcher.compute_ff_tokens()
 
 
 @dataclass(slots=True)

@@ -5,9 +5,9 @@
 from trio_llm.http.app import build_app, create_app
 from trio_llm.http.config import ServerConfig, config_from_env, parse_serve_args
 from trio_llm.http.errors import ProtocolError, translate_error
-from trio_llm.http.plans import RequestLimits
+from trio_llm.http.runtime.state import AppState, app_state
+from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.server import serve
-from trio_llm.http.state import AppState, app_state
 
 __all__ = [
     "AppState",

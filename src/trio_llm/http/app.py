@@ -1,10 +1,11 @@
 """The ASGI app: `build_app` over an engine the caller owns, `create_app` owning its own.
 
-Assembles the pieces: the app state (state.py), middleware (middleware.py), the routes, one
-line each, to the endpoint modules (serving_*.py), the error handlers, and the lifespan
-(lifespan.py). An endpoint that generates is a `GenerationEndpoint` (serving.py) plus its line
-in `_ROUTES`. Errors are translated once (`translate_error`, errors.py), here for plain
-responses and in generation.py for a stream that has already begun.
+Assembles the pieces: the app state (runtime/state.py), middleware (runtime/middleware.py),
+the routes, one line each, to the handlers of each API folder (`<api>/endpoint.py`), the error
+handlers, and the lifespan (runtime/lifespan.py). An endpoint that generates is a
+`GenerationEndpoint` (generate/endpoint.py) plus its line in `_ROUTES`. Errors are translated
+once (`translate_error`, errors.py), here for plain responses and in generate/streams.py for a
+stream that has already begun.
 
 Invariant: every request runs in Quart-Trio's per-request nursery. A client that goes away
 (EOF on HTTP/1.1, RST_STREAM on HTTP/2) cancels that nursery, and the cancellation unwinding
@@ -21,47 +22,45 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from trio_llm.http import (
-    serving_chat,
-    serving_completions,
-    serving_embeddings,
-    serving_invocations,
-    serving_models,
-    serving_ops,
-    serving_responses,
-    serving_ui,
-)
+from trio_llm.http.chat import endpoint as chat
+from trio_llm.http.completions import endpoint as completions
 from trio_llm.http.config import ServerConfig, config_from_env
+from trio_llm.http.embeddings import endpoint as embeddings
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
-from trio_llm.http.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
-from trio_llm.http.middleware import install_middleware
+from trio_llm.http.invocations import endpoint as invocations
 from trio_llm.http.model_specs import ModelSpec
-from trio_llm.http.serving import error_response
-from trio_llm.http.state import AppState, install_state
+from trio_llm.http.models import endpoint as models
+from trio_llm.http.ops import endpoint as ops
+from trio_llm.http.responses import endpoint as responses
+from trio_llm.http.runtime.bodies import error_response
+from trio_llm.http.runtime.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
+from trio_llm.http.runtime.middleware import install_middleware
+from trio_llm.http.runtime.state import AppState, install_state
+from trio_llm.http.ui import endpoint as ui
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
 
 _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
-    ("POST", "/v1/chat/completions", serving_chat.chat_completions),
-    ("POST", "/v1/completions", serving_completions.completions),
-    ("POST", "/v1/embeddings", serving_embeddings.embeddings),
-    ("POST", "/v1/responses", serving_responses.create_response),
-    ("GET", "/v1/responses/<response_id>", serving_responses.retrieve_response),
-    ("DELETE", "/v1/responses/<response_id>", serving_responses.delete_response),
-    ("POST", "/invocations", serving_invocations.invocations),
-    ("GET", "/v1/models", serving_models.list_models),
-    ("GET", "/v1/models/<path:model_id>", serving_models.model_card),
-    ("POST", "/tokenize", serving_models.tokenize),
-    ("POST", "/detokenize", serving_models.detokenize),
-    ("GET", "/health", serving_ops.health),
-    ("GET", "/ping", serving_ops.health),
-    ("POST", "/ping", serving_ops.health),
-    ("GET", "/version", serving_ops.version),
-    ("GET", "/metrics", serving_ops.metrics),
-    ("GET", "/openapi.json", serving_ops.openapi_json),
-    ("GET", "/", serving_ui.chat_page),
-    ("GET", "/ui/<name>", serving_ui.asset),
+    ("POST", "/v1/chat/completions", chat.chat_completions),
+    ("POST", "/v1/completions", completions.completions),
+    ("POST", "/v1/embeddings", embeddings.embeddings),
+    ("POST", "/v1/responses", responses.create_response),
+    ("GET", "/v1/responses/<response_id>", responses.retrieve_response),
+    ("DELETE", "/v1/responses/<response_id>", responses.delete_response),
+    ("POST", "/invocations", invocations.invocations),
+    ("GET", "/v1/models", models.list_models),
+    ("GET", "/v1/models/<path:model_id>", models.model_card),
+    ("POST", "/tokenize", models.tokenize),
+    ("POST", "/detokenize", models.detokenize),
+    ("GET", "/health", ops.health),
+    ("GET", "/ping", ops.health),
+    ("POST", "/ping", ops.health),
+    ("GET", "/version", ops.version),
+    ("GET", "/metrics", ops.metrics),
+    ("GET", "/openapi.json", ops.openapi_json),
+    ("GET", "/", ui.chat_page),
+    ("GET", "/ui/<name>", ui.asset),
 )
 
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
-from trio_llm.http.model_specs import DTYPES, TASKS, ModelSpec, ModelSpecError, model_specs
-from trio_llm.http.plans import RequestLimits
+from trio_llm.http.model_specs import DTYPES, ModelSpec, ModelSpecError, model_specs
+from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
+from trio_llm.model_files import TASKS
 
 ENV_PREFIX = "TRIO_LLM_"
 GENERATION_CONFIG_MODES = ("auto", "none", "vllm")

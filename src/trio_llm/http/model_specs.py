@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from trio_llm.config import EngineArgs, parse_size
-from trio_llm.engine.loader import TASKS
+from trio_llm.model_files import TASKS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

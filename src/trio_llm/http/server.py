@@ -22,8 +22,8 @@ from hypercorn.utils import LifespanFailureError
 from trio_llm.http import hypercorn_fixes
 from trio_llm.http.app import create_app
 from trio_llm.http.config import ServerConfig
-from trio_llm.http.lifespan import setup_logging
-from trio_llm.http.state import AppState, app_state
+from trio_llm.http.runtime.lifespan import setup_logging
+from trio_llm.http.runtime.state import AppState, app_state
 
 log = logging.getLogger("trio_llm.server")
 

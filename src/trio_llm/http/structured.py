@@ -3,9 +3,10 @@ the legacy `guided_*`, turned into the one `Constraint` a request may carry.
 
 What it owns: the fields' types (so /openapi.json shows them), the rules that combine them (at
 most one constraint per request, exactly one kind inside `structured_outputs`), and their
-validation with the grammar library before anything reaches the engine: a schema or grammar the
-engine cannot enforce is a 400 that names the parameter and says why. Invariant: every error is
-a `ProtocolError` with its `param`; validation runs off the event loop.
+checks that need no grammar library (a malformed spec is a 400 naming the parameter). The
+check with the grammar library, off the event loop, is the generate skeleton's
+(generate/endpoint.py), so these types import nothing with I/O. Invariant: every error is a
+`ProtocolError` with its `param`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from typing import Any, Literal
 
 from msgspec import Struct
 
-from trio_llm.client.input_processor import InputProcessor
 from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request
-from trio_llm.sampling_params import SamplingParamsError
 
 
 class JsonSchemaFormat(Struct, kw_only=True):
@@ -139,21 +138,3 @@ def validated(constraint: Constraint, param: str) -> tuple[Constraint, str]:
     except ValueError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
     return constraint, param
-
-
-async def check_constraint(constraint: Constraint | None, param: str | None) -> None:
-    """A 400 naming `param` unless the grammar engine can enforce `constraint` (validated in a
-    worker thread the first time: a large schema takes a while)."""
-    if constraint is None:
-        return
-    try:
-        await InputProcessor.check_constraint(constraint)
-    except SamplingParamsError as error:
-        raise bad_request(f"Invalid {param}: {error}", param=param) from None
-
-
-async def check_request(request: StructuredFields) -> None:
-    """`check_constraint` for the constraint `request` asks for, if any."""
-    found = constraint_of(request)
-    if found is not None:
-        await check_constraint(*found)

@@ -36,7 +36,7 @@ from trio_llm.ipc._fence import fences
 from trio_llm.ipc._layout import OFF_DATA, Q_DATA
 
 if TYPE_CHECKING:
-    from trio_llm.ipc._ring import ShmRing
+    from trio_llm.ipc._segment import MappedSegment
 
 
 class Wait(NamedTuple):
@@ -53,16 +53,16 @@ class Wait(NamedTuple):
 class Endpoint:
     """One side of a ring in this process: its views, fences and epoll set {doorbell, pidfd}."""
 
-    def __init__(self, ring: ShmRing, doorbell_fd: int, peer_doorbell_fd: int) -> None:
-        self._ring = ring  # keeps the fds open (the ring's finalizer closes them)
-        self._mem = ring._mem
-        self._bytes_view, self._q, self._w = ring._views
+    def __init__(self, segment: MappedSegment, doorbell_fd: int, peer_doorbell_fd: int) -> None:
+        self._segment = segment  # keeps the fds open (the segment's finalizer closes them)
+        self._mem = segment.mem
+        self._bytes_view, self._q, self._w = segment.bytes_view, segment.q, segment.w
         self._q_data = self._q[Q_DATA:]  # record headers, indexed by data offset // 8
-        self._cap = ring.capacity
-        self._data_end = OFF_DATA + ring.capacity
+        self._cap = segment.capacity
+        self._data_end = OFF_DATA + segment.capacity
         self._doorbell_fd = doorbell_fd
         self._peer_doorbell_fd = peer_doorbell_fd
-        self._fence_lock, self._slow_fence = fences(ring.fence)
+        self._fence_lock, self._slow_fence = fences(segment.fence)
         self._epoll = select.epoll()
         # Edge-triggered: every ring of the doorbell is one event, consumed by the epoll_wait that
         # reports it, so the eventfd itself is never read (one system call less per wake-up).
@@ -74,10 +74,6 @@ class Endpoint:
         self.messages = 0
         self.doorbells = 0
         self.waits = 0
-        if ring._pidfd is not None:
-            self._watch(ring._pidfd)
-        if ring._peer_gone:
-            self._peer_died()
 
     def close(self) -> None:
         raise NotImplementedError

@@ -35,14 +35,14 @@ from trio_llm.ipc._layout import (
 )
 
 if TYPE_CHECKING:
-    from trio_llm.ipc._ring import ShmRing
+    from trio_llm.ipc._segment import MappedSegment
 
 
 class RingReceiver(Endpoint):
     """The consumer end, blocking face (the engine's). One thread receives."""
 
-    def __init__(self, ring: ShmRing) -> None:
-        super().__init__(ring, ring.spec.data_fd, ring.spec.space_fd)
+    def __init__(self, segment: MappedSegment) -> None:
+        super().__init__(segment, segment.spec.data_fd, segment.spec.space_fd)
         self._head: int = self._q[Q_HEAD]
         self._tail_seen = self._head
         self._epoch = 0  # of our sleeps: the sender rings once per epoch

@@ -18,6 +18,7 @@ import fcntl
 import mmap
 import os
 import secrets
+import weakref
 
 import msgspec
 
@@ -25,7 +26,7 @@ from trio_llm.ipc._errors import RingCorruptError, RingError
 from trio_llm.ipc._fence import check_fence, check_platform
 from trio_llm.ipc._layout import check_capacity, read_preamble, segment_size, write_preamble
 
-__all__ = ["RingSpec", "attach_segment", "close_fds", "create_segment"]
+__all__ = ["MappedSegment", "RingSpec", "attach_segment", "close_fds", "create_segment"]
 
 
 class RingSpec(msgspec.Struct, frozen=True, array_like=True):
@@ -37,6 +38,54 @@ class RingSpec(msgspec.Struct, frozen=True, array_like=True):
     space_fd: int
     """eventfd: the consumer rings it when the producer waits on a full ring."""
     capacity: int
+
+
+class MappedSegment:
+    """A ring's segment as this process maps it: what both of its ends read and write (the
+    memory and its views, the doorbells, the fence mode), and nothing else of the ring.
+
+    It owns this process's fds of the ring (and the peer's pidfd once watched): they close when
+    it is released, or when it is garbage-collected, so an endpoint holding it keeps them open
+    however long it outlives its `ShmRing`.
+    """
+
+    __slots__ = ("__weakref__", "_finalizer", "bytes_view", "fence", "mem", "q", "spec", "w")
+
+    def __init__(self, spec: RingSpec, mem: mmap.mmap, fence: str) -> None:
+        self.spec = spec
+        self.mem = mem
+        self.fence = fence
+        view = memoryview(mem)
+        self.bytes_view = view
+        self.q = view.cast("Q")
+        """The header's 64-bit words (`_layout.Q_*`) and the records' headers."""
+        self.w = view.cast("I")
+        """The header's 32-bit words (`_layout.W_*`)."""
+        self._finalizer = weakref.finalize(self, close_fds, [*self.fds])
+
+    @property
+    def capacity(self) -> int:
+        return self.spec.capacity
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return (self.spec.mem_fd, self.spec.data_fd, self.spec.space_fd)
+
+    def adopt(self, fd: int) -> None:
+        """Close `fd` (the peer's pidfd) with the segment's own fds."""
+        _, _, (fds,), _ = self._finalizer.detach()  # type: ignore[misc]
+        self._finalizer = weakref.finalize(self, close_fds, [*fds, fd])
+
+    def unmap(self) -> None:
+        """Release the views and the mapping (once the endpoints have released the views they
+        sliced from these)."""
+        for view in (self.w, self.q, self.bytes_view):
+            view.release()
+        self.mem.close()
+
+    def close_fds(self) -> None:
+        """Idempotent; also what garbage collection runs."""
+        self._finalizer()
 
 
 def create_segment(capacity: int, fence: str) -> tuple[RingSpec, mmap.mmap]:

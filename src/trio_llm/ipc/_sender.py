@@ -36,7 +36,7 @@ from trio_llm.ipc._layout import (
 )
 
 if TYPE_CHECKING:
-    from trio_llm.ipc._ring import ShmRing
+    from trio_llm.ipc._segment import MappedSegment
 
 Payload = bytes | bytearray | memoryview
 
@@ -54,11 +54,11 @@ def byte_view(payload: Payload) -> Payload:
 class RingSender(Endpoint):
     """The producer end, blocking face (the engine's). One thread sends."""
 
-    def __init__(self, ring: ShmRing) -> None:
+    def __init__(self, segment: MappedSegment) -> None:
         self._stop = False  # closed here, closed there, or the peer died: the slow path raises
         self._peer_closed = False
         self._rung_for = 0  # the receiver's last sleeping epoch we rang for
-        super().__init__(ring, ring.spec.space_fd, ring.spec.data_fd)
+        super().__init__(segment, segment.spec.space_fd, segment.spec.data_fd)
         self._tail: int = self._q[Q_TAIL]
         self._head_seen: int = self._q[Q_HEAD]
         if not (0 <= self._tail - self._head_seen <= self._cap) or self._tail % 8:

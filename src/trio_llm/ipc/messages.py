@@ -2,7 +2,8 @@
 
 Each message is a msgspec Struct, array_like with defaults omitted, tagged so that one decoder
 reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and `Shutdown`; the
-output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`.
+output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`. Before either ring
+is read, the engine process reads one `EngineLaunch` on its stdin.
 
 Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
 frontend needs them as Python ints anyway. Embeddings travel as raw little-endian float32 bytes
@@ -13,7 +14,23 @@ from __future__ import annotations
 
 import msgspec
 
+from trio_llm.config import EngineArgs
+from trio_llm.ipc.shm_ring import RingSpec
 from trio_llm.sampling_params import SamplingParams
+
+# -- frontend -> engine, on its stdin ---------------------------------------------------------
+
+
+class EngineLaunch(msgspec.Struct, kw_only=True):
+    """What the frontend hands the engine process on its stdin: the engine arguments and the
+    two rings' specs (the ring fds themselves arrive through `pass_fds`). Importable without
+    torch: the frontend builds it without loading the engine."""
+
+    args: EngineArgs
+    request_ring: RingSpec
+    """Frontend -> engine: EngineCoreRequest, AbortRequests, Shutdown."""
+    output_ring: RingSpec
+    """Engine -> frontend: EngineReady or EngineFailure first, then EngineCoreOutputs."""
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, tag=True, kw_only=True):

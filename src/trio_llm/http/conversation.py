@@ -1,0 +1,166 @@
+"""A chat conversation: its messages on the wire, and the messages a chat template renders.
+
+Shared by /v1/chat/completions and /tokenize (which render the same `messages`); the Responses
+API builds the same rendered shape from its items (responses/plan.py). Owns the message and
+content-part wire types, the conversation's shape checks (roles, tool calls and results, no
+legacy function messages, text-only content), and the `chat_template_kwargs` a request may not
+set. Invariant: every malformed conversation ends in a `ProtocolError` naming where it is, and
+nothing here touches Quart or the engine; tool calls and results are rendered for the template
+by http/tools.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+from trio_llm.http.errors import bad_request, not_supported
+
+# ---------------------------------------------------------------------------------------------
+# On the wire
+
+
+class TextPart(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImageUrlPart(Struct, tag="image_url", tag_field="type"):
+    image_url: dict[str, Any] | str
+
+
+class InputAudioPart(Struct, tag="input_audio", tag_field="type"):
+    input_audio: dict[str, Any]
+
+
+class RefusalPart(Struct, tag="refusal", tag_field="type"):
+    refusal: str
+
+
+class VideoUrlPart(Struct, tag="video_url", tag_field="type"):
+    video_url: dict[str, Any] | str
+
+
+class FilePart(Struct, tag="file", tag_field="type"):
+    file: dict[str, Any]
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart | RefusalPart | VideoUrlPart | FilePart
+
+
+class ToolCallFunction(Struct, kw_only=True):
+    name: str
+    arguments: str
+    """The arguments object as JSON text, as the server returned it."""
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """An assistant message's earlier call, in a conversation's history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(Struct, kw_only=True):
+    role: Annotated[str, Meta(min_length=1, max_length=64)]
+    """Any role the chat template understands (vLLM passes custom roles to the template);
+    `developer` is rendered as `system`."""
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    """An assistant message's calls (its content may then be null)."""
+    tool_call_id: str | None = None
+    """A `tool` message's: the call it answers."""
+
+
+# ---------------------------------------------------------------------------------------------
+# For the template
+
+
+def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[dict[str, Any]]:
+    """The conversation as the chat template wants it: role and plain-text content, with an
+    assistant's `tool_calls` and a tool message's `tool_call_id` in OpenAI's chat shape
+    (http/tools renders them for the template)."""
+    if not messages:
+        raise bad_request(f"{param} must contain at least one message", param=param)
+    rendered: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        where = f"{param}[{i}]"
+        if message.role == "function":
+            raise not_supported(where, "Function messages (the legacy functions; use tools)")
+        content = message.content
+        if content is None and not message.tool_calls:
+            raise bad_request(f"{where}.content is required", param=f"{where}.content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if isinstance(part, TextPart):
+                    texts.append(part.text)
+                elif isinstance(part, RefusalPart):
+                    texts.append(part.refusal)
+                else:
+                    raise not_supported(f"{where}.content[{j}]", "Image and audio content")
+            content = "\n".join(texts)
+        role = "system" if message.role == "developer" else message.role
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if message.tool_calls:
+            if role != "assistant":
+                raise bad_request(
+                    f"{where}.tool_calls: only an assistant message makes calls",
+                    param=f"{where}.tool_calls",
+                )
+            out["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+                for call in message.tool_calls
+            ]
+        if role == "tool":
+            if message.tool_call_id is None:
+                raise bad_request(
+                    f"{where}.tool_call_id is required in a tool message",
+                    param=f"{where}.tool_call_id",
+                )
+            out["tool_call_id"] = message.tool_call_id
+        if message.name is not None and role == "tool":
+            out["name"] = message.name
+        rendered.append(out)
+    return rendered
+
+
+def uses_tools(messages: list[dict[str, Any]]) -> bool:
+    """Whether the conversation holds calls or their results (rendered by http/tools)."""
+    return any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+
+
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+"""Arguments of `apply_chat_template` that the server sets itself."""
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    for key in kwargs or ():
+        if key in _RESERVED_TEMPLATE_KWARGS:
+            raise bad_request(
+                f"chat_template_kwargs may not set {key!r}", param="chat_template_kwargs"
+            )

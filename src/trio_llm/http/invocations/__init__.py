@@ -1,0 +1,1 @@
+"""POST /invocations: one URL dispatching to chat, completions or embeddings (endpoint.py)."""

@@ -1,0 +1,42 @@
+"""What operators and tools ask of the server itself: GET /health and /ping (SageMaker's and
+vLLM's name for it; 200 while every model has a live engine, with "degraded" when some replica
+is down; 503 when some model has none), /version, /metrics (Prometheus), /openapi.json."""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+from quart import Response
+
+from trio_llm import __version__
+from trio_llm.http.errors import engine_unavailable
+from trio_llm.http.ops.openapi import openapi_document
+from trio_llm.http.runtime.bodies import json_response
+from trio_llm.http.runtime.state import current_state
+
+
+async def health() -> Response:
+    report = current_state().health()
+    if report["status"] == "unavailable":
+        error = engine_unavailable()
+        return json_response({**error.to_dict(), **report}, error.status, error.headers)
+    return json_response(report)
+
+
+async def version() -> Response:
+    return json_response({"version": __version__})
+
+
+async def metrics() -> Response:
+    body, content_type = current_state().metrics.render()
+    return Response(body, content_type=content_type)
+
+
+@functools.cache
+def _openapi() -> bytes:
+    return msgspec.json.encode(openapi_document(__version__))
+
+
+async def openapi_json() -> Response:
+    return Response(_openapi(), mimetype="application/json")

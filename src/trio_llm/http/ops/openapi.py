@@ -1,0 +1,211 @@
+"""/openapi.json, generated from each API folder's wire types (its protocol.py's WIRE_TYPES).
+
+Invariant: the schema a fuzzer (schemathesis) or a client generator reads is derived from the
+same Structs the server decodes bodies into, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from trio_llm.http.chat import protocol as chat
+from trio_llm.http.completions import protocol as completions
+from trio_llm.http.embeddings import protocol as embeddings
+from trio_llm.http.models import protocol as models
+from trio_llm.http.responses import protocol as responses
+
+_ERROR_STATUSES = (
+    (400, "Invalid request: the message names the parameter"),
+    (401, "Missing or wrong API key"),
+    (404, "Unknown model"),
+    (413, "Body larger than --max-body-size"),
+    (415, "Body is not JSON"),
+    (503, "Queue full or engine restarting; see Retry-After"),
+)
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(kind: type) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(kind.__name__)}}
+
+
+def _errors() -> dict[str, Any]:
+    errors: dict[str, Any] = {}
+    for status, text in _ERROR_STATUSES:
+        errors |= _errors_for(status, text)
+    return errors
+
+
+def _errors_for(status: int, text: str) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": text,
+            "content": {"application/json": {"schema": _ref("ErrorResponse")}},
+        }
+    }
+
+
+def _post(summary: str, request: type, response: type, *, streams: bool) -> dict[str, Any]:
+    content = _json(response)
+    if streams:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {"200": {"description": "OK", "content": content}, **_errors()},
+        }
+    }
+
+
+def _get(summary: str, response: type | None = None, **extra: Any) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK"}
+    if response is not None:
+        ok["content"] = _json(response)
+    return {"get": {"summary": summary, "responses": {"200": ok}, **extra}}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """OpenAPI 3.1 for every route the server has."""
+    _, schemas = msgspec.json.schema_components(
+        (
+            *chat.WIRE_TYPES,
+            *completions.WIRE_TYPES,
+            *embeddings.WIRE_TYPES,
+            *models.WIRE_TYPES,
+            *responses.WIRE_TYPES,
+        ),
+        ref_template="#/components/schemas/{name}",
+    )
+    schemas["ErrorResponse"] = _ERROR_SCHEMA
+    model_param = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    response_param = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+    stored = _errors_for(404, "No stored response with that id (never stored, evicted, deleted)")
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "trio-llm", "version": version},
+        "paths": {
+            "/v1/chat/completions": _post(
+                "Chat completion",
+                chat.ChatCompletionRequest,
+                chat.ChatCompletionResponse,
+                streams=True,
+            ),
+            "/v1/completions": _post(
+                "Text completion",
+                completions.CompletionRequest,
+                completions.CompletionResponse,
+                streams=True,
+            ),
+            "/v1/embeddings": _post(
+                "Embeddings of texts or token ids",
+                embeddings.EmbeddingRequest,
+                embeddings.EmbeddingResponse,
+                streams=False,
+            ),
+            "/v1/responses": _post(
+                "Responses API: a response to input items (with the history of "
+                "previous_response_id); streamed as response.* events",
+                responses.ResponsesRequest,
+                responses.ResponseObject,
+                streams=True,
+            ),
+            "/v1/responses/{response_id}": {
+                "get": {
+                    "summary": "A stored response",
+                    "parameters": [response_param],
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": _json(responses.ResponseObject),
+                        },
+                        **stored,
+                    },
+                },
+                "delete": {
+                    "summary": "Forget a stored response",
+                    "parameters": [response_param],
+                    "responses": {
+                        "200": {
+                            "description": "OK",
+                            "content": _json(responses.DeletedResponse),
+                        },
+                        **stored,
+                    },
+                },
+            },
+            "/invocations": {
+                "post": {
+                    "summary": "Chat completion (a body with messages), text completion (a "
+                    "body with prompt) or embeddings (a body with input), as vLLM's "
+                    "SageMaker-style route",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "oneOf": [
+                                        _ref(chat.ChatCompletionRequest.__name__),
+                                        _ref(completions.CompletionRequest.__name__),
+                                        _ref(embeddings.EmbeddingRequest.__name__),
+                                    ]
+                                }
+                            }
+                        },
+                    },
+                    "responses": {"200": {"description": "OK"}, **_errors()},
+                }
+            },
+            "/tokenize": _post(
+                "Tokenize a prompt or chat messages",
+                models.TokenizeRequest,
+                models.TokenizeResponse,
+                streams=False,
+            ),
+            "/detokenize": _post(
+                "Token ids to text",
+                models.DetokenizeRequest,
+                models.DetokenizeResponse,
+                streams=False,
+            ),
+            "/v1/models": _get("Served models", models.ModelList),
+            "/v1/models/{model}": _get(
+                "One served model", models.ModelCard, parameters=[model_param]
+            ),
+            "/health": _get(
+                "200 while every model has a live engine ('degraded' when a replica is down), "
+                "503 otherwise"
+            ),
+            "/ping": _get("The same as /health (SageMaker's and vLLM's name)"),
+            "/version": _get("Server version"),
+            "/metrics": _get("Prometheus metrics"),
+        },
+        "components": {"schemas": schemas},
+    }

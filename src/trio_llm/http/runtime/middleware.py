@@ -1,0 +1,98 @@
+"""What runs around every route: the per-request cleanup stack, CORS, the API key, and the
+request counter.
+
+Invariants:
+- A request's cleanups (`on_request_end`) run when its ASGI call ends, which is the only point
+  that comes after both the handler and the response body, whatever happened: a handler that
+  raised, a stream the client dropped, a body never started.
+- With an API key, every route under `/v1/`, `/tokenize`, `/detokenize` and `/invocations`
+  needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's
+  static files never do (a browser cannot send the key when it opens a page; the page sends it
+  on its API calls).
+- CORS, when origins are configured, allows any header a preflight asks for: the openai-node
+  SDK sends its own (`X-Stainless-*`), and the API key decides who may call, not CORS.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from trio_llm.http.config import ServerConfig
+from trio_llm.http.errors import ProtocolError
+from trio_llm.http.runtime.metrics import Metrics
+
+_CLEANUP = "trio_llm.cleanup"
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
+
+
+class _CleanupMiddleware:
+    """Gives each HTTP request an ExitStack that closes when its ASGI call ends."""
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with ExitStack() as stack:
+            scope[_CLEANUP] = stack
+            await self.app(scope, receive, send)
+
+
+def on_request_end(callback: Callable[[], object]) -> None:
+    """Call `callback` when the current request's ASGI call ends, however it ends."""
+    request.scope[_CLEANUP].callback(callback)
+
+
+def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -> QuartTrio:
+    """Wrap `app` in the cleanup stack, CORS (when origins are configured), authentication and
+    request counting; returns the app to register routes on."""
+    app.asgi_app = _CleanupMiddleware(app.asgi_app)  # type: ignore[method-assign]
+    if config.allowed_origins:
+        from quart_cors import cors
+
+        origins = list(config.allowed_origins)
+        app = cors(
+            app,
+            allow_origin="*" if "*" in origins else origins,
+            allow_headers=["*"],
+            allow_methods=["GET", "POST", "OPTIONS"],
+        )
+    key = config.api_key.encode("utf-8") if config.api_key else None
+
+    @app.before_request
+    async def authenticate() -> None:
+        if key is None or request.method == "OPTIONS":
+            return
+        path = request.path
+        if not config.protect_all_routes and not path.startswith(_PROTECTED_PREFIXES):
+            return
+        if path == "/" or path.startswith("/ui/"):
+            return
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        given = token.strip().encode("latin-1")
+        # compare_digest runs in time independent of where the strings differ.
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(given, key)):
+            raise ProtocolError(
+                401,
+                "Missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    @app.after_request
+    async def count_request(response: Response) -> Response:
+        rule = request.url_rule
+        metrics.http_requests.labels(
+            request.method, rule.rule if rule is not None else "unmatched", response.status_code
+        ).inc()
+        return response
+
+    return app

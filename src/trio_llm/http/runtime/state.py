@@ -1,0 +1,238 @@
+"""What the routes of one app share: its config, metrics and admission, and the engines it
+serves, behind one `Router` (client/router.py): each model, each with its replicas.
+
+Invariants:
+- A handler gets its engine only from `lease`, which routes by the request's `model`
+  (404 naming the served models when none has that name, 400 naming which models serve which
+  endpoint when the model does not serve this one) to the least-loaded live replica (503,
+  `engine_unavailable`, while none is up), and holds that replica for the request's
+  sequences until the request ends, so the next request sees the load.
+- A model's card outlives its engines (a replica's slot is emptied while it restarts), so
+  /v1/models still answers while a dead engine restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+from quart import current_app
+
+from trio_llm import __version__
+from trio_llm.client.router import (
+    Lease,
+    ModelNotServedError,
+    NoLiveReplicaError,
+    Router,
+    ServedModel,
+    aggregate,
+)
+from trio_llm.http.config import ServerConfig
+from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
+from trio_llm.http.ids import now, system_fingerprint
+from trio_llm.http.responses.store import ResponseStore
+from trio_llm.http.runtime.admission import Admission
+from trio_llm.http.runtime.metrics import Metrics
+from trio_llm.http.runtime.middleware import on_request_end
+from trio_llm.http.sampling import SamplingDefaults
+from trio_llm.model_files import read_generation_config
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from trio_llm.client import EngineClient
+
+log = logging.getLogger(__name__)
+
+_EXTENSION = "trio_llm"
+
+TASK_ENDPOINTS = {
+    "generate": "/v1/chat/completions, /v1/completions and /v1/responses",
+    "embed": "/v1/embeddings",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    vocab_size: int
+    created: int
+    task: str = "generate"
+    embedding_size: int = 0
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    """What requests that leave sampling fields unset get (`--generation-config`)."""
+    fingerprint: str | None = None
+    """`system_fingerprint` of every response."""
+
+
+@dataclass
+class AppState:
+    """What the routes share: the config, and the router over every engine."""
+
+    config: ServerConfig
+    router: Router = field(init=False)
+    metrics: Metrics = field(init=False)
+    admission: Admission = field(init=False)
+    responses: ResponseStore = field(init=False)
+    """The Responses API's stored responses (--responses-store-size)."""
+    engine_failed: trio.Event = field(default_factory=trio.Event)
+    """Set when a supervisor gives up; `trio-llm serve` then exits non-zero."""
+    _cards: dict[int, ModelInfo] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.router = Router.with_replicas([s.replicas for s in self.config.model_specs])
+        self.metrics = Metrics(self.router.stats, aggregate)
+        self.admission = Admission(self.config.capacity)
+        self.responses = ResponseStore(self.config.responses_store_size)
+
+    def attach(self, group: int, replica: int, engine: EngineClient | None) -> None:
+        """Called by the supervisors (or build_app) as an engine comes up or goes down."""
+        self.router.attach(group, replica, engine)
+        if engine is not None and group not in self._cards:
+            mc = engine.model_config
+            self._cards[group] = ModelInfo(
+                mc.model,
+                mc.max_model_len,
+                mc.vocab_size,
+                now(),
+                mc.task,
+                mc.embedding_size,
+                self._sampling_defaults(engine) if mc.task == "generate" else SamplingDefaults(),
+                system_fingerprint(mc.model, mc.dtype, __version__),
+            )
+            self.metrics.for_model(mc.model)  # its figures exist, at zero, from now on
+
+    def _sampling_defaults(self, engine: EngineClient) -> SamplingDefaults:
+        """The defaults `--generation-config` says for this engine's model (with `auto`, its
+        own generation_config.json), logged when the model first comes up."""
+        name = engine.model_config.model
+        setting = self.config.generation_config
+        if setting in ("none", "vllm"):
+            log.info("%s: sampling defaults: OpenAI's (--generation-config %s)", name, setting)
+            return SamplingDefaults()
+        if setting == "auto":
+            source, config = "the model's generation_config.json", engine.generation_config
+        else:
+            source, config = (
+                f"{setting}/generation_config.json",
+                read_generation_config(Path(setting)),
+            )
+        defaults = SamplingDefaults.from_generation_config(config)
+        if overrides := defaults.overrides():
+            given = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            log.info(
+                "%s: sampling defaults from %s for requests that do not set them: %s "
+                "(--generation-config none turns them off)",
+                name,
+                source,
+                given,
+            )
+        else:
+            log.info("%s: sampling defaults: OpenAI's (%s recommends none)", name, source)
+        return defaults
+
+    # -- what handlers ask --------------------------------------------------------------
+
+    def admit(self, sequences: int) -> None:
+        """Count `sequences` against the server's capacity until the request ends, or 503."""
+        try:
+            ticket = self.admission.admit_nowait(sequences)
+        except ProtocolError:
+            self.metrics.rejected.inc()
+            raise
+        on_request_end(ticket.release)
+
+    def lease(
+        self, requested_model: str | None, *, task: str | None = "generate", sequences: int = 0
+    ) -> tuple[Lease, ModelInfo]:
+        """The least-loaded live replica serving `requested_model` (None: the first model) for
+        `task` (None: whatever it serves), held for `sequences` until the request ends: the
+        request generates (or embeds) through the lease, so `Router.abort` sees it."""
+        served, info = self.model_for(requested_model, task=task)
+        try:
+            lease = self.router.lease(served, sequences)
+        except NoLiveReplicaError:
+            raise engine_unavailable() from None
+        on_request_end(lease.release)
+        return lease, info
+
+    def model_for(
+        self, requested_model: str | None, *, task: str | None
+    ) -> tuple[ServedModel, ModelInfo]:
+        """The served model and its card, or the 404 / 400 that says which models there are."""
+        try:
+            served = self.router.model(requested_model)
+        except ModelNotServedError as error:
+            raise ProtocolError(404, str(error), param="model", code="model_not_found") from None
+        info = self._cards.get(self.router.models.index(served))
+        if info is None:
+            raise engine_unavailable()
+        if task is not None and info.task != task:
+            raise bad_request(self._wrong_task(info, task), param="model", code="wrong_model_task")
+        return served, info
+
+    def cards(self) -> list[ModelInfo]:
+        """Every served model's card, in order (those that came up at least once)."""
+        return [self._cards[g] for g in sorted(self._cards)]
+
+    def card(self, name: str) -> ModelInfo:
+        for info in self.cards():
+            if info.name == name:
+                return info
+        raise ProtocolError(
+            404,
+            f"The model `{name}` does not exist; this server serves "
+            + ", ".join(f"`{c.name}`" for c in self.cards()),
+            param="model",
+            code="model_not_found",
+        )
+
+    def health(self) -> dict[str, object]:
+        """Every replica's state; 'ok' when all run, 'degraded' when each model still has one
+        that runs, 'unavailable' when some model has none (the one case /health answers 503)."""
+        engines = [
+            {
+                "model": m.name,
+                "replica": r.index,
+                "alive": r.is_alive,
+                "pid": r.client.pid if r.client is not None else None,
+                "restarts": r.restarts,
+            }
+            for m, r in self.router.replicas()
+        ]
+        if self.router.all_alive:
+            status = "ok"
+        elif all(m.live() for m in self.router.models):
+            status = "degraded"
+        else:
+            status = "unavailable"
+        return {"status": status, "engines": engines}
+
+    def _wrong_task(self, info: ModelInfo, task: str) -> str:
+        what = {"generate": "generation", "embed": "embeddings"}
+        serving = "; ".join(
+            f"{TASK_ENDPOINTS[t]}: " + ", ".join(f"`{c.name}`" for c in self.cards() if c.task == t)
+            for t in TASK_ENDPOINTS
+            if any(c.task == t for c in self.cards())
+        )
+        return (
+            f"The model `{info.name}` serves {what[info.task]}, not {what[task]}; "
+            f"this server serves {serving}"
+        )
+
+
+def install_state(app: QuartTrio, state: AppState) -> None:
+    app.extensions[_EXTENSION] = state
+
+
+def app_state(app: QuartTrio) -> AppState:
+    return app.extensions[_EXTENSION]
+
+
+def current_state() -> AppState:
+    """The state of the app handling the current request."""
+    return app_state(current_app)  # type: ignore[arg-type]

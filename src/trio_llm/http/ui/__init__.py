@@ -1,0 +1,1 @@
+"""The chat page: GET / and /ui/<name> (endpoint.py), and its static files beside it."""

@@ -1,0 +1,91 @@
+"""What every API's wire types share: the bounded field types, and the decoding of a JSON body
+into a request type.
+
+Each API folder's `protocol.py` holds its own request and response types (msgspec Structs, from
+which /openapi.json is generated); this module holds the field types they all use and
+`decode_request`, the one way a body becomes a request. Invariant: a body that does not decode
+ends in a `ProtocolError` naming the parameter (never another exception), and nothing here
+touches Quart or the engine, so all of it is tested with plain values.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Annotated, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+from trio_llm.http.errors import ProtocolError, bad_request
+from trio_llm.http.unsupported import refuse_unbuilt
+from trio_llm.sampling_params import MAX_LOGPROBS
+
+log = logging.getLogger(__name__)
+
+Int32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+PositiveInt = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+NonNegativeInt = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+TokenId = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+RequestId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+"""OpenAI's rule for a function's name (letters, digits, `_`, `-`; `.` too, as vLLM allows)."""
+
+R = TypeVar("R", bound=Struct)
+
+_AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_KEY_IN = re.compile(r" - at `key` in `\$\.?([^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+_KEYS_ARE = {"logit_bias": "token ids"}
+"""What the keys of a mapping field must be, for its error message."""
+
+
+def _validation_error(message: str) -> ProtocolError:
+    """msgspec's message names the path at its end (`- at `$.messages[0].role``); the 400
+    names it first, as `param` and at the start of the message."""
+    if match := _KEY_IN.search(message):
+        param = match.group(1) or None
+        detail = message[: match.start()]
+        what = _KEYS_ARE.get(param or "")
+        detail = f"keys must be {what} ({detail})" if what else f"invalid key ({detail})"
+    elif match := _AT_PATH.search(message):
+        param = match.group(1) or None
+        detail = message[: match.start()]
+    elif match := _MISSING.search(message):
+        param, detail = match.group(1), "this field is required"
+    else:
+        param, detail = None, message
+    named = f"{param}: {detail}" if param else detail
+    return bad_request(f"Invalid request: {named}", param=param)
+
+
+def decode_request(body: bytes, kind: type[R]) -> R:
+    """Decode and type-check a JSON body; unknown fields are ignored (logged at debug level),
+    known ones this server does not build yet are refused (unsupported.py) for the request
+    types that say so (`refuses_unbuilt`: chat and text completions)."""
+    try:
+        request = msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as error:
+        raise _validation_error(str(error)) from None
+    except msgspec.DecodeError as error:
+        raise bad_request(f"Invalid JSON body: {error}") from None
+    except RecursionError:
+        raise bad_request("Invalid JSON body: nested too deeply") from None
+    if getattr(kind, "refuses_unbuilt", False):
+        refuse_unbuilt(body)
+    if log.isEnabledFor(logging.DEBUG):
+        _log_unknown_fields(body, kind)
+    return request
+
+
+def _log_unknown_fields(body: bytes, kind: type[Struct]) -> None:
+    try:
+        raw = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return
+    if isinstance(raw, dict):
+        unknown = sorted(set(raw) - set(kind.__struct_fields__))
+        if unknown:
+            log.debug("ignoring unknown fields of %s: %s", kind.__name__, ", ".join(unknown))
