@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import logging
+import subprocess
 import sys
 import tempfile
 import time
@@ -109,7 +111,8 @@ def survey(model_type: str, directory: Path) -> tuple[str, str]:
             )
         )
     except UnsupportedModelError as error:
-        return "refused", _short(error)
+        said = _short(error).replace(f"{directory.name}: ", "")
+        return "refused", said.replace(directory.name, "it")
     except Exception as error:
         return "error at start", f"{type(error).__name__}: {_short(error)}"
     path = core.runner.choice.own or "generic"
@@ -135,29 +138,55 @@ def _short(error: BaseException) -> str:
     return text if len(text) < 240 else text[:237] + "..."
 
 
+CHUNK = 16
+"""Model types per worker process: one process for all of them grew until the kernel killed it
+(every tiny model's modules and kernels stay imported), one each would spend most of the
+survey importing transformers."""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--only", default="")
     p.add_argument("--out", type=Path)
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    torch.set_num_threads(1)
-    logging.disable(logging.WARNING)
     types = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     if args.only:
         types = [t for t in types if t in args.only.split(",")]
-    rows = []
+    if args.worker:  # survey `types` here, one JSON line each
+        torch.set_num_threads(1)
+        logging.disable(logging.WARNING)
+        with args.worker.open("a") as out:
+            for model_type in types:
+                with tempfile.TemporaryDirectory() as tmp:
+                    quiet = io.StringIO()
+                    with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
+                        outcome, detail = survey(model_type, Path(tmp))
+                arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+                out.write(json.dumps([model_type, arch, outcome, detail]) + "\n")
+                out.flush()
+                print(f"{model_type}: {outcome}: {detail}", file=sys.stderr)
+        return
     t0 = time.perf_counter()
-    for model_type in types:
-        with tempfile.TemporaryDirectory() as tmp:
-            quiet = io.StringIO()
-            with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
-                outcome, detail = survey(model_type, Path(tmp))
-        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
-        rows.append((model_type, arch, outcome, detail))
-        print(f"{model_type}: {outcome}: {detail}", file=sys.stderr)
-    report = render(rows, time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results.jsonl"
+        for start in range(0, len(types), CHUNK):
+            chunk = types[start : start + CHUNK]
+            subprocess.run(
+                [sys.executable, __file__, "--only", ",".join(chunk), "--worker", str(results)],
+                check=False,
+            )
+            done = {json.loads(line)[0] for line in results.read_text().splitlines()}
+            with results.open("a") as out:  # a worker that died leaves its rest unsurveyed
+                for model_type in chunk:
+                    if model_type not in done:
+                        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+                        row = [model_type, arch, "not surveyed", "its worker process died"]
+                        out.write(json.dumps(row) + "\n")
+        rows = [tuple(json.loads(line)) for line in results.read_text().splitlines()]
+    report = render(sorted(rows), time.perf_counter() - t0)  # type: ignore[arg-type]
     print(report)
     if args.out:
         args.out.write_text(report)
