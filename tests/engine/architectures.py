@@ -60,6 +60,16 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention"],
     ),
+    # Its global layers have twice the head dim of its local ones: caches of two shapes.
+    "gemma4": lambda: _config(
+        "Gemma4TextConfig",
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size_per_layer_input=8,
+    ),
     "phi3": lambda: _config("Phi3Config", sliding_window=WINDOW),
     "olmo2": lambda: _config("Olmo2Config"),
     "granite": lambda: _config(

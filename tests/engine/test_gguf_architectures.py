@@ -6,7 +6,7 @@ tokens on the original model.
 Where llama.cpp's format cannot hold what the tiny model has, the model is made as llama.cpp's
 checkpoints of that family are: Gemma 2 ties its LM head, Gemma 3 has its default layer pattern,
 Mistral has no sliding window (a `llama` GGUF holds none), Qwen3-MoE normalizes its top-k
-weights."""
+weights. Gemma 4 is left out: this writer was not checked against llama.cpp's converter for it."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("trio-llm-cache")
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("name", sorted(set(CONFIGS) - {"gemma4"}))
 def test_a_gguf_serves_what_its_hugging_face_directory_does(
     name: str,
     tmp_path: Path,
