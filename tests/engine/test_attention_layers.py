@@ -1,7 +1,8 @@
 """The torch attention backend on what a model's layers ask of it beyond plain causal attention:
 sliding windows, soft-capped scores, and layers whose caches differ in shape, on mixed steps
 (decodes, whole prompts, later chunks after cached context), with and without the key buckets
-of batch invariance; each against the kernels' fp32 reference given the same window and cap."""
+of batch invariance; each against the kernels' fp32 reference given the same window and cap.
+And the Triton kernels, which have neither, never get a layer that needs one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import torch
 
 from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
+from trio_llm.engine.generic import AttentionLayer, attention_backend
 from trio_llm.kernels import prefill_attention_ref
+from trio_llm.model_files import UnsupportedModelError
 
 BLOCK = 8
 
@@ -93,3 +96,32 @@ def test_a_window_past_every_context_reuses_the_steps_plans() -> None:
     assert meta.variant(None, k_cache) is meta
     windowed = meta.variant(8, k_cache)
     assert windowed is not meta and meta.variant(8, k_cache) is windowed
+
+
+def _layers(window: int | None = None, softcap: float | None = None) -> list[AttentionLayer]:
+    return [AttentionLayer(torch.nn.Module(), 2, 16, window, softcap)]
+
+
+@pytest.mark.parametrize(
+    ("layers", "requested", "backend"),
+    [
+        (_layers(), "auto", "triton"),
+        (_layers(window=4096), "auto", "triton"),  # no context outgrows it
+        (_layers(window=512), "auto", "torch"),
+        (_layers(softcap=50.0), "auto", "torch"),
+    ],
+    ids=["plain", "window-past-every-context", "window", "softcap"],
+)
+def test_the_triton_kernels_get_only_the_layers_they_compute(
+    layers: list[AttentionLayer], requested: str, backend: str
+) -> None:
+    chosen, why = attention_backend(layers, "triton", requested, max_model_len=4096)
+    assert chosen == backend
+    assert (why is None) == (backend == "triton")
+
+
+def test_asking_for_triton_for_a_model_it_cannot_compute_is_refused_with_the_reason() -> None:
+    with pytest.raises(UnsupportedModelError, match="no attention soft-capping"):
+        attention_backend(_layers(softcap=50.0), "triton", "triton", max_model_len=4096)
+    with pytest.raises(UnsupportedModelError, match=r"no sliding windows \(a window of 512"):
+        attention_backend(_layers(window=512), "triton", "triton", max_model_len=4096)
