@@ -65,12 +65,12 @@ SPECS = {
         },
     ),
     "qwen3": Spec(
-        "Qwen3-0.6B",
+        "Qwen3-0.6B, 14 of 28 layers",
         "Qwen3Config",
         {
             "hidden_size": 1024,
             "intermediate_size": 3072,
-            "num_hidden_layers": 28,
+            "num_hidden_layers": 14,
             "num_attention_heads": 16,
             "num_key_value_heads": 8,
             "head_dim": 128,
@@ -96,12 +96,12 @@ SPECS = {
         },
     ),
     "gemma2": Spec(
-        "Gemma-2-2B, 6 of 26 layers",
+        "Gemma-2-2B, 3 of 26 layers",
         "Gemma2Config",
         {
             "hidden_size": 2304,
             "intermediate_size": 9216,
-            "num_hidden_layers": 6,
+            "num_hidden_layers": 3,
             "num_attention_heads": 8,
             "num_key_value_heads": 4,
             "head_dim": 256,
@@ -114,12 +114,12 @@ SPECS = {
         },
     ),
     "phi3": Spec(
-        "Phi-3-mini-4k, 4 of 32 layers",
+        "Phi-3-mini-4k, 2 of 32 layers",
         "Phi3Config",
         {
             "hidden_size": 3072,
             "intermediate_size": 8192,
-            "num_hidden_layers": 4,
+            "num_hidden_layers": 2,
             "num_attention_heads": 32,
             "num_key_value_heads": 32,
             "vocab_size": 32064,

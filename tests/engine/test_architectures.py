@@ -122,6 +122,7 @@ def test_model_impl_says_which_forward_and_why(
     if impl == "transformers":
         assert "--model-impl transformers" in choice.reason
     elif own is None:
+        assert "no own forward covers Gemma2ForCausalLM" in choice.reason
         assert "Gemma2ForCausalLM is not of the Llama family" in choice.reason
 
 

@@ -60,7 +60,7 @@ def choose(model: torch.nn.Module, requested: str, *, single_token_dtype: bool) 
             if why is None:
                 return ForwardChoice(name, f"it computes {arch} as transformers does, faster")
             refusals.append(f"{name}: {why}")
-        reason = "; ".join(refusals) if refusals else f"no own forward covers {arch}"
+        reason = f"no own forward covers {arch} ({'; '.join(refusals)})"
     if requested == "own":
         raise UnsupportedModelError(f"--model-impl own: no own forward for {arch} ({reason})")
     return ForwardChoice(None, reason)
