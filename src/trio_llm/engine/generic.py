@@ -24,7 +24,7 @@ the decoder (a final soft-cap, a logit scale) is applied as transformers applies
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -90,7 +90,8 @@ class _Call:
 @dataclass(slots=True)
 class _Recording:
     calls: list[_Call] = field(default_factory=list)
-    masks: list[_MaskPattern] = field(default_factory=list)
+    masks: dict[int, _MaskPattern] = field(default_factory=dict)
+    """id of each mask tensor the builders handed the model -> its pattern."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,24 +118,37 @@ def _record_attention(
     **kwargs: object,
 ) -> tuple[Tensor, None]:
     assert _recording is not None
-    _recording.calls.append(
-        _Call(module, tuple(key.shape), tuple(value.shape), attention_mask, dict(kwargs))
-    )
+    mask = _recording.masks.get(id(attention_mask), attention_mask)
+    _recording.calls.append(_Call(module, tuple(key.shape), tuple(value.shape), mask, dict(kwargs)))
     batch, heads, tokens, _ = query.shape
     return query.new_zeros(batch, tokens, heads, value.shape[-1]), None
 
 
-def _record_mask(*, mask_function: object, device: object = "cpu", **kwargs: object) -> object:
+def _record_mask(
+    *,
+    mask_function: Callable[..., Tensor],
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    **kwargs: object,
+) -> Tensor:
     """Stands in for transformers' mask builders: evaluates the model's mask function on a grid
-    of positions (mask functions are index arithmetic, so broadcast index tensors serve)."""
+    of positions (mask functions are index arithmetic, so broadcast index tensors serve), and
+    hands the model the boolean mask of its input, as SDPA's builder would."""
     assert _recording is not None
-    q = torch.arange(_grid).view(1, 1, -1, 1)
-    kv = torch.arange(_grid).view(1, 1, 1, -1)
-    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
-    visible = mask_function(zero, zero, q, kv)  # type: ignore[operator]
-    pattern = _MaskPattern(torch.as_tensor(visible).expand(1, 1, _grid, _grid)[0, 0].clone())
-    _recording.masks.append(pattern)
-    return pattern
+
+    def evaluate(queries: Tensor, keys: Tensor) -> Tensor:
+        zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+        visible = mask_function(zero, zero, queries.view(1, 1, -1, 1), keys.view(1, 1, 1, -1))
+        return torch.as_tensor(visible).expand(1, 1, len(queries), len(keys))
+
+    grid = torch.arange(_grid)
+    mask = evaluate(
+        torch.arange(q_offset, q_offset + q_length), torch.arange(kv_offset, kv_offset + kv_length)
+    ).clone()
+    _recording.masks[id(mask)] = _MaskPattern(evaluate(grid, grid)[0, 0].clone())
+    return mask
 
 
 def register_inspection() -> None:
