@@ -82,8 +82,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """This engine's replica index among its model's (stamped on its KV events); None: the
     model has one replica."""
     model_impl: str = "auto"
-    """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
-    Mistral), or transformers' modules for every model."""
+    """auto | own | transformers: the engine's own forward where one covers the model (the
+    Llama family: Llama, Qwen2, Mistral), transformers' modules with the paged attention for any
+    other causal LM (engine/forwards.py); own refuses a model no own forward covers."""
     batch_invariant: str = "auto"
     """auto | on | off: compute every row of a step one way whatever else the step holds, so a
     request gets the same tokens alone or in company, however its prompt is chunked, after a

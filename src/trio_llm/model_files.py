@@ -189,6 +189,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trio_llm.gguf_architectures import extend_transformers
+
+    extend_transformers()  # llama.cpp's names for the architectures transformers' tables lack
     log.info("converting %s to a Hugging Face directory (once) at %s", gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:

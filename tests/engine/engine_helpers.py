@@ -93,3 +93,17 @@ def random_prompts(lengths: Iterable[int], seed: int = 0, vocab: int = 49152) ->
     g = torch.Generator().manual_seed(seed)
     # Skip the low ids: the tokenizer's special tokens (EOS among them) live there.
     return [torch.randint(100, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy continuation of `prompt` (what the engine must reproduce)."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=model.config.eos_token_id,
+        )
+    return out[0, len(prompt) :].tolist()

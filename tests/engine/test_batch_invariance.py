@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import architectures
 import numpy as np
 import pytest
 import torch
+import transformers
 from engine_helpers import make_core, random_prompts, request, run
 
 from trio_llm.constraint import Constraint
@@ -165,6 +167,54 @@ def test_structured_outputs_with_jump_forward_get_the_same_tokens(
     assert tokens(jumping, reqs) == expected
 
 
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Gemma 3 (sliding windows of 16 beside full layers, a model no own forward
+    covers)."""
+    path = tmp_path_factory.mktemp("gemma3")
+    architectures.build("gemma3", path)
+    return path
+
+
+def test_the_generic_path_with_sliding_windows_is_invariant(gemma3_dir: Path) -> None:
+    prompts = random_prompts([5, 40, 70, 1, 33, 90], seed=4, vocab=architectures.VOCAB)
+    reqs = [
+        ask(str(i), p, max_tokens=10, **({"temperature": 1.0, "seed": i} if i % 2 else {}))
+        for i, p in enumerate(prompts)
+    ]
+    core = make_core(gemma3_dir, dtype="bfloat16", max_num_batched_tokens=32)
+    assert core.runner.invariance.on and core.runner.own is None
+    assert tokens(core, reqs) == alone(make_core(gemma3_dir, dtype="bfloat16"), reqs)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"), [("qwen3_moe", "Experts"), ("gpt2", "Conv1D")], ids=["experts", "conv1d"]
+)
+def test_on_is_refused_for_models_that_multiply_outside_linear_layers(
+    tmp_path: Path, name: str, why: str
+) -> None:
+    """A mixture of experts multiplies the tokens routed to each expert in one grouped call,
+    whose rows depend on the whole step's routing; GPT-2 multiplies in Conv1D modules."""
+    architectures.build(name, tmp_path)
+    with pytest.raises(EngineConfigError, match=f"cannot be kept: .*{why}"):
+        make_core(tmp_path, batch_invariant="on")
+    decision = make_core(tmp_path).runner.invariance
+    assert not decision.on and why in decision.reason
+
+
+def test_a_final_logit_soft_cap_keeps_invariance_on_one_thread_only() -> None:
+    config = architectures.CONFIGS["gemma2"]()
+    model = transformers.Gemma2ForCausalLM(config)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert "soft-cap" in (invariance.unsupported_modules(model) or "")
+        torch.set_num_threads(1)
+        assert invariance.unsupported_modules(model) is None
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_transformers_path_is_invariant_too(wide_model_dir: Path) -> None:
     """transformers' modules with the engine's matmuls put in place of their Linears."""
     reqs = requests(n=8)
@@ -178,8 +228,14 @@ def test_the_transformers_path_is_invariant_too(wide_model_dir: Path) -> None:
 # -- the pieces -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("window", "softcap"), [(None, None), (40, None), (None, 20.0)], ids=["full", "window", "cap"]
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(dtype: torch.dtype) -> None:
+def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
+    dtype: torch.dtype, window: int | None, softcap: float | None
+) -> None:
+    """Sliding-window and soft-capped layers too (engine/generic.py's models)."""
     heads, kv_heads, dim, block = 4, 2, 16, 16
     length = 150
     g = torch.Generator().manual_seed(3)
@@ -207,7 +263,9 @@ def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(dtype: torch
         rows_t = torch.from_numpy(slots[rows])
         k = k_cache.view(-1, kv_heads, dim)[rows_t]  # what is there already: nothing changes
         v = v_cache.view(-1, kv_heads, dim)[rows_t]
-        out = meta.forward(q[rows], k, v, k_cache, v_cache, dim**-0.5)
+        out = meta.forward(
+            q[rows], k, v, k_cache, v_cache, dim**-0.5, window=window, softcap=softcap
+        )
         return out[np.argsort(rows, kind="stable")]
 
     whole = attend([range(0, length)])

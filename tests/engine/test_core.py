@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import make_core, random_prompts, request, run
+from engine_helpers import hf_greedy, make_core, random_prompts, request, run
 
 from trio_llm.engine.core import EngineConfigError, EngineCore
 from trio_llm.model_files import ModelSource, load_tokenizer
@@ -23,19 +23,6 @@ def hf_tiny(tiny_model_dir: Path) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def core(tiny_model_dir: Path) -> EngineCore:
     return make_core(tiny_model_dir)
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=model.config.eos_token_id,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def assert_all_blocks_free(core: EngineCore) -> None:

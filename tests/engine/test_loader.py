@@ -36,14 +36,14 @@ def test_hub_id_not_in_cache_is_refused_offline(
         model_files.resolve_model("nobody/nothing-here")
 
 
-def test_unsupported_architecture_is_refused_at_load(tmp_path: Path) -> None:
-    from transformers import GPT2Config
+def test_what_is_not_a_causal_lm_is_refused_at_load(tmp_path: Path) -> None:
+    from transformers import T5Config
 
-    GPT2Config(n_layer=1, n_embd=16, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(
+    T5Config(num_layers=1, d_model=16, num_heads=2, architectures=["T5Model"]).save_pretrained(
         tmp_path
     )
     source = model_files.resolve_model(str(tmp_path))
-    with pytest.raises(model_files.UnsupportedModelError, match="GPT2LMHeadModel is not supported"):
+    with pytest.raises(model_files.UnsupportedModelError, match="T5Model is not supported"):
         loader.load_config(source)
 
 

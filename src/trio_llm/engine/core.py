@@ -37,7 +37,15 @@ import torch
 
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, invariance, loader, pooling, quant, speculative
+from trio_llm.engine import (
+    dtype_policy,
+    generic,
+    invariance,
+    loader,
+    pooling,
+    quant,
+    speculative,
+)
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager, salt_root
 from trio_llm.engine.classifier import classifier_head
@@ -212,6 +220,7 @@ class EngineCore:
         measure = (
             how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
         )
+        generic.check_class(config, source.name)
         if gguf is not None:
             model = quant.meta_model(source, dtype)
             weights = gguf_model.load_weights(gguf, model.config, dtype)
@@ -221,7 +230,9 @@ class EngineCore:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
                 model.to(dtype)
-        spec = kv_cache_spec(model, args.block_size, dtype)
+        # A GGUF file's quantized weights live in the own forward, not in the model.
+        layers = generic.declared_layers(model) if gguf else generic.inspect(model, source.name)
+        spec = kv_cache_spec(layers, args.block_size, dtype)
         kv_bytes = args.kv_cache_bytes(device, loader.free_device_memory(device))
         num_blocks = kv_bytes // spec.bytes_per_block
         if num_blocks < 1:
@@ -233,12 +244,18 @@ class EngineCore:
         # More running sequences than tokens per step would leave some never decoding.
         max_num_seqs = min(args.max_num_seqs, budget)
         max_model_len = _max_model_len(args, config, num_blocks * args.block_size)
+        backend, why = generic.attention_backend(
+            layers, backend, args.attention_backend, max_model_len
+        )
+        if why:
+            stage(f"attention: {why}")
         stage("allocating the KV cache")
         try:
             runner = ModelRunner(
                 model,
                 spec,
                 num_blocks,
+                layers=layers,
                 device=self.device,
                 backend=backend,
                 seed=args.seed,
@@ -258,6 +275,8 @@ class EngineCore:
             )
         except invariance.InvarianceUnavailable as exc:
             raise EngineConfigError(str(exc)) from None
+        stage(f"forward: {runner.choice.describe()}")
+        stage(f"batch invariance {runner.invariance.describe()}")
         return _Parts(
             runner=runner,
             dtype=dtype,
@@ -559,12 +578,6 @@ def _matryoshka(config: PretrainedConfig) -> list[int] | None:
 def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
     """The context limit: asked for, or the model's own, capped by what the engine can hold."""
     limit = args.max_model_len or int(config.max_position_embeddings)  # type: ignore[attr-defined]
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and limit > window:
-        # The paged attention attends over the whole context: beyond the window it would
-        # differ from the model's own sliding-window attention.
-        log.warning("max_model_len %d capped to the sliding window %d", limit, window)
-        limit = window
     if limit > capacity:
         log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
         limit = capacity
@@ -574,6 +587,13 @@ def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
 def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     """The matmul weights of the model's first decoder layer and its LM head: what a decode
     step spends its time on, layer by layer."""
-    first_layer = model.model.layers[0]  # type: ignore[union-attr,index]
-    weights = [m.weight for m in first_layer.modules() if isinstance(m, torch.nn.Linear)]
+    from transformers.pytorch_utils import Conv1D
+
+    decoder = generic.decoder_of(model)
+    stacks = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    weights = [
+        m.weight if isinstance(m, torch.nn.Linear) else m.weight.T  # Conv1D: [in, out]
+        for m in (stacks[0][0].modules() if stacks else ())
+        if isinstance(m, torch.nn.Linear | Conv1D)
+    ]
     return [*weights, model.get_output_embeddings().weight]

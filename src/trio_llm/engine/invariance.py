@@ -237,11 +237,37 @@ def check_matmul(
     return None
 
 
+AttentionShape = tuple[int, int, int, float | None]
+"""(query heads, KV heads, head dim, soft-cap) of an attention layer."""
+
+
+def attention_shapes(config: object, layers: Iterable[object]) -> list[AttentionShape]:
+    """The distinct attention shapes of a model's layers (`generic.AttentionLayer`s: per-layer
+    head dims and soft-caps), its query heads from `config`."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # type: ignore[attr-defined]
+    heads = int(text.num_attention_heads)  # type: ignore[attr-defined]
+    return list(
+        dict.fromkeys(
+            (heads, int(layer.num_kv_heads), int(layer.head_dim), layer.softcap)  # type: ignore[attr-defined]
+            for layer in layers
+        )
+    )
+
+
 def check_attention(
-    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    softcap: float | None,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> str | None:
-    """None if a decode-shaped attention (one query per batch entry, over a bucketed context)
-    gives each entry what it gives alone, whatever the batch; else what differs."""
+    """None if a decode-shaped attention (one query per batch entry, over a bucketed context,
+    soft-capped where the layer is) gives each entry what it gives alone, whatever the batch;
+    else what differs."""
+    # The backend's own call (SDPA, or the soft-capped attention written out).
+    from trio_llm.engine.attention.torch_backend import _sdpa
+
     generator = torch.Generator(device="cpu").manual_seed(1)
     group = num_heads // num_kv_heads
     entries = 12
@@ -257,17 +283,16 @@ def check_attention(
     mask = (torch.arange(length)[None, :] < lens[:, None])[:, None, None, :].to(device)
 
     def attend(sl: slice) -> Tensor:
-        return F.scaled_dot_product_attention(
-            q[sl], k[sl], v[sl], attn_mask=mask[sl], scale=head_dim**-0.5
-        )
+        return _sdpa(q[sl], k[sl], v[sl], mask[sl], scale=head_dim**-0.5, softcap=softcap)
 
     alone = torch.cat([attend(slice(i, i + 1)) for i in range(entries)])
     for size in (2, 5, entries):
         together = torch.cat([attend(slice(i, i + size)) for i in range(0, entries, size)])
         if not torch.equal(together, alone):
+            capped = f" soft-capped at {softcap}" if softcap else ""
             return (
-                f"{str(dtype).removeprefix('torch.')} attention computes a query differently "
-                f"in a batch of {size} than alone"
+                f"{str(dtype).removeprefix('torch.')} attention{capped} (head dim {head_dim}) "
+                f"computes a query differently in a batch of {size} than alone"
             )
     return None
 
@@ -354,6 +379,9 @@ class Decision:
     reason: str
     """Why it is on or off, for the log."""
 
+    def describe(self) -> str:
+        return f"{'on' if self.on else 'off'}: {self.reason}"
+
 
 def unavailable_reason(
     dtype: torch.dtype,
@@ -387,7 +415,7 @@ def decide(
     device: torch.device,
     flags: frozenset[str],
     shapes: list[tuple[int, int]],
-    heads: tuple[int, int, int],
+    heads: Iterable[AttentionShape],
     backend: str = "torch",
     single_token: bool = False,
     model_path: str | None = None,
@@ -399,7 +427,7 @@ def decide(
     within 10% of a step; bench/results/step_profile.md), off otherwise, and off with quantized
     weights. `on`: the class's plan, or padded calls where only those pass; raises
     InvarianceUnavailable where neither does or the configuration cannot keep it. `heads`:
-    (query heads, KV heads, head dim). `quantized`: some matmuls run on quantized kernels
+    the model's `attention_shapes`. `quantized`: some matmuls run on quantized kernels
     (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
     dense path a prefill takes without invariance: past the bound `auto` keeps."""
     if mode == "off":
@@ -417,9 +445,8 @@ def decide(
     plan = plan_for(dtype, flags) if reason is None else None
     if reason is None and plan is None:
         reason = f"no row-exact matmul for {str(dtype).removeprefix('torch.')} on this CPU"
-    if reason is None:
-        assert plan is not None
-        reason = check_attention(*heads, dtype, device)
+    for shape in heads if reason is None else ():
+        reason = reason or check_attention(*shape, dtype, device)
     if reason is None:
         assert plan is not None
         matmul = Matmul(plan)
@@ -483,22 +510,54 @@ def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
 
 
 def unsupported_modules(model: torch.nn.Module) -> str | None:
-    """Why `replace_linears` cannot make `model` invariant (matmuls outside nn.Linear), or None."""
+    """Why `replace_linears` cannot make `model` invariant, or None: matmuls outside nn.Linear
+    (any weight of two or more dimensions in another module: GPT-2's Conv1D, the stacked
+    expert weights a mixture of experts multiplies in grouped calls whose rows depend on the
+    routing of the whole step), or a final logit soft-cap, whose tanh runs over the whole
+    step's logits split between threads by their number of rows."""
     odd = sorted(
         {
             type(m).__name__
             for m in model.modules()
-            if type(m).__name__ in {"Conv1D", "Conv1d", "Bilinear"}
+            if not isinstance(m, torch.nn.Linear | torch.nn.Embedding)
+            and any(p.dim() >= 2 for p in m.parameters(recurse=False))
         }
     )
     if odd:
-        return f"this model computes matmuls in {', '.join(odd)} modules, outside the engine's"
+        return (
+            f"this model multiplies by weights in {', '.join(odd)} modules, outside the "
+            "engine's row-exact matmuls"
+        )
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "final_logit_softcapping", None) and torch.get_num_threads() > 1:
+        return (
+            "its final logit soft-cap (a tanh over the step's logits) is split between "
+            "threads by the number of rows (run with --num-threads 1 to keep invariance)"
+        )
     return None
+
+
+def _one_thread(module: torch.nn.Module) -> None:
+    """Run `module`'s forward on one thread (elementwise functions over many rows: the
+    rotary embedding's cos and sin)."""
+    saved: list[int] = []
+
+    def before(*_: object) -> None:
+        saved.append(torch.get_num_threads())
+        torch.set_num_threads(1)
+
+    def after(*_: object) -> None:
+        torch.set_num_threads(saved.pop())
+
+    module.register_forward_pre_hook(before)
+    module.register_forward_hook(after)
 
 
 def replace_linears(model: torch.nn.Module, matmul: Matmul) -> int:
     """Put an InvariantLinear in place of every nn.Linear of `model` and run its activation
-    modules row by row, as engine/weight_sets.py swaps modules; returns how many Linears."""
+    modules row by row, as engine/weight_sets.py swaps modules, and its rotary embeddings on
+    one thread (their cos and sin over every row of the step); returns how many Linears."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -507,4 +566,6 @@ def replace_linears(model: torch.nn.Module, matmul: Matmul) -> int:
                 count += 1
             elif _is_activation(child):
                 parent._modules[name] = RowwiseActivation(child)
+            elif type(child).__name__.endswith("RotaryEmbedding"):
+                _one_thread(child)
     return count

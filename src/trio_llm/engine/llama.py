@@ -40,18 +40,21 @@ _STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 once holds them for every position."""
 
 
-def supports(model: torch.nn.Module) -> bool:
-    """Whether this forward computes what `model`'s own forward does."""
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why this forward would not compute what `model`'s own forward does; None if it would."""
     config = model.config
-    if not set(getattr(config, "architectures", None) or ()) & ARCHITECTURES:
-        return False
+    arch = type(model).__name__
+    if arch not in ARCHITECTURES:
+        return f"{arch} is not of the Llama family ({', '.join(sorted(ARCHITECTURES))})"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    return (
-        rope_type in _STATIC_ROPE
-        and getattr(config, "hidden_act", "silu") == "silu"
-        and not getattr(config, "mlp_bias", False)
-    )
+    if rope_type not in _STATIC_ROPE:
+        return f"its rotary embedding ({rope_type}) changes with the sequence length"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its activation is {config.hidden_act}, not silu"
+    if getattr(config, "mlp_bias", False):
+        return "its MLP has biases"
+    return None
 
 
 @dataclass(slots=True)
@@ -103,9 +106,11 @@ class LlamaForward:
         max_positions: int,
         linear: Matmul | None = None,
         weights: Weights | None = None,
+        windows: Sequence[int | None] | None = None,
     ) -> None:
         """The matmuls run through `linear` (plain F.linear when None), see `use`. `weights`:
-        given, `model` only lends its config and rotary embedding."""
+        given, `model` only lends its config and rotary embedding. `windows`: each layer's
+        sliding window (as `generic.inspect` found it), if any."""
         config = model.config
         decoder = model.model
         self.num_heads = int(config.num_attention_heads)
@@ -120,6 +125,7 @@ class LlamaForward:
         self.lm_head: Weight = weights.lm_head
         self.scale = self.head_dim**-0.5
         self.layers = weights.layers
+        self.windows = list(windows or [None] * len(self.layers))
         self.intermediate = int(self.layers[0].down.shape[1])
         self.cos, self.sin = _rotary_table(
             decoder.rotary_emb, max_positions, self.norm, weights.dtype
@@ -177,13 +183,15 @@ class LlamaForward:
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin.index_select(0, positions).unsqueeze(1)
         x = embedding(input_ids, self.embed)
-        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
+        for layer, window, k_cache, v_cache in zip(
+            self.layers, self.windows, k_caches, v_caches, strict=True
+        ):
             h = _rms_norm(x, layer.input_norm, self.eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias)
             q = _rotate(qkv[:, :q_end].view(tokens, hq, d), cos, sin)
             k = _rotate(qkv[:, q_end:k_end].view(tokens, hkv, d), cos, sin)
             v = qkv[:, k_end:].view(tokens, hkv, d)
-            o = attn.forward(q, k, v, k_cache, v_cache, self.scale)
+            o = attn.forward(q, k, v, k_cache, v_cache, self.scale, window=window)
             x = x + linear(o.reshape(tokens, q_end), layer.o, None)
             h = _rms_norm(x, layer.post_norm, self.eps)
             gate_up = linear(h, layer.gate_up, None)

@@ -19,19 +19,6 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-SUPPORTED_ARCHITECTURES = frozenset(
-    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
-)
-"""Decoders whose attention goes through transformers' AttentionInterface with the keyword
-arguments the paged engine passes; others are refused at load with a clear message."""
-
-_ARCHITECTURE_OF_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-
 
 ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
 """Encoders the pooling engine runs (BERT family): their self-attention goes through
@@ -54,23 +41,26 @@ CLASSIFIER_ARCHITECTURES = frozenset(
 
 
 def load_config(source: ModelSource) -> PretrainedConfig:
-    """Read the model's config and refuse what the engine cannot run."""
+    """Read the model's config and refuse what the engine cannot run: anything but a causal LM
+    that transformers implements (or an encoder, for embeddings). What a causal LM's layers ask
+    of attention is checked once it is loaded (`generic.inspect`)."""
     from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = AutoConfig.from_pretrained(source.path)
-    archs = list(getattr(config, "architectures", None) or [])
-    if not archs and config.model_type in _ARCHITECTURE_OF_MODEL_TYPE:
-        # Directories converted from GGUF by earlier versions carry only the model type.
-        archs = [_ARCHITECTURE_OF_MODEL_TYPE[config.model_type]]
     if is_encoder(config):
         return config
-    runnable = SUPPORTED_ARCHITECTURES | CLASSIFIER_ARCHITECTURES
-    if not archs or not any(a in runnable for a in archs):
+    archs = list(getattr(config, "architectures", None) or [])
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if not (
+        set(archs) & (causal | CLASSIFIER_ARCHITECTURES)
+        or (not archs and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    ):
         raise UnsupportedModelError(
             f"{source.name}: architecture {', '.join(archs) or '(none given)'} is not supported; "
-            f"the engine runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}, the classifiers "
-            f"{', '.join(sorted(CLASSIFIER_ARCHITECTURES))} and, for embeddings, encoders of "
-            f"type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
+            "the engine runs the causal language models transformers implements (no remote "
+            f"code), the classifiers {', '.join(sorted(CLASSIFIER_ARCHITECTURES))} and, for "
+            f"embeddings, encoders of type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
         )
     return config
 

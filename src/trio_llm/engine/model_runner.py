@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from trio_llm.engine import invariance, llama, quant
+from trio_llm.engine import forwards, invariance, llama, quant
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
+from trio_llm.engine.generic import AttentionLayer, GenericForward, decoder_of
 from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
@@ -40,16 +41,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class KVCacheSpec:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
+    layers: tuple[tuple[int, int], ...]
+    """(KV heads, head dim) of each attention layer's cache, in the order the forward calls
+    them; layers may differ (a model's global layers may have wider heads than its local)."""
     block_size: int
     dtype: torch.dtype
 
     @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
     def bytes_per_block(self) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return 2 * self.block_size * elem * sum(heads * dim for heads, dim in self.layers)
 
 
 @dataclass(slots=True)
@@ -82,14 +87,10 @@ class StepInputs:
     """The sampling parameters of the rows in `sample_index`."""
 
 
-def kv_cache_spec(model: torch.nn.Module, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
-    config = model.config
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+def kv_cache_spec(layers: list[AttentionLayer], block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+    """The caches of the attention layers `generic.inspect` found."""
     return KVCacheSpec(
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
+        layers=tuple((layer.num_kv_heads, layer.head_dim) for layer in layers),
         block_size=block_size,
         dtype=dtype,
     )
@@ -102,6 +103,7 @@ class ModelRunner:
         spec: KVCacheSpec,
         num_blocks: int,
         *,
+        layers: list[AttentionLayer],
         device: torch.device,
         backend: str,
         seed: int,
@@ -115,45 +117,46 @@ class ModelRunner:
         weights: llama.Weights | None = None,
         quantization: str = "none",
     ) -> None:
-        """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
-        MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
-        the engine's own forward, without single-token weight sets. Elsewhere it is ignored.
+        """`layers`: the model's attention layers as `generic.inspect` found them (`spec` holds
+        their cache shapes). `cuda_graphs`: capture decode-only steps (up to `max_num_seqs`
+        sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the
+        Triton kernels and the engine's own forward, without single-token weight sets.
+        Elsewhere it is ignored.
 
         `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
         (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable.
         `weights`: the own forward's weights when they do not come from `model` (a GGUF file's,
         `engine.quant`); `quantization` int8 or int4 quantizes the model's at start-up."""
         self.model = model
-        self.decoder = model.model
-        self.own: LlamaForward | None = None
-        """The engine's own forward, when it covers this model (and was not turned off)."""
         self.spec = spec
         self.block_size = spec.block_size
         self.device = device
-        own = model_impl == "auto" and single_token_dtype is None and llama.supports(model)
+        self.choice = forwards.choose(
+            model, model_impl, single_token_dtype=single_token_dtype is not None
+        )
+        """Which forward computes the steps, and why (`forwards`)."""
+        self.own: LlamaForward | None = None
+        """The engine's own forward, when it computes this model (`choice`)."""
         quantized = False
-        if own:
-            self.own = LlamaForward(model, max_model_len, weights=weights)
+        if self.choice.own:
+            windows = [layer.window for layer in layers]
+            self.own = LlamaForward(model, max_model_len, weights=weights, windows=windows)
             if quantization in ("int8", "int4", "w8a8"):
                 quant.quantize_forward(self.own, quantization)
             quantized = self.own.quantized
-        config = model.config
         self.invariance = invariance.decide(
             batch_invariant,
             dtype=spec.dtype,
             device=device,
             flags=cpu_flags,
             shapes=self.own.weight_shapes() if self.own else invariance.linear_shapes(model),
-            heads=(int(config.num_attention_heads), spec.num_kv_heads, spec.head_dim),
+            heads=invariance.attention_shapes(model.config, layers),
             backend=backend,
             single_token=single_token_dtype is not None,
-            model_path=None if own else invariance.unsupported_modules(model),
+            model_path=None if self.own else invariance.unsupported_modules(model),
             quantized=quantized,
         )
         """Whether every row is computed one way whatever shares its step, and how."""
-        log.info(
-            "batch invariance %s: %s", "on" if self.invariance.on else "off", self.invariance.reason
-        )
         if self.own is not None:
             self.own.use(self.invariance.matmul)
             if quantized:
@@ -164,7 +167,7 @@ class ModelRunner:
                 model.model.embed_tokens.to("meta")
                 model.lm_head.to("meta")
             # Its fused weights replace the layers' own: free them rather than hold both.
-            self.decoder.layers = torch.nn.ModuleList()
+            decoder_of(model).layers = torch.nn.ModuleList()
         elif self.invariance.on:
             invariance.replace_linears(model, self.invariance.matmul)
         self._attention = metadata_type(backend)
@@ -172,18 +175,16 @@ class ModelRunner:
         self.staging = Staging(device)
         self.input_batch = InputBatch(spec.block_size, max_model_len)
         self.sampler = Sampler(seed, device, self._tokens_to_host)
-        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeros, not empty: a masked-out position still multiplies its value by a zero weight,
         # and uninitialized memory may hold NaN. On CPU zeroed pages cost nothing until touched.
-        self.k_caches = [
-            torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)
-        ]
-        self.v_caches = [
-            torch.zeros(shape, dtype=spec.dtype, device=device) for _ in range(spec.num_layers)
-        ]
-        for layer, k, v in zip(self.decoder.layers, self.k_caches, self.v_caches):
-            layer.self_attn.k_cache = k
-            layer.self_attn.v_cache = v
+        shapes = [(num_blocks, spec.block_size, heads, dim) for heads, dim in spec.layers]
+        self.k_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
+        self.v_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
+        self.forward: LlamaForward | GenericForward = (
+            self.own
+            if self.own is not None
+            else GenericForward(model, layers, self.k_caches, self.v_caches)
+        )
         self.weight_sets: WeightSets | None = None
         """The Linear layers in `single_token_dtype` too, selected for single-token steps."""
         if single_token_dtype is not None and single_token_dtype != spec.dtype:
@@ -216,10 +217,9 @@ class ModelRunner:
         return self.staging.to_host("sampled", tokens).tolist()
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of `hidden` rows, through the selected weight set's LM head."""
-        if self.own is not None:
-            return self.own.logits(hidden)
-        return self.model.lm_head(hidden)
+        """Logits of `hidden` rows, through the selected weight set's LM head (and whatever the
+        model does to its logits after it)."""
+        return self.forward.logits(hidden)
 
     @torch.inference_mode()
     def execute(
@@ -242,17 +242,9 @@ class ModelRunner:
             assert isinstance(inputs.attn, TritonAttentionMetadata)
             logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
             return self.sample(batch.seqs, inputs, None, eos_token_ids, masks, logits)
-        if self.own is not None:
-            hidden = self.own(
-                inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
-            )
-        else:
-            hidden = self.decoder(
-                input_ids=inputs.input_ids,
-                position_ids=inputs.positions,
-                use_cache=False,
-                trio_attn=inputs.attn,
-            ).last_hidden_state[0]
+        hidden = self.forward(
+            inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
+        )
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:

@@ -265,11 +265,12 @@ def add_serve_arguments(
     )
     add(
         "--model-impl",
-        choices=["auto", "transformers"],
+        choices=["auto", "own", "transformers"],
         default=engine.model_impl,
-        help="auto: the engine's own forward for Llama-family models, transformers' modules "
-        "for the rest; transformers: transformers' modules for every model (default "
-        "%(default)s)",
+        help="auto: the engine's own forward where one covers the model (the Llama family), "
+        "transformers' modules with the paged attention for any other causal LM; own: refuse "
+        "a model no own forward covers; transformers: transformers' modules for every model. "
+        "The engine says at start-up which it took and why (default %(default)s)",
     )
     add(
         "--scheduling-policy",

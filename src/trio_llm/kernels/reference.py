@@ -41,11 +41,15 @@ def prefill_attention_ref(
     cu_seqlens_q: Tensor,
     context_lens: Tensor,
     scale: float,
+    *,
+    window: int = 0,
+    softcap: float | None = None,
 ) -> Tensor:
     """Causal attention of each sequence's query chunk over its cached K/V.
 
     Query i of sequence b (of q_len_b queries) sits at position context_lens[b] - q_len_b + i and
-    sees cache positions <= its own. A query that sees no position gets zeros.
+    sees cache positions <= its own (and, with `window` W > 0, > its own - W). A query that sees
+    no position gets zeros. `softcap` c: scores become c * tanh(score / c) before the softmax.
     """
     num_heads = q.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -61,9 +65,13 @@ def prefill_attention_ref(
         k = _gather(k_cache, block_tables[b], ctx).repeat_interleave(group, dim=1)
         v = _gather(v_cache, block_tables[b], ctx).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k) * scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device)
         k_pos = torch.arange(ctx, device=q.device)
         visible = k_pos[None, :] <= q_pos[:, None]
+        if window:
+            visible &= k_pos[None, :] > q_pos[:, None] - window
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
@@ -77,7 +85,12 @@ def decode_attention_ref(
     block_tables: Tensor,
     context_lens: Tensor,
     scale: float,
+    *,
+    window: int = 0,
+    softcap: float | None = None,
 ) -> Tensor:
     """One query per sequence over its `context_lens[b]` cached tokens: prefill with q_len 1."""
     cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return prefill_attention_ref(q, k_cache, v_cache, block_tables, cu, context_lens, scale)
+    return prefill_attention_ref(
+        q, k_cache, v_cache, block_tables, cu, context_lens, scale, window=window, softcap=softcap
+    )

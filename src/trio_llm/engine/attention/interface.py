@@ -69,9 +69,14 @@ class AttentionMetadata(Protocol):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Write this step's k, v ([T, Hkv, D]) into one layer's cache, then attend q ([T, Hq,
-        D]) over it; [T, Hq, D] back."""
+        D]) over it; [T, Hq, D] back. `window`: a sliding-window layer's (a query at position
+        p sees the positions (p - window, p]); `softcap`: the layer caps its scores at
+        `softcap * tanh(score / softcap)`. The caches' shapes may differ between layers."""
         ...
 
 
@@ -87,7 +92,12 @@ def paged_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """The transformers attention interface: query [1, Hq, T, D], key/value [1, Hkv, T, D]
-    (rotary already applied) -> ([1, T, Hq, D], no weights)."""
+    (rotary already applied) -> ([1, T, Hq, D], no weights).
+
+    Of the keyword arguments a model's layers pass, `sliding_window` and `softcap` change the
+    result and are honoured; the engine's start-up inspection (`engine/generic.py`) refuses a
+    model whose layers pass any other that would (attention sinks, a position bias, a mask of
+    the model's own)."""
     if trio_attn is None:
         raise RuntimeError(
             "the trio_paged attention runs only inside the engine's model runner "
@@ -103,6 +113,8 @@ def paged_attention(
         k_cache,
         v_cache,
         scale,
+        window=kwargs.get("sliding_window"),  # type: ignore[arg-type]
+        softcap=kwargs.get("softcap"),  # type: ignore[arg-type]
     )
     return out.unsqueeze(0), None
 

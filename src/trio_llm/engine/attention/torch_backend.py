@@ -28,6 +28,7 @@ from trio_llm.engine.attention.interface import (
     as_tensor,
     decodes_then_prefills,
 )
+from trio_llm.engine.invariance import rowwise
 
 
 @dataclass(slots=True)
@@ -56,27 +57,42 @@ class DecodePlan:
         context_lens: np.ndarray,
         cache: Tensor,
         length: int | None = None,
+        window: int = 0,
     ) -> DecodePlan:
         """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device.
         `length`: attend over this many positions (masking those past each context) rather
-        than over the longest context, and always through a mask."""
+        than over the longest context, and always through a mask. `window` > 0: each query
+        sees only the last `window` positions (a sliding-window layer); without a fixed
+        `length`, only the blocks that hold them are gathered."""
         device = cache.device
         block_size = cache.shape[1]
         fixed = length is not None
         if length is None:
             length = int(context_lens.max(initial=0))
-        num_blocks = -(-length // block_size)
         needed = -(-context_lens // block_size)
+        first = np.zeros_like(context_lens)
+        """Each sequence's first gathered block (its window's, when one skips blocks)."""
+        if window and not fixed and length > window:
+            first = np.maximum(context_lens - window, 0) // block_size
+            length = min(length, ((window - 1) // block_size + 2) * block_size)
+        num_blocks = -(-length // block_size)
         if block_tables.shape[1] < num_blocks:  # a fixed length past every table's end
             block_tables = np.pad(block_tables, ((0, 0), (0, num_blocks - block_tables.shape[1])))
+        columns = first[:, None] + np.arange(num_blocks)[None, :]
         blocks = np.where(
-            np.arange(num_blocks)[None, :] < needed[:, None], block_tables[:, :num_blocks], 0
+            columns < needed[:, None],
+            np.take_along_axis(block_tables, np.minimum(columns, block_tables.shape[1] - 1), 1),
+            0,
         )
         width = cache[0].numel()
         rows = len(context_lens) * num_blocks
         mask = empty = None
-        if fixed or (context_lens != length).any():
-            visible = np.arange(length)[None, :] < context_lens[:, None]
+        positions = first[:, None] * block_size + np.arange(length)[None, :]
+        windowed = bool(window) and bool((context_lens > window).any())
+        if fixed or windowed or (context_lens != length).any():
+            visible = positions < context_lens[:, None]
+            if windowed:
+                visible &= positions >= (context_lens - window)[:, None]
             mask = as_tensor(visible[:, None, None, :], device)
         if (context_lens == 0).any():
             empty = as_tensor(context_lens == 0, device)
@@ -135,20 +151,28 @@ def plan_prefill(
     context_lens: np.ndarray,
     block_size: int,
     device: torch.device,
+    window: int = 0,
 ) -> list[PrefillChunk]:
-    """One chunk per sequence with queries and context (the others' queries get zeros)."""
+    """One chunk per sequence with queries and context (the others' queries get zeros).
+
+    With `window` W > 0 (a sliding-window layer), the query at position p sees only the
+    positions (p - W, p], and the chunk's context starts at its first query's window."""
     chunks = []
     for b, ctx in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         if start == end or ctx == 0:
             continue
         earlier = ctx - (end - start)
-        j = np.arange(ctx)
+        windowed = bool(window) and ctx > window
+        j = np.arange(max(earlier - window + 1, 0) if windowed else 0, ctx)
         slots = block_tables[b, j // block_size].astype(np.int64) * block_size + j % block_size
         mask = None
-        if earlier:
+        if earlier or windowed:
             q_pos = np.arange(earlier, ctx)
-            mask = as_tensor(j[None, :] <= q_pos[:, None], device)
+            visible = j[None, :] <= q_pos[:, None]
+            if windowed:
+                visible &= j[None, :] > q_pos[:, None] - window
+            mask = as_tensor(visible, device)
         chunks.append(PrefillChunk(start, end, as_tensor(slots, device), mask))
     return chunks
 
@@ -160,12 +184,14 @@ def plan_bucketed_prefill(
     block_size: int,
     device: torch.device,
     key_bucket: int,
+    window: int = 0,
 ) -> list[BucketedChunk]:
     """Batch invariance's prefill: the query at position p attends over positions
-    [0, roundup(p + 1, key_bucket)) with those past p masked, in a batch entry of its own, which
-    is exactly what a decode at position p computes (`DecodePlan` with a fixed length). So a
-    token's row is the same whether a decode, a prefill chunk of any size, a recompute after a
-    preemption or a draft chunk computes it."""
+    [0, roundup(p + 1, key_bucket)) with those past p (and, with a sliding `window` W, those
+    up to p - W) masked, in a batch entry of its own, which is exactly what a decode at
+    position p computes (`DecodePlan` with a fixed length). So a token's row is the same
+    whether a decode, a prefill chunk of any size, a recompute after a preemption or a draft
+    chunk computes it."""
     chunks = []
     for b, ctx in enumerate(context_lens.tolist()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
@@ -184,6 +210,8 @@ def plan_bucketed_prefill(
             last = min(length, ctx)  # positions [first, last) share this bucket
             q_pos = np.arange(first, last)
             visible = j[None, :length] <= q_pos[:, None]
+            if window:
+                visible &= j[None, :length] > q_pos[:, None] - window
             groups.append(
                 BucketedQueries(
                     start + first - earlier,
@@ -213,13 +241,27 @@ class TorchAttentionMetadata:
     """With key buckets: the prefill queries as decodes, instead of `prefills`."""
     fresh_kv: bool = True
     """A chunk that is its sequence's whole context may attend over the new K/V directly."""
+    layout: StepLayout | None = None
+    """What it was built from: a layer with another window or cache shape gets its own plans
+    from it (`variant`)."""
+    key: tuple[int, tuple[int, ...]] = (0, ())
+    """(window, cache row shape) these plans are for."""
+    variants: dict[tuple[int, tuple[int, ...]], TorchAttentionMetadata] = field(
+        default_factory=dict
+    )
+    """This step's plans for the other (window, cache shape) pairs its layers have."""
 
     @classmethod
     def build(
-        cls, layout: StepLayout, cache: Tensor, to_device: ToDevice | None = None
+        cls,
+        layout: StepLayout,
+        cache: Tensor,
+        to_device: ToDevice | None = None,
+        window: int = 0,
     ) -> TorchAttentionMetadata:
         """`to_device(name, array)` carries the slot mapping (the plans' small arrays are built
-        per step, on the CPU path where a copy is free)."""
+        per step, on the CPU path where a copy is free). `window`: plans for a sliding-window
+        layer; other layers' plans are built when a layer first asks (`variant`)."""
         device = cache.device
         nd = layout.num_decodes
         bucket = layout.key_bucket
@@ -228,46 +270,84 @@ class TorchAttentionMetadata:
             if to_device is not None
             else as_tensor(layout.slot_mapping, device)
         )
-        meta = cls(slot_mapping=slots, num_decodes=nd, fresh_kv=not bucket)
+        meta = cls(
+            slot_mapping=slots,
+            num_decodes=nd,
+            fresh_kv=not bucket,
+            layout=layout,
+            key=(window, tuple(cache.shape[2:])),
+        )
         tables, lens = layout.block_tables, layout.context_lens
         if nd and bucket:
             lengths = -(-lens[:nd] // bucket) * bucket
             for length in np.unique(lengths).tolist():
                 rows = np.flatnonzero(lengths == length)
-                plan = DecodePlan.build(tables[rows], lens[rows], cache, length=length)
+                plan = DecodePlan.build(
+                    tables[rows], lens[rows], cache, length=length, window=window
+                )
                 meta.decode_groups.append((as_tensor(rows, device), plan))
         elif nd:
-            meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache)
+            meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache, window=window)
         if nd < len(lens):
             cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
             if bucket:
                 meta.bucketed = plan_bucketed_prefill(
-                    tables[nd:], cu, lens[nd:], cache.shape[1], device, bucket
+                    tables[nd:], cu, lens[nd:], cache.shape[1], device, bucket, window=window
                 )
             else:
-                meta.prefills = plan_prefill(tables[nd:], cu, lens[nd:], cache.shape[1], device)
+                meta.prefills = plan_prefill(
+                    tables[nd:], cu, lens[nd:], cache.shape[1], device, window=window
+                )
         return meta
 
+    def variant(self, window: int | None, cache: Tensor) -> TorchAttentionMetadata:
+        """The plans for a layer with this sliding `window` (None: none) and cache: these, when
+        the window reaches past every context and the cache has the shape they were built for
+        (every layer of most models), else this step's plans for that pair, built once."""
+        longest = 0 if self.layout is None else int(self.layout.context_lens.max(initial=0))
+        key = (window if window and window < longest else 0, tuple(cache.shape[2:]))
+        if key == self.key or self.layout is None:
+            return self
+        found = self.variants.get(key)
+        if found is None:
+            found = self.variants[key] = TorchAttentionMetadata.build(
+                self.layout, cache, window=key[0]
+            )
+            found.slot_mapping = self.slot_mapping
+        return found
+
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> Tensor:
-        _store(k, v, k_cache, v_cache, self.slot_mapping)
-        nd = self.num_decodes
+        plans = self.variant(window, k_cache)
+        _store(k, v, k_cache, v_cache, plans.slot_mapping)
+        nd = plans.num_decodes
 
         def decode(qd: Tensor) -> Tensor:
-            if self.decode is not None:
-                return _decode(qd, k_cache, v_cache, self.decode, scale)
+            if plans.decode is not None:
+                return _decode(qd, k_cache, v_cache, plans.decode, scale, softcap)
             out = qd.new_empty(qd.shape)
-            for rows, plan in self.decode_groups:
-                out[rows] = _decode(qd.index_select(0, rows), k_cache, v_cache, plan, scale)
+            for rows, plan in plans.decode_groups:
+                out[rows] = _decode(
+                    qd.index_select(0, rows), k_cache, v_cache, plan, scale, softcap
+                )
             return out
 
         def prefill(qp: Tensor, out: Tensor) -> None:
-            if self.bucketed:
-                _prefill_as_decodes(qp, k_cache, v_cache, self.bucketed, scale, out)
+            if plans.bucketed:
+                _prefill_as_decodes(qp, k_cache, v_cache, plans.bucketed, scale, out, softcap)
                 return
-            fresh = (k[nd:], v[nd:]) if self.fresh_kv else None
-            _prefill(qp, k_cache, v_cache, self.prefills, scale, out, fresh)
+            fresh = (k[nd:], v[nd:]) if plans.fresh_kv else None
+            _prefill(qp, k_cache, v_cache, plans.prefills, scale, out, fresh, softcap)
 
         return decodes_then_prefills(q, nd, decode, prefill)
 
@@ -342,7 +422,14 @@ def _store(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     _rows(v_cache).index_copy_(0, slots, value.reshape(num_tokens, -1))
 
 
-def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: DecodePlan, scale: float) -> Tensor:
+def _decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    plan: DecodePlan,
+    scale: float,
+    softcap: float | None = None,
+) -> Tensor:
     """One query per sequence, [B, Hq, D], over each sequence's blocks."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -357,7 +444,7 @@ def _decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: DecodePlan, scale
     # The query heads sharing a KV head become that head's query rows ([B, Hkv, group, D]):
     # no KV head is repeated, and with one query per sequence no mask is causal.
     qd = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.mask, scale=scale)
+    out = _sdpa(qd, kd, vd, plan.mask, scale=scale, softcap=softcap)
     out = out.reshape(batch, num_heads, head_dim)
     if plan.empty is not None:
         out[plan.empty] = 0
@@ -372,6 +459,7 @@ def _prefill(
     scale: float,
     out: Tensor,
     new_kv: tuple[Tensor, Tensor] | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Each chunk's queries, causal over its earlier positions and the chunk, into `out`.
 
@@ -389,13 +477,14 @@ def _prefill(
             kc = k_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
             vc = v_rows.index_select(0, chunk.context_slots).view(-1, num_kv_heads, head_dim)
         queries = q[chunk.start : chunk.end]
-        attended = F.scaled_dot_product_attention(
+        attended = _sdpa(
             queries.transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
             kc.transpose(0, 1).unsqueeze(0),
             vc.transpose(0, 1).unsqueeze(0),
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
+            chunk.mask,
             scale=scale,
+            softcap=softcap,
+            is_causal=chunk.mask is None,
             enable_gqa=num_heads != num_kv_heads,
         )[0].transpose(0, 1)
         out[chunk.start : chunk.end] = attended
@@ -408,6 +497,7 @@ def _prefill_as_decodes(
     chunks: list[BucketedChunk],
     scale: float,
     out: Tensor,
+    softcap: float | None = None,
 ) -> None:
     """Each chunk's queries as `_decode` computes a decode: [n, Hkv, group, D] queries, each
     over its own batch entry of `length` keys (the chunk's context, shared, not copied)."""
@@ -422,11 +512,47 @@ def _prefill_as_decodes(
         kc, vc = kc.transpose(0, 1), vc.transpose(0, 1)
         for g in chunk.groups:
             n = g.end - g.start
-            attended = F.scaled_dot_product_attention(
+            attended = _sdpa(
                 q[g.start : g.end].reshape(n, num_kv_heads, group, head_dim),
                 kc[:, : g.length].expand(n, -1, -1, -1),
                 vc[:, : g.length].expand(n, -1, -1, -1),
-                attn_mask=g.mask,
+                g.mask,
                 scale=scale,
+                softcap=softcap,
             )
             out[g.start : g.end] = attended.reshape(n, num_heads, head_dim)
+
+
+def _sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    scale: float,
+    softcap: float | None = None,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """`F.scaled_dot_product_attention`, or, for a layer that soft-caps its attention scores
+    (`softcap * tanh(scores / softcap)`, Gemma 2), the same attention written out, as
+    transformers' eager attention computes it (SDPA has no soft-capping)."""
+    if not softcap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    # Row by row: the tanh of a query's scores is then computed one way whatever else shares
+    # the call (batch invariance).
+    scores = rowwise(torch.tanh, scores / softcap) * softcap
+    if is_causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(
+            k.shape[-2] - q.shape[-2]
+        )
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)

@@ -19,6 +19,12 @@ from trio_llm.engine.attention.interface import (
     decodes_then_prefills,
 )
 
+UNSUPPORTED = {
+    "softcap": "the Triton kernels have no attention soft-capping",
+    "sliding_window": "the Triton kernels have no sliding windows",
+}
+"""What the kernels cannot honour, with the reason the engine gives when a model needs it."""
+
 
 @dataclass(slots=True)
 class TritonAttentionMetadata:
@@ -52,9 +58,23 @@ class TritonAttentionMetadata:
         )
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, scale: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        scale: float,
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> Tensor:
+        """`window` is ignored: the engine runs a sliding-window model on these kernels only
+        when no context can outgrow its window (`UNSUPPORTED`); `softcap` never comes."""
         from trio_llm.kernels import decode_attention, prefill_attention, write_kv
+
+        if softcap:
+            raise NotImplementedError(UNSUPPORTED["softcap"])
 
         write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         nd = self.num_decodes

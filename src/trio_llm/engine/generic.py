@@ -1,0 +1,444 @@
+"""The generic path: any causal LM that transformers implements, on the engine's paged KV cache.
+
+transformers' own modules compute everything but attention; every attention layer calls the
+engine's `paged_attention` (the model is loaded with `attn_implementation="trio_paged"`), which
+writes the layer's keys and values into its paged cache and attends over each sequence's blocks.
+So prefix caching, chunked prefill, preemption and continuous batching work for any model whose
+layers attend through transformers' attention interface, as vLLM's Transformers backend does.
+
+What a model's layers ask of attention must reach the call, or the model must be refused: the
+engine never runs a model wrong. `inspect` finds out at start-up by running the decoder once on
+a few tokens with recording functions in place of the attention and of the mask builder, and
+reads what each layer passed: its key/value heads and head dim (the layer's cache shape, which
+may differ between layers), its sliding window and score soft-cap (which the backends honour),
+and the mask the model built for it, evaluated on a grid of positions, which must be causal
+(with the layer's window). Everything else is refused with the reason: layers that keep
+recurrent or convolutional state instead of attending, attention sinks, position biases,
+chunked or bidirectional masks, keys and values of different widths.
+
+The logits are the model's own too: `GenericForward.logits` runs the causal LM's forward on the
+given hidden states (its decoder swapped for a stand-in that returns them), so whatever follows
+the decoder (a final soft-cap, a logit scale) is applied as transformers applies it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from trio_llm.engine.attention import ATTN_IMPLEMENTATION, AttentionMetadata
+from trio_llm.model_files import UnsupportedModelError
+
+INSPECT_IMPLEMENTATION = "trio_inspect"
+"""The attention and mask implementation `inspect` switches the model to while it records."""
+
+_HONOURED = frozenset({"sliding_window", "softcap"})
+"""Keyword arguments of the attention call that change its result and that the engine honours."""
+_INERT = frozenset(
+    {
+        "dropout",
+        "position_ids",
+        "cache_position",
+        "use_cache",
+        "output_attentions",
+        "layer_idx",
+        "is_causal",
+        "trio_attn",
+        "position_embeddings",
+    }
+)
+"""Keyword arguments that do not change an inference-time attention result (or are checked
+apart, like `is_causal`)."""
+_NAMED = {
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "position_bias": "a relative position bias added to the attention scores",
+    "head_mask": "a per-head mask",
+}
+"""How a refusal names what a known argument means."""
+_RUNNABLE_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "sparse", "dense"})
+"""`config.layer_types` entries the paged attention runs (attention kinds, and MLP kinds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayer:
+    """One attention layer as the model's forward showed it."""
+
+    module: torch.nn.Module
+    """The module transformers hands the attention function; its cache hangs on it."""
+    num_kv_heads: int
+    head_dim: int
+    window: int | None
+    """Its sliding window: a query at position p sees the positions (p - window, p]."""
+    softcap: float | None
+    """Its attention scores are soft-capped at `softcap * tanh(score / softcap)`."""
+
+
+@dataclass(slots=True)
+class _Call:
+    module: torch.nn.Module
+    key_shape: tuple[int, ...]
+    value_shape: tuple[int, ...]
+    mask: object
+    kwargs: dict[str, object]
+
+
+@dataclass(slots=True)
+class _Recording:
+    calls: list[_Call] = field(default_factory=list)
+    masks: dict[int, _MaskPattern] = field(default_factory=dict)
+    """id of each mask tensor the builders handed the model -> its pattern."""
+
+
+@dataclass(frozen=True, slots=True)
+class _MaskPattern:
+    """The mask the model built, as a [grid, grid] bool table of (query, key) positions."""
+
+    visible: Tensor
+
+
+_GRID = 64
+"""Positions the recorded masks are evaluated on (widened to cover twice the largest window)."""
+_recording: _Recording | None = None
+_grid = _GRID
+
+
+def _record_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: object,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
+    assert _recording is not None
+    mask = _recording.masks.get(id(attention_mask), attention_mask)
+    _recording.calls.append(_Call(module, tuple(key.shape), tuple(value.shape), mask, dict(kwargs)))
+    batch, heads, tokens, _ = query.shape
+    return query.new_zeros(batch, tokens, heads, value.shape[-1]), None
+
+
+def _record_mask(
+    *,
+    mask_function: Callable[..., Tensor],
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    **kwargs: object,
+) -> Tensor:
+    """Stands in for transformers' mask builders: evaluates the model's mask function on a grid
+    of positions (mask functions are index arithmetic, so broadcast index tensors serve), and
+    hands the model the boolean mask of its input, as SDPA's builder would."""
+    assert _recording is not None
+
+    def evaluate(queries: Tensor, keys: Tensor) -> Tensor:
+        zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+        visible = mask_function(zero, zero, queries.view(1, 1, -1, 1), keys.view(1, 1, 1, -1))
+        return torch.as_tensor(visible).expand(1, 1, len(queries), len(keys))
+
+    grid = torch.arange(_grid)
+    mask = evaluate(
+        torch.arange(q_offset, q_offset + q_length), torch.arange(kv_offset, kv_offset + kv_length)
+    ).clone()
+    _recording.masks[id(mask)] = _MaskPattern(evaluate(grid, grid)[0, 0].clone())
+    return mask
+
+
+def register_inspection() -> None:
+    """Make `trio_inspect` a loadable attention and mask implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(INSPECT_IMPLEMENTATION, _record_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(INSPECT_IMPLEMENTATION, _record_mask)
+
+
+def check_class(config: object, name: str) -> None:
+    """Refuse, before any weight is read, a causal LM whose transformers class computes its
+    attention itself instead of through the attention interface (ALiBi models such as Bloom,
+    MPT and Falcon among them): the paged attention could not take its place."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    _refuse_layer_types(name, text)
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if cls is not None and not getattr(cls, "_supports_attention_backend", False):
+        raise UnsupportedModelError(
+            f"{name}: {cls.__name__} computes its attention itself rather than through "
+            "transformers' attention interface, which the engine's paged attention plugs into"
+        )
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM's decoder: the base model under its prefix (`model`, `transformer`, ...)."""
+    prefix = getattr(model, "base_model_prefix", "model")
+    decoder = getattr(model, prefix, None)
+    if not isinstance(decoder, torch.nn.Module):
+        decoder = model.get_decoder()  # type: ignore[operator]
+    return decoder
+
+
+@contextlib.contextmanager
+def _implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    model.set_attn_implementation(name)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
+
+
+def inspect(model: torch.nn.Module, name: str) -> list[AttentionLayer]:
+    """The model's attention layers in the order its forward calls them, each with what it
+    asks of attention; raises UnsupportedModelError (naming the model `name`) with the reason
+    when a layer asks for something the paged attention cannot honour."""
+    global _recording, _grid
+    config = model.config
+    check_class(config, name)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    windows = [
+        w for w in (getattr(text, "sliding_window", None), getattr(text, "window_size", None)) if w
+    ]
+    register_inspection()
+    _recording = _Recording()
+    _grid = max([_GRID] + [2 * int(w) + 2 for w in windows if isinstance(w, int)])
+    device = next(model.parameters()).device
+    ids = torch.tensor([[1, 2, 3]], device=device)
+    try:
+        with _implementation(model, INSPECT_IMPLEMENTATION), torch.inference_mode():
+            decoder_of(model)(input_ids=ids, position_ids=ids - 1, use_cache=False, trio_attn=None)
+        recording = _recording
+    finally:
+        _recording = None
+    return _layers(name, text, recording)
+
+
+def declared_layers(model: torch.nn.Module) -> list[AttentionLayer]:
+    """The attention layers a model's config declares, for a model that cannot run `inspect`:
+    one without weights (a quantized GGUF file's, whose weights the own forward holds), which
+    only an own forward runs. Sliding windows where `layer_types` says so, or on every layer
+    where the config has a window and no layer types (Mistral); no soft-caps (no own forward
+    has them)."""
+    config = model.config
+    decoder = decoder_of(model)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    window = getattr(config, "sliding_window", None) or None
+    types = getattr(config, "layer_types", None)
+    return [
+        AttentionLayer(
+            module=layer.self_attn,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            window=window if (types is None or types[i] == "sliding_attention") else None,
+            softcap=None,
+        )
+        for i, layer in enumerate(decoder.layers)
+    ]
+
+
+def _refuse_layer_types(name: str, config: object) -> None:
+    kinds = set(getattr(config, "layer_types", None) or ()) - _RUNNABLE_LAYER_TYPES
+    if kinds:
+        raise UnsupportedModelError(
+            f"{name}: its layers of type {', '.join(sorted(kinds))} keep state or attend in a "
+            "way the paged attention cannot (it runs full and sliding-window attention)"
+        )
+    chunk = getattr(config, "attention_chunk_size", None)
+    if chunk:
+        raise UnsupportedModelError(
+            f"{name}: chunked attention (attention_chunk_size {chunk}) is not supported by the "
+            "paged attention"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UnsupportedModelError(
+            f"{name}: bidirectional attention (use_bidirectional_attention) cannot generate"
+        )
+
+
+def _layers(name: str, config: object, recording: _Recording) -> list[AttentionLayer]:
+    calls = recording.calls
+    if not calls:
+        raise UnsupportedModelError(
+            f"{name}: its layers do not attend through transformers' attention interface, "
+            "which the engine's paged attention plugs into"
+        )
+    seen: set[int] = set()
+    layers = []
+    for index, call in enumerate(calls):
+        where = f"{name}: attention layer {index} ({type(call.module).__name__})"
+        if id(call.module) in seen:
+            raise UnsupportedModelError(f"{where} attends more than once per forward")
+        seen.add(id(call.module))
+        layers.append(_layer(where, call))
+    expected = getattr(config, "num_hidden_layers", None)
+    if isinstance(expected, int) and len(layers) < expected:
+        raise UnsupportedModelError(
+            f"{name}: only {len(layers)} of its {expected} layers attend; the others keep "
+            "recurrent or convolutional state, which the paged KV cache does not hold"
+        )
+    return layers
+
+
+def _layer(where: str, call: _Call) -> AttentionLayer:
+    kwargs = call.kwargs
+    if kwargs.get("is_causal") is False or getattr(call.module, "is_causal", True) is False:
+        raise UnsupportedModelError(f"{where} is not causal")
+    for key, value in kwargs.items():
+        if key in _HONOURED or key in _INERT or value is None:
+            continue
+        meaning = _NAMED.get(key, f"the attention argument {key!r}")
+        raise UnsupportedModelError(f"{where} needs {meaning}, which the paged attention lacks")
+    _, kv_heads, _, head_dim = call.key_shape
+    if call.value_shape[-1] != head_dim:
+        raise UnsupportedModelError(
+            f"{where} has keys of width {head_dim} and values of width {call.value_shape[-1]}; "
+            "the paged cache holds keys and values of one width"
+        )
+    window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
+    window = int(window) if isinstance(window, (int, float)) and window else None
+    _check_mask(where, call.mask, window)
+    return AttentionLayer(
+        module=call.module,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        window=window,
+        softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap else None,
+    )
+
+
+def _check_mask(where: str, mask: object, window: int | None) -> None:
+    """The model's mask for this layer must be what the paged attention computes: causal, and
+    within the layer's window. A mask the model made without transformers' mask builders
+    (a tensor: ALiBi, a prefix-LM pattern) is refused."""
+    if mask is None:
+        return
+    if not isinstance(mask, _MaskPattern):
+        raise UnsupportedModelError(
+            f"{where} gets an attention mask the model builds itself ({type(mask).__name__}); "
+            "the paged attention computes causal masks only"
+        )
+    grid = mask.visible.shape[0]
+    q = torch.arange(grid).view(-1, 1)
+    kv = torch.arange(grid).view(1, -1)
+    expected = kv <= q
+    if window:
+        expected &= kv > q - window
+    if not torch.equal(mask.visible.bool(), expected):
+        shape = f"causal within a window of {window}" if window else "causal"
+        raise UnsupportedModelError(
+            f"{where} masks its attention in a way that is not {shape} (chunked, bidirectional "
+            "or token-type attention), which the paged attention cannot compute"
+        )
+
+
+class _HiddenStates(torch.nn.Module):
+    """Stands in for the decoder while the causal LM's forward turns hidden states into logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden: Tensor | None = None
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        class Outputs(BaseModelOutputWithPast):
+            """The hidden states; None for whatever else a causal LM reads of its decoder's
+            outputs (router logits, cross attentions, ...)."""
+
+            def __getattr__(self, name: str) -> None:
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return None
+
+        self._outputs = Outputs
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return self._outputs(last_hidden_state=self.hidden)
+
+
+class GenericForward:
+    """transformers' modules of a causal LM on the packed row, attention through the paged
+    cache: the same call shape as the engine's own forwards (`__call__` for hidden states,
+    `logits` for the LM head and what follows it)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layers: Sequence[AttentionLayer],
+        k_caches: Sequence[Tensor],
+        v_caches: Sequence[Tensor],
+    ) -> None:
+        self.model = model
+        self.decoder = decoder_of(model)
+        self._prefix = getattr(model, "base_model_prefix", "model")
+        self._stand_in = _HiddenStates()
+        self._ids = torch.zeros(1, 1, dtype=torch.long, device=k_caches[0].device)
+        for layer, k, v in zip(layers, k_caches, v_caches, strict=True):
+            layer.module.k_cache = k  # type: ignore[assignment]
+            layer.module.v_cache = v  # type: ignore[assignment]
+
+    def __call__(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        attn: AttentionMetadata,
+        k_caches: Sequence[Tensor],
+        v_caches: Sequence[Tensor],
+    ) -> Tensor:
+        """Hidden states after the final norm, [T, hidden] (the caches hang on the layers)."""
+        out = self.decoder(
+            input_ids=input_ids.unsqueeze(0),
+            position_ids=positions.unsqueeze(0),
+            use_cache=False,
+            trio_attn=attn,
+        )
+        return out.last_hidden_state[0]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The causal LM's logits of `hidden` rows ([N, hidden] -> [N, vocab])."""
+        rows = hidden.shape[0]
+        if self._ids.shape[1] < rows:
+            self._ids = self._ids.new_zeros(1, rows)
+        modules = self.model._modules
+        self._stand_in.hidden = hidden.unsqueeze(0)
+        modules[self._prefix] = self._stand_in
+        try:
+            out = self.model(input_ids=self._ids[:, :rows], use_cache=False)
+        finally:
+            modules[self._prefix] = self.decoder
+            self._stand_in.hidden = None
+        return out.logits[0]
+
+
+def attention_backend(
+    layers: Sequence[AttentionLayer], backend: str, requested: str, max_model_len: int
+) -> tuple[str, str | None]:
+    """The attention backend that honours what `layers` ask, and why it differs from `backend`
+    (None when it does not). The Triton kernels have no soft-capping and no sliding windows: a
+    model that needs either runs on the torch backend when the backend was `auto`, and is
+    refused when `triton` was asked for. A window no context can outgrow needs nothing."""
+    from trio_llm.engine.attention.triton_backend import UNSUPPORTED
+
+    if backend != "triton":
+        return backend, None
+    needs = []
+    if any(layer.softcap for layer in layers):
+        needs.append(UNSUPPORTED["softcap"])
+    windows = [layer.window for layer in layers if layer.window and layer.window < max_model_len]
+    if windows:
+        needs.append(
+            f"{UNSUPPORTED['sliding_window']} (a window of {min(windows)} tokens, contexts of "
+            f"up to {max_model_len})"
+        )
+    if not needs:
+        return backend, None
+    if requested == "triton":
+        raise UnsupportedModelError(f"attention_backend triton: {'; '.join(needs)}")
+    return "torch", f"the torch attention backend, as {'; '.join(needs)}"
