@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import statistics
 import sys
 import time
@@ -232,7 +233,7 @@ def invariance_cost(
         (off, on)
         for off in variants
         for on in variants
-        if (off.impl, off.dtype) == (on.impl, on.dtype)
+        if (off.impl, off.dtype, off.quantization) == (on.impl, on.dtype, on.quantization)
         and off.invariant == "off"
         and on.invariant != "off"
     ]
@@ -243,7 +244,9 @@ def invariance_cost(
         "",
         "Batch invariance's cost: the step with invariance on over the step with it off:",
         "",
-        "| N | C | " + " | ".join(f"{on.impl}, {on.dtype}" for _, on in pairs) + " |",
+        "| N | C | "
+        + " | ".join(on.label.replace(f", invariance {on.invariant}", "") for _, on in pairs)
+        + " |",
         "|---|---|" + "---|" * len(pairs),
     ]
     for n, context in cases:
@@ -290,6 +293,7 @@ def main() -> None:
             f"{'on' if decision.on else 'off'} ({decision.reason})",
             flush=True,
         )
+    load_before = os.getloadavg()
     rows: list[Row] = []
     ops: dict[tuple[int, int], str] = {}
     for n, context in cases:
@@ -313,7 +317,9 @@ def main() -> None:
         "",
         f"Machine: {machine()}. Date: {datetime.datetime.now().isoformat(timespec='minutes')}. "
         f"`python bench/step_profile.py --rounds {args.rounds} --threads {args.threads}"
-        f"{' --ops' if args.ops else ''}`.",
+        f"{' --ops' if args.ops else ''}`. Load average (1, 5, 15 min) "
+        f"{', '.join(f'{x:.1f}' for x in load_before)} before the steps, "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} after (2 cores shared).",
         "",
         "EngineCore in process, default model (SmolLM2-135M-Instruct), N sequences with C "
         "context tokens each, greedy decode steps; one core per variant, the variants taking "

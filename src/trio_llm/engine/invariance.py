@@ -283,7 +283,9 @@ def check_attention(
     mask = (torch.arange(length)[None, :] < lens[:, None])[:, None, None, :].to(device)
 
     def attend(sl: slice) -> Tensor:
-        return _sdpa(q[sl], k[sl], v[sl], mask[sl], scale=head_dim**-0.5, softcap=softcap)
+        return _sdpa(
+            q[sl], k[sl], v[sl], mask[sl], scale=head_dim**-0.5, softcap=softcap, entrywise=True
+        )
 
     alone = torch.cat([attend(slice(i, i + 1)) for i in range(entries)])
     for size in (2, 5, entries):

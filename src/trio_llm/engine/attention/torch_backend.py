@@ -338,7 +338,7 @@ class TorchAttentionMetadata:
             out = qd.new_empty(qd.shape)
             for rows, plan in plans.decode_groups:
                 out[rows] = _decode(
-                    qd.index_select(0, rows), k_cache, v_cache, plan, scale, softcap
+                    qd.index_select(0, rows), k_cache, v_cache, plan, scale, softcap, entrywise=True
                 )
             return out
 
@@ -429,8 +429,11 @@ def _decode(
     plan: DecodePlan,
     scale: float,
     softcap: float | None = None,
+    *,
+    entrywise: bool = False,
 ) -> Tensor:
-    """One query per sequence, [B, Hq, D], over each sequence's blocks."""
+    """One query per sequence, [B, Hq, D], over each sequence's blocks. `entrywise`: see
+    `_sdpa`."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if plan.length == 0:
@@ -444,7 +447,7 @@ def _decode(
     # The query heads sharing a KV head become that head's query rows ([B, Hkv, group, D]):
     # no KV head is repeated, and with one query per sequence no mask is causal.
     qd = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = _sdpa(qd, kd, vd, plan.mask, scale=scale, softcap=softcap)
+    out = _sdpa(qd, kd, vd, plan.mask, scale=scale, softcap=softcap, entrywise=entrywise)
     out = out.reshape(batch, num_heads, head_dim)
     if plan.empty is not None:
         out[plan.empty] = 0
@@ -519,6 +522,7 @@ def _prefill_as_decodes(
                 g.mask,
                 scale=scale,
                 softcap=softcap,
+                entrywise=True,
             )
             out[g.start : g.end] = attended.reshape(n, num_heads, head_dim)
 
@@ -533,13 +537,24 @@ def _sdpa(
     softcap: float | None = None,
     is_causal: bool = False,
     enable_gqa: bool = False,
+    entrywise: bool = False,
 ) -> Tensor:
     """`F.scaled_dot_product_attention`, or, for a layer that soft-caps its attention scores
     (`softcap * tanh(scores / softcap)`, Gemma 2), the same attention written out, as
-    transformers' eager attention computes it (SDPA has no soft-capping)."""
+    transformers' eager attention computes it (SDPA has no soft-capping). `entrywise` (batch
+    invariance): the written-out attention one batch entry per call, as MKL's batched fp32
+    matmul computes an entry differently in batches of different sizes."""
     if not softcap:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    if entrywise and q.shape[0] > 1:
+        masks = [None] * len(q) if mask is None else mask.split(1)
+        return torch.cat(
+            [
+                _sdpa(qi, ki, vi, mi, scale=scale, softcap=softcap, enable_gqa=enable_gqa)
+                for qi, ki, vi, mi in zip(q.split(1), k.split(1), v.split(1), masks, strict=True)
+            ]
         )
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         group = q.shape[-3] // k.shape[-3]
