@@ -89,9 +89,12 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """auto | on | off: compute every row of a step one way whatever else the step holds, so a
     request gets the same tokens alone or in company, however its prompt is chunked, after a
     preemption or from the prefix cache (engine/invariance.py). auto: on where this CPU class's
-    matmul plan passes its start-up check (every class measured so far); on: also padded
-    matmuls where only those pass, and refused at start-up where it cannot be kept (CUDA, the
-    Triton backend, single-token weight sets, matmuls outside nn.Linear); off."""
+    matmul plan passes its start-up check (every class measured so far), off with quantized
+    weights (their prefill chunks would stay on the slower quantized kernels); on: also padded
+    matmuls where only those pass, quantized weights on their kernels for every row, and
+    refused at start-up where it cannot be kept (CUDA, the Triton backend, single-token weight
+    sets, matmuls outside nn.Linear such as a mixture of experts' or GPT-2's Conv1D, a final
+    logit soft-cap on more than one thread); off."""
     attention_backend: str = "auto"
     """auto | torch | triton"""
     enforce_eager: bool = False

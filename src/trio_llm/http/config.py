@@ -243,8 +243,9 @@ def add_serve_arguments(
         default=engine.batch_invariant,
         help="the same request gets the same tokens alone or batched with others, however "
         "its prompt is chunked: auto turns it on where the CPU's matmul plan passes its start-up "
-        "check, on also pads matmuls where only that works and refuses to start where it cannot "
-        "be kept (CUDA, --single-token-dtype), off (default %(default)s)",
+        "check (off with quantized weights), on also pads matmuls where only that works and "
+        "refuses to start where it cannot be kept (CUDA, --single-token-dtype, mixtures of "
+        "experts), off (default %(default)s)",
     )
     add(
         "--quantization",
