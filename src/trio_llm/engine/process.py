@@ -89,8 +89,6 @@ def main() -> int:
     except Exception as exc:
         _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
         return 1
-    if not core.pooling:
-        core.structured.prepare()  # now, not at the first constrained request
     # The model and its libraries out of the collector's full passes, which would otherwise
     # stall a step for the time it takes to visit them all.
     gc.collect()
@@ -128,7 +126,10 @@ def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:
         return SpeechCore(args, source.path, source.name, on_stage)
     from trio_llm.engine.core import EngineCore
 
-    return EngineCore(args, on_stage=on_stage)
+    core = EngineCore(args, on_stage=on_stage)
+    if not core.pooling:
+        core.structured.prepare()  # now, not at the first constrained request
+    return core
 
 
 def _send_failure(tx: RingSender, message: str) -> None:
