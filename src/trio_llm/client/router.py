@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -38,7 +39,14 @@ import anyio.lowlevel
 
 from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
 from trio_llm.client.engine_process import log_stage, open_engine
-from trio_llm.client.errors import EngineDeadError, EngineStartError, start_error_in
+from trio_llm.client.errors import (
+    EngineDeadError,
+    EngineStartError,
+    LoraError,
+    LoraNotFoundError,
+    start_error_in,
+)
+from trio_llm.client.lora import LoraRequest
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
@@ -88,6 +96,9 @@ class ServedModel:
 
     replicas: list[Replica]
     config: ModelConfig | None = None
+    loras: dict[str, str] = field(default_factory=dict)
+    """The LoRA adapters every replica serves (name -> PEFT directory): those it started with,
+    then as `Router.load_lora` / `unload_lora` change them."""
     _cursor: int = 0
 
     @property
@@ -138,11 +149,14 @@ class Lease:
         *,
         request_id: str | None = None,
         priority: int = 0,
+        lora: str | LoraRequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """`EngineClient.generate` on the leased replica (`ValueError` for an id in flight)."""
         request_id = self._hold(request_id)
         try:
-            return self.client.generate(prompt, params, request_id=request_id, priority=priority)
+            return self.client.generate(
+                prompt, params, request_id=request_id, priority=priority, lora=lora
+            )
         except BaseException:
             self._forget(request_id)
             raise
@@ -258,6 +272,7 @@ class Router:
             replica.started = True
             if model.config is None:
                 model.config = client.model_config
+                model.loras = client.loras
         replica.client = client
 
     def model(self, requested: str | None) -> ServedModel:
@@ -267,6 +282,9 @@ class Router:
         for model in self.models:
             if model.name == requested:
                 return model
+        for model in self.models:
+            if requested in model.loras:
+                return model  # a LoRA adapter's requests go to its base model
         raise ModelNotServedError(
             f"The model `{requested}` does not exist; this server serves "
             + ", ".join(f"`{n}`" for n in self.names())
@@ -274,6 +292,12 @@ class Router:
 
     def names(self) -> list[str]:
         return [m.name for m in self.models if m.name is not None]
+
+    def lora_for(self, requested: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: a base model, or no model)."""
+        if requested is None or requested in self.names():
+            return None
+        return requested if any(requested in m.loras for m in self.models) else None
 
     def replicas(self) -> list[tuple[ServedModel, Replica]]:
         return [(m, r) for m in self.models for r in m.replicas]
@@ -307,11 +331,16 @@ class Router:
         model: str | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        lora: str | LoraRequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """`EngineClient.generate` on the least-loaded replica of `model`."""
+        """`EngineClient.generate` on the least-loaded replica of `model`, which may name a
+        LoRA adapter (then its base model's replica generates with it)."""
         lease = self.lease(self.model(model), params.n)
+        lora = lora or self.lora_for(model)
         try:
-            stream = lease.generate(prompt, params, request_id=request_id, priority=priority)
+            stream = lease.generate(
+                prompt, params, request_id=request_id, priority=priority, lora=lora
+            )
         except BaseException:
             lease.release()
             raise
@@ -377,6 +406,56 @@ class Router:
             await replica.client.abort(request_id)
         else:
             await anyio.lowlevel.checkpoint()
+
+    async def load_lora(self, name: str, path: str, *, model: str | None = None) -> None:
+        """Load the PEFT adapter at `path` on every live replica of `model` (None: the first
+        model) and serve it as `name` from then on; `LoraError` with the reason when one
+        cannot (those that did unload it again). A replica that restarts later starts with
+        `ServedModel.loras`."""
+        served = self.model(model)
+        if name in self.names() or any(name in m.loras for m in self.models):
+            raise LoraError(f"the name {name!r} is served already")
+        clients = [r.client for r in served.live() if r.client is not None]
+        if not clients:
+            raise NoLiveReplicaError(f"no replica of {served.name or 'the model'} is running")
+        errors: list[LoraError] = []
+        loaded: list[EngineClient] = []
+
+        async def load(client: EngineClient) -> None:
+            try:
+                await client.load_lora(name, path)
+            except LoraError as error:
+                errors.append(error)
+            else:
+                loaded.append(client)
+
+        async with anyio.create_task_group() as tasks:
+            for client in clients:
+                tasks.start_soon(load, client)
+        if errors:
+            with anyio.CancelScope(shield=True):
+                for client in loaded:
+                    await client.unload_lora(name)
+            raise errors[0]
+        served.loras[name] = path
+
+    async def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name` on every replica of its model (its requests in flight
+        finish on it); `LoraNotFoundError` when no model serves it."""
+        served = next((m for m in self.models if name in m.loras), None)
+        if served is None:
+            raise LoraNotFoundError(f"the LoRA adapter {name!r} is not loaded")
+        del served.loras[name]  # no new request is routed to it from now on
+
+        async def unload(client: EngineClient) -> None:
+            # A replica that died meanwhile restarts without it.
+            with contextlib.suppress(LoraNotFoundError, EngineDeadError):
+                await client.unload_lora(name)
+
+        async with anyio.create_task_group() as tasks:
+            for replica in served.live():
+                if replica.client is not None:
+                    tasks.start_soon(unload, replica.client)
 
     def stats(self) -> list[ReplicaStats]:
         """Every replica's figures (None while it is down); `aggregate` sums them."""

@@ -20,6 +20,10 @@ Invariants:
   writes before it attends. Should that step fail, the blocks it was to fill are unpublished.
 - Two sequences that computed the same prefix each on their own keep one published copy; the
   other copy is never published and goes back to the front of the free queue.
+- A sequence's chain starts at its `cache_root` instead of 0: a request with a `cache_salt`
+  (vLLM's per-tenant isolation) or a LoRA adapter (`lora.adapter_root`) starts at a negative
+  root, which never equals a block's serial, and a chain is matched from its root, so blocks of
+  different roots (salts, adapters, or none) never match.
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ class BlockManager:
         tokens = seq.token_ids
         while len(hashes) < num_blocks:
             i = len(hashes)
-            hashes.append(chain_hash(hashes[-1] if hashes else 0, tokens[i * bs : (i + 1) * bs]))
+            parent = hashes[-1] if hashes else seq.cache_root
+            hashes.append(chain_hash(parent, tokens[i * bs : (i + 1) * bs]))
         return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
@@ -94,7 +99,7 @@ class BlockManager:
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         hits: list[int] = []
-        parent = 0
+        parent = seq.cache_root
         for i, h in enumerate(self.block_hashes(seq, max_blocks)):
             block_id = self.hash_to_block.get(h)
             if block_id is None:
@@ -120,7 +125,7 @@ class BlockManager:
             return  # published already, or the chain broke at a hash collision
         hashes = self.block_hashes(seq, num_full)
         for i in range(len(chain), num_full):
-            parent = chain[-1] if chain else 0
+            parent = chain[-1] if chain else seq.cache_root
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             held = self.hash_to_block.get(hashes[i])
             if held is not None:

@@ -56,6 +56,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    cache_root: int = 0
+    """Where its chain of block hashes starts: 0, or a salt's root (`block_manager.salt_root`)
+    for a request with a `cache_salt`, so that its blocks match only requests with that salt."""
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of the full blocks, in order (kept across preemption: tokens stay)."""
     block_chain: list[int] = field(default_factory=list)
@@ -79,6 +82,9 @@ class Sequence:
     """allowed_token_ids and bad_words, built once when the request arrived."""
     token_type_start: int = 0
     """A pooling request's pair of texts: where the second starts (0: one text)."""
+    lora_slot: int = -1
+    """The slot of its LoRA adapter's weights (engine/lora/); -1: the base model. Its
+    `cache_root` is then the adapter's (`lora.adapter_root`)."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -191,15 +191,16 @@ async def serve_generation(
     await endpoint.check()
     state.admit(plan.sequences)
     lease, model = state.lease(body.model, sequences=plan.sequences)
+    lora = state.router.lora_for(body.model)  # a LoRA adapter named as the model
     prompts = await endpoint.prompts(lease.client, model)
     plan = endpoint.plan  # building the prompts may have added a constraint (tools)
     response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
     ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
     generations = [
-        _generate(lease, prompt, plan, engine_id, req.priority)
+        _generate(lease, prompt, plan, engine_id, req.priority, lora)
         for prompt, engine_id in zip(prompts, ids, strict=True)
     ]
-    head = ResponseHead(response_id, model.name, now(), model.fingerprint)
+    head = ResponseHead(response_id, lora or model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
     if req.stream:
         return sse_response(generations, endpoint.stream(head), metrics)
@@ -208,11 +209,16 @@ async def serve_generation(
 
 
 def _generate(
-    lease: Lease, prompt: Prompt, plan: GenerationPlan, request_id: str, priority: int
+    lease: Lease,
+    prompt: Prompt,
+    plan: GenerationPlan,
+    request_id: str,
+    priority: int,
+    lora: str | None,
 ) -> AsyncGenerator[RequestOutput, None]:
     try:
         return lease.generate(
-            prompt.token_ids, plan.params, request_id=request_id, priority=priority
+            prompt.token_ids, plan.params, request_id=request_id, priority=priority, lora=lora
         )
     except (InvalidPromptError, SamplingParamsError) as error:
         renames = {"prompt": prompt.param, "max_tokens": plan.max_tokens_param}
