@@ -107,11 +107,11 @@ class FakeEngine:
         await trio.lowlevel.checkpoint()
         return "".join(chr(t) for t in token_ids)
 
-    async def token_strings(self, token_ids: list[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: list[int]) -> list[str]:
         await trio.lowlevel.checkpoint()
         return [chr(t) for t in token_ids]
 
-    def token_texts(self, token_ids: list[int]) -> list[str]:
+    def decoded_tokens(self, token_ids: list[int]) -> list[str]:
         return [chr(t) for t in token_ids]
 
     async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:

@@ -14,7 +14,7 @@ from trio_llm.http.chat.protocol import ChatCompletionRequest
 from trio_llm.http.completions.plan import plan_completion
 from trio_llm.http.completions.protocol import CompletionRequest
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.generate.endpoint import check_request
+from trio_llm.http.generate.endpoint import check_plan
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.structured import constraint_of
 from trio_llm.http.wire import decode_request
@@ -129,16 +129,15 @@ def test_malformed_constraints_are_400s_naming_the_param(
 async def test_what_the_engine_cannot_enforce_is_a_400_before_the_engine(
     fields: dict, param: str, fragment: str
 ) -> None:
-    request = chat(**fields)
-    plan_chat(request, LIMITS)  # well-formed: planning passes, the grammar check does not
+    plan = plan_chat(chat(**fields), LIMITS)  # well-formed: planning passes, the check does not
     with pytest.raises(ProtocolError) as info:
-        await check_request(request)
+        await check_plan(plan)
     assert (info.value.status, info.value.param) == (400, param)
     assert fragment in info.value.message
     # Asked again, the answer comes from memory, on the event loop.
     with pytest.raises(ProtocolError):
         with trio.fail_after(5):
-            await check_request(request)
+            await check_plan(plan)
 
 
 async def test_valid_constraints_pass_the_check() -> None:
@@ -150,7 +149,7 @@ async def test_valid_constraints_pass_the_check() -> None:
         {"guided_grammar": 'start: "x" /[0-9]/'},
         {"response_format": {"type": "json_object"}},
     ):
-        await check_request(chat(**fields))
+        await check_plan(plan_chat(chat(**fields), LIMITS))
 
 
 def test_constraint_kinds_round_trip_through_sampling_params() -> None:
@@ -174,7 +173,7 @@ def test_openapi_shows_the_structured_output_fields() -> None:
             fields
         )
         assert {"guided_choice", "guided_grammar", "guided_whitespace_pattern"} <= set(fields)
-    assert set(schemas["StructuredOutputs"]["properties"]) == {
+    assert set(schemas["StructuredOutputsParams"]["properties"]) == {
         "json",
         "regex",
         "choice",

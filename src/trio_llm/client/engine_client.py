@@ -494,9 +494,9 @@ class EngineClient:
             list(token_ids), skip_special_tokens=skip_special_tokens
         )
 
-    async def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """Each id's entry in the vocabulary, as the tokenizer spells it ('Ġthe')."""
-        return await self._tokenizer.token_strings(list(token_ids))
+        return await self._tokenizer.vocab_tokens(list(token_ids))
 
     @property
     def chat_template(self) -> str | None:
@@ -523,10 +523,10 @@ class EngineClient:
             add_special_tokens=add_special_tokens,
         )
 
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+    def decoded_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """The text logprobs show for each token (a partial UTF-8 character as `bytes:\\xNN`).
         On the event loop's thread only."""
-        return [self._outputs.token_text(t) for t in token_ids]
+        return [self._outputs.decoded_token(t) for t in token_ids]
 
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,

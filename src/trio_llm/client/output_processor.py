@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trio_llm.client.collector import RequestCollector
-from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
+from trio_llm.client.detokenizer import DecodedTokens, IncrementalDetokenizer
 from trio_llm.client.errors import EngineRequestError
 from trio_llm.client.output_text import OutputText
 from trio_llm.client.stop_strings import find_stop, held_back
@@ -73,7 +73,7 @@ class OutputProcessor:
     ) -> None:
         self._tokenizer = tokenizer
         self._eos_token_ids = frozenset(eos_token_ids)
-        self._token_text = TokenTexts(tokenizer)
+        self._decoded_token = DecodedTokens(tokenizer)
         self._choices: dict[str, _Choice] = {}
         self._requests: dict[str, _Request] = {}
 
@@ -82,9 +82,9 @@ class OutputProcessor:
         """`generate()` calls with at least one unfinished choice."""
         return len(self._requests)
 
-    def token_text(self, token_id: int) -> str:
+    def decoded_token(self, token_id: int) -> str:
         """The text logprobs show for `token_id`."""
-        return self._token_text(token_id)
+        return self._decoded_token(token_id)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
@@ -284,7 +284,7 @@ class OutputProcessor:
         )
 
     def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
-        ids, logprobs, text = entry.token_ids, entry.logprobs, self._token_text
+        ids, logprobs, text = entry.token_ids, entry.logprobs, self._decoded_token
         return PositionLogprobs(
             chosen=Logprob(ids[0], logprobs[0], entry.rank, text(ids[0])),
             top=[

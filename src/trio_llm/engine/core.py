@@ -15,6 +15,10 @@ grammar that does not compile) finishes with an 'error' output at the next step,
 continue. Every request that
 enters gets exactly one output with a finish reason; after that its id is forgotten and its
 blocks are back in the pool.
+
+Why over 400 lines: the engine's assembly (model load, dtype probe, KV sizing, the pooling
+parts) still lives here beside the step loop; moving it to its own module waits until the work
+on the model runner, weights and LoRA that changes it has landed.
 """
 
 from __future__ import annotations

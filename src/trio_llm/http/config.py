@@ -6,6 +6,9 @@ also reads its default from the environment as `TRIO_LLM_<FLAG>` (e.g. TRIO_LLM_
 TRIO_LLM_MAX_QUEUED_REQUESTS). The models to serve are the positional arguments (or
 TRIO_LLM_MODEL, whitespace-separated), each with its own options (model_specs.py). Invariant:
 a ServerConfig is complete and checked; nothing downstream reads the environment again.
+
+Why over 400 lines: the argparse definition of every flag is here, in one place, on purpose
+(the CLI, `create_app()` and the TRIO_LLM_* environment all read that one definition).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class ServerConfig:
     """The format tool calls are prompted, constrained and parsed in (http/tools/formats.py):
     `hermes`, `llama3_json`, or `auto` (picked from each model's chat template)."""
     ui: bool = True
-    """Serve the chat page at / (http/serving_ui.py)."""
+    """Serve the chat page at / (http/ui/endpoint.py)."""
     responses_store_size: int = 1024
     """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
     recently used evicted first; 0 keeps none."""

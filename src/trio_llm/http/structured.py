@@ -35,7 +35,7 @@ class ResponseFormat(Struct, kw_only=True):
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(Struct, kw_only=True):
+class StructuredOutputsParams(Struct, kw_only=True):
     """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object."""
 
     json: str | dict[str, Any] | None = None
@@ -53,7 +53,7 @@ class StructuredFields(Struct, kw_only=True):
     """The request fields /v1/chat/completions and /v1/completions share for structured output."""
 
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -68,7 +68,7 @@ def _schema(value: str | dict[str, Any], ws: str | None) -> Constraint:
     return Constraint.json_schema(value, whitespace_pattern=ws)
 
 
-def _of_structured_outputs(so: StructuredOutputs) -> tuple[Constraint, str]:
+def _of_structured_outputs(so: StructuredOutputsParams) -> tuple[Constraint, str]:
     given = [k for k in _KINDS if getattr(so, k) not in (None, False)]
     if len(given) != 1:
         found = ", ".join(given) if given else "none"

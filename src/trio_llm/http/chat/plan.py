@@ -24,7 +24,6 @@ from trio_llm.http.sampling import (
     sampling_params,
     truncation,
 )
-from trio_llm.http.structured import constraint_of
 from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import SamplingParams
 
@@ -47,6 +46,8 @@ class ChatPlan:
     tool_choice: ToolChoiceValue = "none"
     """In force (OpenAI's default applied)."""
     parallel_tool_calls: bool | None = None
+    constraint_param: str | None = None
+    """The field the structured-output constraint came from (`response_format`, ...)."""
 
     @property
     def sequences(self) -> int:
@@ -59,7 +60,11 @@ class ChatPlan:
         return bool(self.tools) or uses_tools(self.messages)
 
 
-def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoiceValue]:
+def _tools(
+    request: ChatCompletionRequest, constrained: bool
+) -> tuple[list[FunctionTool], ToolChoiceValue]:
+    """The tools and the choice in force; `constrained`: the request asks for a
+    structured-output constraint, which a forced call cannot be combined with."""
     tools = [
         FunctionTool(t.function.name, t.function.description, t.function.parameters)
         for t in request.tools or ()
@@ -68,7 +73,7 @@ def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoi
     choice = NamedFunction(given.function.name) if isinstance(given, NamedToolChoice) else given
     choice = check_tools(tools, choice)
     forced = choice not in ("none", "auto")
-    if forced and constraint_of(request) is not None:
+    if forced and constrained:
         raise bad_request(
             "tool_choice: a forced call cannot be combined with a structured-output constraint "
             "(response_format, structured_outputs, guided_*)",
@@ -100,7 +105,7 @@ def plan_chat(
     if max_tokens is None:
         max_tokens_param, max_tokens = "max_tokens", request.max_tokens
     top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = sampling_params(
+    params, constraint_param = sampling_params(
         request,
         limits,
         defaults,
@@ -112,7 +117,7 @@ def plan_chat(
     echo_text = None
     if request.echo and messages[-1]["role"] == "assistant":
         echo_text = messages[-1]["content"]
-    tools, tool_choice = _tools(request)
+    tools, tool_choice = _tools(request, params.constraint is not None)
     return ChatPlan(
         messages,
         params,
@@ -124,4 +129,5 @@ def plan_chat(
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
+        constraint_param=constraint_param,
     )

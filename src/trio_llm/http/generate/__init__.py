@@ -1,3 +1,3 @@
 """The skeleton every generating endpoint shares: endpoint.py (GenerationEndpoint and
-serve_generation: decode, plan, check, admit, route, prompts, generate, answer) and streams.py
+serve_generation: decode, plan, check, admit, route, prepare, generate, answer) and streams.py
 (a request's generations fanned in, collected or framed as server-sent events)."""

@@ -1,24 +1,29 @@
-"""The request skeleton every endpoint shares, written once.
+"""The skeleton every generating endpoint shares, written once: `serve_generation`.
 
-An endpoint that generates is a `GenerationEndpoint`: it plans the request (its constructor),
-builds the prompts' token ids, and shapes the stream or the response. `serve_generation` does
-the rest, in this order: decode the body, check the model, plan, admit, route to the model's
-least-loaded engine, build the prompts, make the ids, generate, then stream or collect.
+An endpoint that generates is a `GenerationEndpoint`: its request type, its response id's
+prefix, and four steps, each a function of values that returns the value the next one reads
+(nothing is set on the side): `plan` (the decoded body -> a frozen plan, pure but for what the
+endpoint was given, such as the stored responses), `prepare` (the plan and the model's engine ->
+the prompts' token ids, the `SamplingParams` to generate with, and what the answer needs), then
+`stream` (the SSE chunks' builder) or `response` (the complete response from the outputs).
+`serve_generation` does the rest, in this order: decode the body, check the model, plan, check
+the plan's constraint with the grammar library, admit, route to the model's least-loaded
+replica, prepare, make the ids, generate, then stream or collect.
 Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
 `decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `lease`.
 
 Invariants:
 - Nothing reaches the engine before every check has passed. A structured-output constraint is
-  validated with the grammar library (off the event loop) right after planning. Admission
-  counts the request before anything is tokenized. `generate()` checks a token-id prompt
-  before it returns (the client's `check_request`: does it fit the context, are its ids and
-  the params' in the vocabulary), and its errors, which name the client's fields (`prompt`,
-  `max_tokens`), are renamed to the request's own (`messages`, `prompt[1]`,
+  worked out once, by the plan, and validated with the grammar library (off the event loop)
+  right after planning; the tools' grammar, known once the model's template is, when it is
+  prepared. Admission counts the request before anything is tokenized. `generate()` checks a
+  token-id prompt before it returns (the client's `check_request`: does it fit the context,
+  are its ids and the params' in the vocabulary), and its errors, which name the client's
+  fields (`prompt`, `max_tokens`), are renamed to the request's own (`messages`, `prompt[1]`,
   `max_completion_tokens`); they then reach the client through `translate_error` like any
-  other. No generation is iterated until
-  every prompt of the request has been checked.
-- What a request holds (its admission ticket) is released when its ASGI call ends, however it
-  ends, even if the response body was never started.
+  other. No generation is iterated until every prompt of the request has been checked.
+- What a request holds (its admission ticket, its lease on a replica) is released when its
+  ASGI call ends, however it ends, even if the response body was never started.
 - A client that goes away cancels the request's task, and the cancellation unwinding through
   `generate()` is what aborts the request in the engine; nothing polls for disconnects, for
   streaming and non-streaming requests alike.
@@ -26,10 +31,8 @@ Invariants:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from msgspec import Struct
 from quart import Response
@@ -37,19 +40,117 @@ from quart import Response
 from trio_llm.client.errors import InvalidPromptError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.constraint import Constraint
-from trio_llm.http.choices import Shape
 from trio_llm.http.errors import bad_request
 from trio_llm.http.generate.streams import Builder, collect, sse_response
-from trio_llm.http.ids import engine_request_ids, new_response_id, now
+from trio_llm.http.ids import ResponseHead, engine_request_ids, new_response_id, now
 from trio_llm.http.runtime.bodies import decode_body, json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.structured import StructuredFields, constraint_of
 from trio_llm.outputs import RequestOutput
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient, Lease
+
+# ---------------------------------------------------------------------------------------------
+# What an endpoint gives the skeleton
+
+
+class Prompt(NamedTuple):
+    token_ids: list[int]
+    param: str
+    """The request field it came from ("messages", "prompt", "prompt[1]"), which errors about
+    the prompt name."""
+
+
+class GenerationRequest(Protocol):
+    """The fields of a decoded body the skeleton reads."""
+
+    model: str | None
+    stream: bool
+    request_id: str | None
+    priority: int
+
+
+class GenerationPlan(Protocol):
+    """What the skeleton reads of an endpoint's plan (its plan.py)."""
+
+    @property
+    def params(self) -> SamplingParams:
+        """With the request's structured-output constraint, if it asks for one."""
+        ...
+
+    @property
+    def constraint_param(self) -> str | None:
+        """The field the constraint came from, which its errors name."""
+        ...
+
+    @property
+    def max_tokens_param(self) -> str: ...
+    @property
+    def sequences(self) -> int:
+        """What admission counts and the lease holds: every choice of every prompt."""
+        ...
+
+
+class Prepared(Protocol):
+    """What the skeleton reads of a prepared request."""
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The token ids of each prompt, in order."""
+        ...
+
+    @property
+    def params(self) -> SamplingParams:
+        """What every prompt generates with: the plan's, with the tools' grammar when they
+        constrain the answer."""
+        ...
+
+
+RequestT = TypeVar("RequestT", bound=GenerationRequest)
+PlanT = TypeVar("PlanT", bound=GenerationPlan)
+PreparedT = TypeVar("PreparedT", bound=Prepared)
+
+
+class GenerationEndpoint(Protocol[RequestT, PlanT, PreparedT]):
+    """One generating endpoint's own steps, which `serve_generation` calls in order."""
+
+    @property
+    def request_type(self) -> type[RequestT]:
+        """A msgspec Struct with the fields of `GenerationRequest`."""
+        ...
+
+    @property
+    def id_prefix(self) -> str:
+        """Of the response id, with its separator: `chatcmpl-`, `cmpl-`, `resp_`."""
+        ...
+
+    def plan(self, request: RequestT, limits: RequestLimits, defaults: SamplingDefaults) -> PlanT:
+        """`request` within `limits`, unset sampling fields taking `defaults`, or a
+        `ProtocolError`."""
+        ...
+
+    async def prepare(
+        self, request: RequestT, plan: PlanT, engine: EngineClient, model: ModelInfo
+    ) -> PreparedT:
+        """The prompts' token ids (one per prompt the plan holds) and what the answer needs."""
+        ...
+
+    def stream(self, request: RequestT, prepared: PreparedT, head: ResponseHead) -> Builder:
+        """The builder of the SSE chunks, when the request streams."""
+        ...
+
+    def response(
+        self,
+        request: RequestT,
+        prepared: PreparedT,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> Struct:
+        """The complete response from each prompt's finished output, when it does not."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------
 # The constraint's check
@@ -66,161 +167,57 @@ async def check_constraint(constraint: Constraint | None, param: str | None) -> 
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
 
 
-async def check_request(request: StructuredFields) -> None:
-    """`check_constraint` for the constraint `request` asks for, if any."""
-    found = constraint_of(request)
-    if found is not None:
-        await check_constraint(*found)
+async def check_plan(plan: GenerationPlan) -> None:
+    """`check_constraint` for the constraint the plan carries, if any."""
+    await check_constraint(plan.params.constraint, plan.constraint_param)
 
 
 # ---------------------------------------------------------------------------------------------
 # The skeleton
 
 
-class Prompt(NamedTuple):
-    token_ids: list[int]
-    param: str
-    """The request field it came from ("messages", "prompt", "prompt[1]"), which errors about
-    the prompt name."""
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
-    """What every response and chunk of one request repeats."""
-
-    response_id: str
-    model: str
-    created: int
-    system_fingerprint: str | None = None
-
-
-class GenerationRequest(Protocol):
-    """The fields of a decoded body the skeleton reads."""
-
-    model: str | None
-    stream: bool
-    request_id: str | None
-    priority: int
-    return_token_ids: bool
-
-    @property
-    def include_usage(self) -> bool: ...
-    @property
-    def continuous_usage(self) -> bool: ...
-
-
-class GenerationPlan(Protocol):
-    """What the skeleton reads of an endpoint's plan (plans.py)."""
-
-    @property
-    def params(self) -> SamplingParams: ...
-    @property
-    def max_tokens_param(self) -> str: ...
-    @property
-    def sequences(self) -> int: ...
-    @property
-    def prompt_logprobs(self) -> int | None: ...
-
-
-RequestT = TypeVar("RequestT", bound=GenerationRequest)
-
-
-class GenerationEndpoint(ABC, Generic[RequestT]):
-    """One request to an endpoint that generates. A subclass names its request type and its
-    response id's prefix, plans in its constructor (setting `plan`), and fills the three steps
-    that differ between endpoints: the prompts, the stream, the response."""
-
-    request_type: ClassVar[type[Any]]
-    """A msgspec Struct with the fields of `GenerationRequest`."""
-    id_prefix: ClassVar[str]
-    """Of the response id, with its separator: `chatcmpl-`, `cmpl-`, `resp_`."""
-    plan: GenerationPlan
-
-    def __init__(
-        self, request: RequestT, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> None:
-        """Plan `request` within `limits`, unset sampling fields taking `defaults`: a subclass
-        sets `plan`, or raises `ProtocolError`."""
-        self.request = request
-
-    def shape(self, head: ResponseHead, *, logprobs: int | None) -> Shape:
-        """What the responses and chunks carry beyond the text; `logprobs`: alternatives per
-        generated token (None: no logprobs)."""
-        req, plan = self.request, self.plan
-        return Shape(
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
-            system_fingerprint=head.system_fingerprint,
-            n=plan.params.n,
-            logprobs=logprobs,
-            prompt_logprobs=plan.prompt_logprobs,
-            return_token_ids=req.return_token_ids,
-            include_usage=req.include_usage,
-            continuous_usage=req.continuous_usage,
-        )
-
-    async def check(self) -> None:
-        """The checks that need the grammar library, off the event loop: a 400 unless the
-        engine can enforce the request's structured-output constraint."""
-        await check_request(self.request)
-
-    @abstractmethod
-    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        """The token ids of each prompt, in order (one per prompt the plan holds)."""
-
-    @abstractmethod
-    def stream(self, head: ResponseHead) -> Builder:
-        """The builder of the SSE chunks, when the request streams."""
-
-    @abstractmethod
-    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> Struct:
-        """The complete response from each prompt's finished output, when it does not."""
-
-
 async def serve_generation(
-    endpoint_type: type[GenerationEndpoint[Any]], raw: bytes | None = None
+    endpoint: GenerationEndpoint[Any, Any, Any], raw: bytes | None = None
 ) -> Response:
     """The whole of a generating request, around the endpoint's own steps. `raw`: the body,
     when the caller has read it already."""
     state = current_state()
-    body = await decode_body(endpoint_type.request_type, raw)
-    _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
-    endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
-    req, plan = endpoint.request, endpoint.plan
-    await endpoint.check()
+    request = await decode_body(endpoint.request_type, raw)
+    _, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
+    plan = endpoint.plan(request, state.config.limits, card.sampling_defaults)
+    await check_plan(plan)
     state.admit(plan.sequences)
-    lease, model = state.lease(body.model, sequences=plan.sequences)
-    lora = state.router.lora_for(body.model)  # a LoRA adapter named as the model
-    prompts = await endpoint.prompts(lease.client, model)
-    plan = endpoint.plan  # building the prompts may have added a constraint (tools)
-    response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
-    ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
+    lease, model = state.lease(request.model, sequences=plan.sequences)
+    lora = state.router.lora_for(request.model)  # a LoRA adapter named as the model
+    prepared = await endpoint.prepare(request, plan, lease.client, model)
+    response_id = new_response_id(endpoint.id_prefix, request.request_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), request.request_id is not None)
     generations = [
-        _generate(lease, prompt, plan, engine_id, req.priority, lora)
-        for prompt, engine_id in zip(prompts, ids, strict=True)
+        _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request, lora)
+        for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
     ]
     head = ResponseHead(response_id, lora or model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
-    if req.stream:
-        return sse_response(generations, endpoint.stream(head), metrics)
+    if request.stream:
+        return sse_response(generations, endpoint.stream(request, prepared, head), metrics)
     outputs = await collect(generations, metrics)
-    return json_response(endpoint.response(head, outputs))
+    return json_response(endpoint.response(request, prepared, head, outputs))
 
 
 def _generate(
     lease: Lease,
     prompt: Prompt,
-    plan: GenerationPlan,
+    params: SamplingParams,
+    max_tokens_param: str,
     request_id: str,
-    priority: int,
+    request: GenerationRequest,
     lora: str | None,
 ) -> AsyncGenerator[RequestOutput, None]:
     try:
         return lease.generate(
-            prompt.token_ids, plan.params, request_id=request_id, priority=priority, lora=lora
+            prompt.token_ids, params, request_id=request_id, priority=request.priority, lora=lora
         )
     except (InvalidPromptError, SamplingParamsError) as error:
-        renames = {"prompt": prompt.param, "max_tokens": plan.max_tokens_param}
+        renames = {"prompt": prompt.param, "max_tokens": max_tokens_param}
         error.param = renames.get(error.param, error.param)
         raise

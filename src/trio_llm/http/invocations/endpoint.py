@@ -10,11 +10,10 @@ from __future__ import annotations
 import msgspec
 from quart import Response
 
-from trio_llm.http.chat.endpoint import ChatCompletion
-from trio_llm.http.completions.endpoint import Completion
+from trio_llm.http.chat.endpoint import chat_completions
+from trio_llm.http.completions.endpoint import completions
 from trio_llm.http.embeddings.endpoint import embeddings
 from trio_llm.http.errors import bad_request
-from trio_llm.http.generate.endpoint import serve_generation
 from trio_llm.http.pooling import endpoint as pooling
 from trio_llm.http.runtime.bodies import read_body
 from trio_llm.http.runtime.state import current_state
@@ -40,9 +39,9 @@ async def invocations() -> Response:
     except (msgspec.DecodeError, RecursionError) as error:
         raise bad_request(f"Invalid JSON body: {error}") from None
     if kind.messages:
-        return await serve_generation(ChatCompletion, raw)
+        return await chat_completions(raw)
     if kind.prompt:
-        return await serve_generation(Completion, raw)
+        return await completions(raw)
     if kind.input:
         model = kind.model if isinstance(kind.model, str) else None
         _, card = current_state().model_for(model, task=None)

@@ -54,7 +54,7 @@ async def model_card(model_id: str) -> Response:
     return json_response(found or _card(current_state().card(model_id)))
 
 
-def _engine_for(model: str | None) -> tuple[EngineClient, ModelInfo]:
+def _engine(model: str | None) -> tuple[EngineClient, ModelInfo]:
     """Any model tokenizes, whatever endpoint it serves."""
     lease, info = current_state().lease(model, task=None)
     return lease.client, info
@@ -62,7 +62,7 @@ def _engine_for(model: str | None) -> tuple[EngineClient, ModelInfo]:
 
 async def tokenize() -> Response:
     req = await decode_body(TokenizeRequest)
-    engine, model = _engine_for(req.model)
+    engine, model = _engine(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if req.prompt is not None:
@@ -85,12 +85,12 @@ async def tokenize() -> Response:
         )
     response = TokenizeResponse(len(ids), model.max_model_len, ids)
     if req.return_token_strs:
-        response.token_strs = await engine.token_strings(ids)
+        response.token_strs = await engine.vocab_tokens(ids)
     return json_response(response)
 
 
 async def detokenize() -> Response:
     req = await decode_body(DetokenizeRequest)
-    engine, model = _engine_for(req.model)
+    engine, model = _engine(req.model)
     check_token_ids(req.tokens, model.vocab_size, "tokens")
     return json_response(DetokenizeResponse(await engine.decode(req.tokens)))

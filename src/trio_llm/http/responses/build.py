@@ -6,7 +6,7 @@ parameters (`initial_response`), its status (`completed`; `incomplete` with
 output items and usage, and the event sequence of a stream: response.created,
 response.in_progress, then per message output_item.added, content_part.added,
 output_text.delta..., output_text.done, content_part.done, output_item.done, per function
-call (read by a tool parser, `ToolParser`) output_item.added,
+call (read by http/tools' `ToolCallParser`) output_item.added,
 function_call_arguments.delta..., function_call_arguments.done, output_item.done, and
 response.completed / .incomplete / .failed, each with the next sequence_number.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -40,9 +40,9 @@ from trio_llm.http.responses.protocol import (
     OutputItemAdded,
     OutputItemDone,
     OutputMessage,
-    OutputText,
     OutputTextDelta,
     OutputTextDone,
+    OutputTextPart,
     OutputTokensDetails,
     ResponseCompleted,
     ResponseCreated,
@@ -55,33 +55,11 @@ from trio_llm.http.responses.protocol import (
     ResponseUsage,
     TextConfig,
 )
+from trio_llm.http.tools import ToolCallDelta, ToolCallParser
 from trio_llm.outputs import CompletionOutput, RequestOutput
 
 OnFinished = Callable[[ResponseObject], None]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
-
-
-class ToolCallDelta(Protocol):
-    """A piece of a streamed call (http/tools' parser): the first has `id` and `name`."""
-
-    index: int
-    id: str | None
-    name: str | None
-    arguments: str
-
-
-class ToolCall(Protocol):
-    id: str
-    name: str
-    arguments: str
-
-
-class ToolParser(Protocol):
-    """What reads function calls out of a model's text (http/tools' `ToolCallParser`)."""
-
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]: ...
-    def end(self) -> tuple[str, list[ToolCallDelta]]: ...
-    def finish(self) -> tuple[str, list[ToolCall]]: ...
 
 
 def item_id(prefix: str) -> str:
@@ -189,7 +167,7 @@ def complete_response(
     output: RequestOutput,
     on_finished: OnFinished,
     top_logprobs: int | None = None,
-    parser: ToolParser | None = None,
+    parser: ToolCallParser | None = None,
 ) -> ResponseObject:
     """The response of a request that does not stream, from its finished output;
     `top_logprobs`: alternatives per token in the text's logprobs (None: none); `parser`:
@@ -205,7 +183,7 @@ def complete_response(
     response = finished(base, tokens, [])
     items: list[OutputItem] = []
     if content or not calls:
-        part = OutputText(text=content, logprobs=_logprobs(o, top_logprobs))
+        part = OutputTextPart(text=content, logprobs=_logprobs(o, top_logprobs))
         items.append(OutputMessage(id=item_id("msg"), status="completed", content=[part]))
     items += [_function_call(c.id, c.name, c.arguments, "completed") for c in calls]
     items[-1].status = _last_item_status(response)
@@ -228,7 +206,7 @@ class ResponsesStream:
     on_finished: OnFinished
     top_logprobs: int | None = None
     """Alternatives per token in the deltas' and the text's logprobs; None: none."""
-    parser: ToolParser | None = None
+    parser: ToolCallParser | None = None
     """Reads function calls out of the text; None: the text is all message."""
     _sequence: int = field(default=0, init=False)
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
@@ -263,7 +241,7 @@ class ResponsesStream:
         self._text, self._logprobs = [], []
         events.append(self._event(OutputItemAdded, output_index=len(self._output) - 1, item=item))
         if isinstance(item, OutputMessage):
-            part = OutputText(text="")
+            part = OutputTextPart(text="")
             events.append(
                 self._event(ContentPartAdded, **self._in_item(), content_index=0, part=part)
             )
@@ -273,7 +251,7 @@ class ResponsesStream:
         """The open item as it stands, with `status`."""
         item, text = self._output[-1], "".join(self._text)
         if isinstance(item, OutputMessage):
-            part = OutputText(text=text, logprobs=self._logprobs)
+            part = OutputTextPart(text=text, logprobs=self._logprobs)
             return OutputMessage(id=item.id, status=status, content=[part])
         return FunctionCall(
             id=item.id, call_id=item.call_id, name=item.name, arguments=text, status=status

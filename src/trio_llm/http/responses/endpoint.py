@@ -3,122 +3,154 @@ chat path.
 
 A Responses request is a chat request in other clothes: its instructions, the history of its
 previous response and its input items become chat messages rendered with the model's chat
-template, and its sampling fields and text.format a `SamplingParams` (plan.py); its
-function tools go through http/tools as chat's do (rendered for the template, the calls'
-grammar added once the template is known: the prompts step, a parser reading the calls back
-into function_call items); the request skeleton (generate/endpoint.py) does the rest, disconnects
-included. What differs is the answer
-(build.py) and the memory: a finished response is stored (store.py) unless
-the request says `store: false`.
+template, and its sampling fields and text.format a `SamplingParams` (plan.py); its function
+tools go through http/tools as chat's do (rendered for the template, the calls' grammar added
+once the template is known: the prepare step, a parser reading the calls back into
+function_call items); the request skeleton (generate/endpoint.py) does the rest, disconnects
+included. What differs is the answer (build.py) and the memory: a finished response is stored
+(store.py) unless the request says `store: false`.
+
+The request's path, top to bottom: `plan_responses` (plan.py), then the previous response's
+history from the store -> the skeleton's constraint check and routing ->
+`ResponsesEndpoint.prepare` (conversation, tools, template) -> `ResponsesStream` or
+`complete_response` (build.py), which hand the finished response to the store.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 from quart import Response
 
-from trio_llm.http.generate.endpoint import (
-    GenerationEndpoint,
-    Prompt,
-    ResponseHead,
-    check_constraint,
-    serve_generation,
+from trio_llm.http.generate.endpoint import Prompt, check_constraint, serve_generation
+from trio_llm.http.ids import ResponseHead
+from trio_llm.http.responses.build import (
+    OnFinished,
+    ResponsesStream,
+    complete_response,
+    initial_response,
 )
-from trio_llm.http.responses.build import ResponsesStream, complete_response, initial_response
 from trio_llm.http.responses.plan import ResponsesPlan, conversation_messages, plan_responses
-from trio_llm.http.responses.protocol import (
-    DeletedResponse,
-    InputItem,
-    ResponseObject,
-    ResponsesRequest,
-)
-from trio_llm.http.responses.store import StoredResponse
+from trio_llm.http.responses.protocol import DeletedResponse, ResponseObject, ResponsesRequest
+from trio_llm.http.responses.store import ResponseStore, StoredResponse
 from trio_llm.http.runtime.bodies import json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.tools import NamedFunction, ToolCallParser, plan_tools
+from trio_llm.http.tools import NamedFunction, ToolPlan, plan_tools
 from trio_llm.outputs import RequestOutput
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
 
 
-class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
-    request_type = ResponsesRequest
-    id_prefix = "resp_"
+@dataclass(frozen=True, slots=True)
+class PreparedResponse:
     plan: ResponsesPlan
+    prompts: list[Prompt]
+    params: SamplingParams
+    """The plan's, with the tools' grammar when they constrain the answer (a forced call's
+    wins over text.format)."""
+    tools: ToolPlan
+    """Its `new_parser` reads the function calls out of the answer."""
 
-    def __init__(
+
+@dataclass(frozen=True, slots=True)
+class ResponsesEndpoint:
+    """The Responses endpoint's steps (`GenerationEndpoint`), over the server's stored
+    responses."""
+
+    store: ResponseStore
+    tool_call_parser: str
+    """--tool-call-parser: the format tool calls are prompted, constrained and read in."""
+    request_type: ClassVar = ResponsesRequest
+    id_prefix: ClassVar = "resp_"
+
+    def plan(
         self, request: ResponsesRequest, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> None:
-        super().__init__(request, limits, defaults)
-        self.plan = plan_responses(request, limits, defaults)
-        self._store = current_state().responses
-        self._history: tuple[InputItem, ...] = ()
-        self._parser: ToolCallParser | None = None
-        """Reads the function calls out of the answer (set with the prompt)."""
-        if request.previous_response_id is not None:
-            previous = self._store.get(request.previous_response_id, "previous_response_id")
-            self._history = previous.continued()
+    ) -> ResponsesPlan:
+        plan = plan_responses(request, limits, defaults)
+        if request.previous_response_id is None:
+            return plan
+        previous = self.store.get(request.previous_response_id, "previous_response_id")
+        return dataclasses.replace(plan, history=previous.continued())
 
-    async def check(self) -> None:
-        await check_constraint(self.plan.params.constraint, self.plan.constraint_param)
-
-    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        req, plan = self.request, self.plan
-        messages = conversation_messages(req.instructions, self._history, plan.items)
+    async def prepare(
+        self, request: ResponsesRequest, plan: ResponsesPlan, engine: EngineClient, model: ModelInfo
+    ) -> PreparedResponse:
+        messages = conversation_messages(request.instructions, plan.history, plan.items)
         choice = plan.tool_choice
         forced = choice == "required" or isinstance(choice, NamedFunction)
         tools = plan_tools(
             [t.as_tool() for t in plan.tools],
             choice,
-            req.parallel_tool_calls,
+            request.parallel_tool_calls,
             messages,
             chat_template=engine.chat_template,
-            parser=current_state().config.tool_call_parser,
+            parser=self.tool_call_parser,
             constrain=forced or plan.params.constraint is None,
         )
-        self._parser = tools.new_parser()
+        params = plan.params
         if tools.constraint is not None:  # the calls' grammar (a forced one wins text.format)
             await check_constraint(tools.constraint, "tools")
-            params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
-            self.plan = dataclasses.replace(plan, params=params)
+            params = msgspec.structs.replace(params, constraint=tools.constraint)
         token_ids = await engine.apply_chat_template(
             tools.messages, chat_template_kwargs=tools.template_kwargs or None
         )
-        return [Prompt(token_ids, "input")]
+        return PreparedResponse(plan, [Prompt(token_ids, "input")], params, tools)
 
-    def _base(self, head: ResponseHead) -> ResponseObject:
+    def _base(
+        self, request: ResponsesRequest, plan: ResponsesPlan, head: ResponseHead
+    ) -> ResponseObject:
         return initial_response(
-            self.request,
-            self.plan,
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
+            request, plan, response_id=head.response_id, model=head.model, created=head.created
         )
 
-    def _finished(self, response: ResponseObject) -> None:
-        if self.request.store:
-            conversation = (*self._history, *self.plan.items)
-            self._store.put(StoredResponse(response, conversation))
+    def _on_finished(self, request: ResponsesRequest, plan: ResponsesPlan) -> OnFinished:
+        """What keeps a finished response: the store, unless the request says `store: false`."""
 
-    def stream(self, head: ResponseHead) -> ResponsesStream:
+        def store(response: ResponseObject) -> None:
+            if request.store:
+                self.store.put(StoredResponse(response, (*plan.history, *plan.items)))
+
+        return store
+
+    def stream(
+        self, request: ResponsesRequest, prepared: PreparedResponse, head: ResponseHead
+    ) -> ResponsesStream:
+        plan = prepared.plan
         return ResponsesStream(
-            self._base(head), self._finished, self.plan.top_logprobs, self._parser
+            self._base(request, plan, head),
+            self._on_finished(request, plan),
+            plan.top_logprobs,
+            prepared.tools.new_parser(),
         )
 
-    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ResponseObject:
+    def response(
+        self,
+        request: ResponsesRequest,
+        prepared: PreparedResponse,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> ResponseObject:
         [output] = outputs
+        plan = prepared.plan
         return complete_response(
-            self._base(head), output, self._finished, self.plan.top_logprobs, self._parser
+            self._base(request, plan, head),
+            output,
+            self._on_finished(request, plan),
+            plan.top_logprobs,
+            prepared.tools.new_parser(),
         )
 
 
-async def create_response() -> Response:
-    return await serve_generation(ResponsesEndpoint)
+async def create_response(raw: bytes | None = None) -> Response:
+    state = current_state()
+    endpoint = ResponsesEndpoint(state.responses, state.config.tool_call_parser)
+    return await serve_generation(endpoint, raw)
 
 
 async def retrieve_response(response_id: str) -> Response:

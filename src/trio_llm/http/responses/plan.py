@@ -22,9 +22,9 @@ from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.responses.protocol import (
     FunctionCallItem,
-    FunctionTool,
     InputItem,
     MessageItem,
+    ResponsesFunctionTool,
     ResponsesRequest,
     TextConfig,
     function_tools,
@@ -45,13 +45,16 @@ class ResponsesPlan:
     items: list[InputItem]
     """This request's input, as items (a string input is one user message)."""
     params: SamplingParams
-    tools: list[FunctionTool]
+    tools: list[ResponsesFunctionTool]
     tool_choice: ToolChoiceValue | None = None
     """As http/tools takes it; None: OpenAI's default (auto with tools)."""
     top_logprobs: int | None = None
     """Alternatives per output token; None: no logprobs in the response."""
     constraint_param: str | None = None
     """The field the constraint came from (`text.format.schema`), which its errors name."""
+    history: tuple[InputItem, ...] = ()
+    """What `previous_response_id` continues: the stored response's conversation and output
+    (the endpoint looks it up in the store once the request is planned)."""
 
     @property
     def max_tokens_param(self) -> str:
@@ -60,10 +63,6 @@ class ResponsesPlan:
     @property
     def sequences(self) -> int:
         return 1
-
-    @property
-    def prompt_logprobs(self) -> int | None:
-        return None
 
 
 def _refuse_unbuilt(request: ResponsesRequest) -> None:
@@ -95,7 +94,9 @@ def text_constraint(text: TextConfig | None) -> tuple[Constraint, str] | None:
     return validated(Constraint.json_schema(format.schema), "text.format.schema")
 
 
-def tool_choice(choice: str | dict[str, Any], given: list[FunctionTool]) -> ToolChoiceValue | None:
+def tool_choice(
+    choice: str | dict[str, Any], given: list[ResponsesFunctionTool]
+) -> ToolChoiceValue | None:
     """`tool_choice` as http/tools takes it (None: OpenAI's default), checked against the
     tools (`check_tools`: a 400 for `required` without tools, a name not among them)."""
     value: ToolChoiceValue | None
@@ -131,16 +132,15 @@ def plan_responses(
     if _LOGPROBS_INCLUDE in (request.include or ()):
         top_logprobs = request.top_logprobs or 0
 
-    def given(value: float | None, default: float) -> float:
-        return default if value is None else value
-
     params = SamplingParams(
         max_tokens=request.max_output_tokens,
-        temperature=given(request.temperature, defaults.temperature),
-        top_p=given(request.top_p, defaults.top_p),
-        top_k=defaults.top_k if request.top_k is None else request.top_k,
-        min_p=given(request.min_p, defaults.min_p),
-        repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
+        **defaults.fill(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+        ),
         seed=request.seed,
         logprobs=top_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
