@@ -293,19 +293,19 @@ def test_a_step_groups_rows_by_adapter_as_a_per_row_update_would() -> None:
         for b_stack, b in zip(stacks.b[0], bs):
             b_stack[slot] = b
         pairs[slot] = (a, bs)
-    row_slots = np.array([4, -1, 0, 4, 4, -1, 2, 0, 4])
-    x = torch.randn(len(row_slots), 12, generator=g)
-    out = torch.zeros(len(row_slots), 16)
-    batch = LoraBatch.build(row_slots, stacks, lambda _, a: torch.from_numpy(a))
-    assert batch is not None and batch.groups == 3 and batch.keep is not None
-    batch.add(0, x, out)
-    for row, slot in enumerate(row_slots.tolist()):
-        if slot < 0:
-            assert torch.equal(out[row], torch.zeros(16))
-            continue
-        a, bs = pairs[slot]
-        expected = torch.cat([x[row] @ a[p].T @ b.T for p, b in enumerate(bs)])
-        torch.testing.assert_close(out[row], expected)
+    for row_slots in (np.array([4, -1, 0, 4, 4, -1, 2, 0, 4]), np.array([3, 3, 3])):
+        x = torch.randn(len(row_slots), 12, generator=g)
+        out = torch.zeros(len(row_slots), 16)
+        batch = LoraBatch.build(row_slots, stacks, lambda _, a: torch.from_numpy(a))
+        assert batch is not None
+        batch.add(0, x, out)
+        for row, slot in enumerate(row_slots.tolist()):
+            if slot < 0:
+                assert torch.equal(out[row], torch.zeros(16))
+                continue
+            a, bs = pairs[slot]
+            expected = torch.cat([x[row] @ a[p].T @ b.T for p, b in enumerate(bs)])
+            torch.testing.assert_close(out[row], expected)
     assert LoraBatch.build(np.array([-1, -1]), stacks, lambda _, a: torch.from_numpy(a)) is None
 
 
@@ -318,3 +318,26 @@ def test_a_loaded_adapter_is_refused_for_a_pooling_model_but_enabling_is_ignored
         make_core(DEFAULT_EMBEDDING_MODEL, lora_modules={"x": str(tmp_path)})  # type: ignore[arg-type]
     core = make_core(DEFAULT_EMBEDDING_MODEL, enable_lora=True)  # type: ignore[arg-type]
     assert core.loras is None
+
+
+@pytest.mark.slow
+def test_the_default_model_with_an_adapter_equals_pefts_merged_model(
+    default_model: object, tmp_path: Path
+) -> None:
+    """SmolLM2-135M-Instruct (float32) with a random rank-16 adapter on every projection,
+    batched with a base request: PEFT's tokens and log-probabilities."""
+    base = default_model.path  # type: ignore[attr-defined]
+    adapter = make_adapter(base, tmp_path / "smol", seed=31, rank=16, alpha=16)
+    core = make_core(base, lora_modules={"smol": str(adapter)}, kv_cache_memory="64MiB")
+    prompt_ids = [1, 4093, 314, 260, 3575, 282, 4649, 47, 2]
+    got = run(
+        core,
+        [
+            lora_request("lora", prompt_ids, "smol", max_tokens=16, logprobs=0),
+            lora_request("base", prompt_ids, None, max_tokens=16),
+        ],
+    )
+    reference = merged_model(base, adapter)
+    assert got["lora"].token_ids == peft_greedy(reference, prompt_ids, 16)
+    _check_logprobs(reference, prompt_ids, got["lora"].token_ids, got["lora"].logprobs)
+    assert got["base"].token_ids != got["lora"].token_ids

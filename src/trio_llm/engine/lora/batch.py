@@ -38,6 +38,8 @@ class LoraBatch:
     """Per target: its A and Bs for the step's adapters, in group order."""
     rank: int
     """The stacks' rank bound: the width of one part in A's rows."""
+    whole: bool = False
+    """Every row of the step is in the one group, in order: no gather, no scatter."""
 
     @classmethod
     def build(cls, row_slots: np.ndarray, stacks: LoraStacks, stage: Stage) -> LoraBatch | None:
@@ -70,13 +72,17 @@ class LoraBatch:
             keep=keep,
             weights=stacks.weights(tuple(active.tolist())),
             rank=stacks.max_rank,
+            whole=groups == 1 and members.size == row_slots.size,
         )
 
     def add(self, target: int, x: torch.Tensor, out: torch.Tensor) -> None:
         """Add each group's update to its rows of `out` ([T, out]), the target's output for the
         input `x` ([T, in])."""
         a, bs = self.weights[target]
-        xs = x.index_select(0, self.rows).view(self.groups, self.width, x.shape[-1])
+        if self.whole:
+            xs = x.unsqueeze(0)
+        else:
+            xs = x.index_select(0, self.rows).view(self.groups, self.width, x.shape[-1])
         shrunk = torch.bmm(xs, a.transpose(1, 2))  # [groups, width, parts * rank]
         if self.keep is not None:
             shrunk.mul_(self.keep)
@@ -91,4 +97,7 @@ class LoraBatch:
                 ],
                 dim=2,
             )
-        out.index_add_(0, self.rows, update.view(self.groups * self.width, -1))
+        if self.whole:
+            out.add_(update[0])
+        else:
+            out.index_add_(0, self.rows, update.view(self.groups * self.width, -1))
