@@ -288,9 +288,11 @@ class Router:
         for model in self.models:
             if requested in model.loras:
                 return model  # a LoRA adapter's requests go to its base model
+        loras = [name for m in self.models for name in m.loras]
         raise ModelNotServedError(
             f"The model `{requested}` does not exist; this server serves "
             + ", ".join(f"`{n}`" for n in self.names())
+            + (" and the LoRA adapters " + ", ".join(f"`{n}`" for n in loras) if loras else "")
         )
 
     def names(self) -> list[str]:

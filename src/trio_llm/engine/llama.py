@@ -81,6 +81,9 @@ class _Layer:
 class LlamaForward:
     """A Llama-family model as plain tensors, computing hidden states for the packed row."""
 
+    lora_projections = LORA_PROJECTIONS
+    """What the runner builds the LoRA targets from (an own forward without it has none)."""
+
     def __init__(self, model: torch.nn.Module, max_positions: int, linear: Linear) -> None:
         config = model.config
         decoder = model.model

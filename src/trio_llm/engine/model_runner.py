@@ -149,7 +149,7 @@ class ModelRunner:
         """Where the transformers path's wrapped Linears read the step's adapter rows."""
         if lora is not None:
             if self.own is not None:
-                targets = fused_targets(model, llama.LORA_PROJECTIONS)
+                targets = fused_targets(model, self.own.lora_projections)
             else:  # before the weight sets: they swap the Linears inside the wrappers
                 self._lora_hook = LoraHook()
                 targets = wrap_linears(model, self._lora_hook)
