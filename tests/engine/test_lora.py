@@ -341,3 +341,22 @@ def test_the_default_model_with_an_adapter_equals_pefts_merged_model(
     assert got["lora"].token_ids == peft_greedy(reference, prompt_ids, 16)
     _check_logprobs(reference, prompt_ids, got["lora"].token_ids, got["lora"].logprobs)
     assert got["base"].token_ids != got["lora"].token_ids
+
+
+def test_single_token_weight_copies_keep_the_adapters(
+    tiny_model_dir: Path, adapters: dict[str, Path], references: dict[str | None, object]
+) -> None:
+    """A lone stream's steps run on float16 copies of the Linears (swapped in inside the LoRA
+    wrappers): the adapter's update still applies."""
+    core = _core(tiny_model_dir, adapters, single_token_dtype="float16")
+    assert core.runner.weight_sets is not None
+    prompt = random_prompts([6], seed=10)[0]
+    got = run(core, [lora_request("r", prompt, "sql")])["r"]
+    assert core.runner.single_token_steps >= MAX_TOKENS - 1
+    # Each token is PEFT's greedy choice given the ones before, up to float16's rounding (the
+    # base model's choice is far from it: without the update the test fails).
+    lps = peft_logprobs(references["sql"], prompt + got.token_ids)[len(prompt) - 1 :]
+    chosen = lps[torch.arange(MAX_TOKENS), torch.tensor(got.token_ids)]
+    assert (lps.max(dim=-1).values - chosen).max() < 0.05
+    base = peft_logprobs(references[None], prompt)[-1]
+    assert base.max() - base[got.token_ids[0]] > 1.0
