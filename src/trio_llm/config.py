@@ -61,6 +61,17 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The share of a GPU's free memory an auto KV cache takes; the rest is for activations,
     the CUDA graphs' pool and the allocator's slack."""
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    """fcfs | priority (vLLM's --scheduling-policy): with fcfs requests run in arrival order and
+    a request's `priority` must be 0; with priority a lower value runs first (and is preempted
+    last), FCFS among equals."""
+    kv_events_endpoint: str | None = None
+    """A ZeroMQ endpoint (e.g. tcp://*:5557) on which the engine publishes its KV-cache events
+    in vLLM's format, for a KV-aware router (engine/kv_events.py); None: none are published."""
+    kv_events_topic: str = ""
+    data_parallel_rank: int | None = None
+    """This engine's replica index among its model's (stamped on its KV events); None: the
+    model has one replica."""
     model_impl: str = "auto"
     """auto | transformers: the engine's own forward for the Llama family (Llama, Qwen2,
     Mistral), or transformers' modules for every model."""

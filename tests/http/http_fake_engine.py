@@ -68,6 +68,9 @@ class FakeEngine:
             device="cpu",
             task=self.task,
             embedding_size=4 if self.task == "embed" else 0,
+            block_size=16,
+            num_blocks=10,
+            priority_scheduling=False,
         )
         self._inputs = InputProcessor(
             ConfinedTokenizer(SimpleNamespace()),  # type: ignore[arg-type]

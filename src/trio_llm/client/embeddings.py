@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import numpy as np
 
-from trio_llm.client.errors import EngineRequestError, InvalidPromptError
+from trio_llm.client.errors import EngineDeadError, EngineRequestError, InvalidPromptError
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, EngineReady
 from trio_llm.sampling_params import SamplingParams
 
@@ -148,6 +148,11 @@ class PendingEmbeddings:
         return [request_id]
 
     def fail_all(self, make_error: Callable[[], BaseException]) -> None:
+        """Fail every waiter; an input still waiting was not computed (a pooling step computes
+        an input whole), so it counts as not started (the router may run it elsewhere)."""
         for waiter in self._waiters.values():
-            waiter.set(None, make_error())
+            error = make_error()
+            if isinstance(error, EngineDeadError):
+                error.started = False
+            waiter.set(None, error)
         self._waiters.clear()

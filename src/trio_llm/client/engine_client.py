@@ -77,7 +77,7 @@ from trio_llm.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from trio_llm.sampling_params import SamplingParams
+from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
 
 if TYPE_CHECKING:
@@ -261,6 +261,7 @@ class EngineClient:
         """
         self._check_alive()
         self._check_task("generate")
+        self._check_priority(priority)
         if isinstance(prompt, str):
             params.validate()
             params.validate_vocab(self.model_config.vocab_size)
@@ -316,6 +317,7 @@ class EngineClient:
         engine id is `request_id-i` (just `request_id` for one input)."""
         self._check_alive()
         self._check_task("embed")
+        self._check_priority(priority)
         cut = check_dimensions(self.model_config, dimensions)
         inputs = await self._inputs.embedding_inputs(
             prompts,
@@ -623,6 +625,16 @@ class EngineClient:
             unfinished = self._outputs.remove_request(request_id)
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
+
+    def _check_priority(self, priority: int) -> None:
+        """A non-zero priority only where the engine schedules by priority (as vLLM refuses
+        it), so that no client can jump a first-come-first-served queue."""
+        if priority and not self.model_config.priority_scheduling:
+            raise SamplingParamsError(
+                "priority",
+                f"priority {priority} is honoured only with --scheduling-policy priority; "
+                "this server schedules first come, first served (priority must be 0)",
+            )
 
     def _check_task(self, use: str) -> None:
         """`UnsupportedTaskError` unless this engine serves `use` (`trio_llm.tasks`)."""

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 
 class EngineDeadError(RuntimeError):
-    """The engine process is gone (it crashed, was killed, or was shut down)."""
+    """The engine process is gone (it crashed, was killed, or was shut down).
+
+    `started`: whether the engine had begun the request it fails (produced a token for it);
+    False for a request that was still waiting, which the router may run elsewhere."""
+
+    def __init__(self, message: str, *, started: bool = True) -> None:
+        super().__init__(message)
+        self.started = started
 
 
 class EngineStartError(RuntimeError):

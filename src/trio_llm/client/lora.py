@@ -29,6 +29,17 @@ class LoraRequest:
     path: str
 
 
+def routing_salt(cache_salt: str | None, lora: str | LoraRequest | None) -> str | None:
+    """The salt a request's prompt blocks are keyed by for cache-aware routing
+    (`prefix_index.block_keys`): an adapter's blocks are its own in the engine's prefix cache,
+    so a replica that holds the base's (or another adapter's) blocks of the prompt holds none
+    of them."""
+    if lora is None:
+        return cache_salt
+    name = lora.name if isinstance(lora, LoraRequest) else lora
+    return f"{cache_salt or ''}\x00lora:{name}"
+
+
 class _Update:
     __slots__ = ("_done", "error", "message")
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.detokenizer import DecodedTokens, IncrementalDetokenizer
-from trio_llm.client.errors import EngineRequestError
+from trio_llm.client.errors import EngineDeadError, EngineRequestError
 from trio_llm.client.output_text import OutputText
 from trio_llm.client.stop_strings import find_stop, held_back
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
@@ -126,6 +126,7 @@ class OutputProcessor:
             if choice is None:
                 continue  # finished or abandoned here already
             collector = choice.collector
+            collector.started = True
             if output.finish_reason == "error":
                 collector.fail(EngineRequestError(output.error or "the engine failed the request"))
                 to_abort.extend(self._forget(collector.request_id, but=output.request_id))
@@ -164,9 +165,13 @@ class OutputProcessor:
         return self._forget(request_id)
 
     def fail_all(self, make_error: Callable[[], BaseException]) -> None:
-        """Fail every request in flight (each collector gets its own exception instance)."""
+        """Fail every request in flight (each collector gets its own exception instance, told
+        whether its request had started)."""
         for request in self._requests.values():
-            request.collector.fail(make_error())
+            error = make_error()
+            if isinstance(error, EngineDeadError):
+                error.started = request.collector.started
+            request.collector.fail(error)
         self._requests.clear()
         self._choices.clear()
 

@@ -24,13 +24,17 @@ Invariants:
   (vLLM's per-tenant isolation) or a LoRA adapter (`lora.adapter_root`) starts at a negative
   root, which never equals a block's serial, and a chain is matched from its root, so blocks of
   different roots (salts, adapters, or none) never match.
+- With an event sink (`events`), every publication and every unpublication is recorded as it
+  happens, in order (`kv_events.py` sends them to an external router).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from trio_llm.engine.sequence import Sequence
 
@@ -55,8 +59,34 @@ def chain_hash(parent: int, tokens: Seq[int]) -> int:
     return hash((parent, *tokens))
 
 
+def salt_root(salt: str | None) -> int:
+    """The root a salted request's chain starts from: negative (serials are positive, the
+    unsalted root is 0) and the same in every process (not Python's randomized str hash)."""
+    if salt is None:
+        return 0
+    digest = hashlib.sha256(salt.encode()).digest()
+    return -1 - int.from_bytes(digest[:8], "little")
+
+
+class BlockEvents(Protocol):
+    """Where the block manager reports what the prefix cache gains and loses."""
+
+    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
+        """A block became findable; `parent_hash` is the previous block's (None: the first)."""
+
+    def removed(self, block_hash: int) -> None:
+        """A block stopped being findable (evicted, or its step never completed)."""
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        events: BlockEvents | None = None,
+    ) -> None:
+        self.events = events
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -140,10 +170,14 @@ class BlockManager:
             block.serial = next(self._serials)
             self.hash_to_block[block.hash] = block.block_id
             chain.append(block.serial)
+            if self.events is not None:
+                self.events.stored(block.hash, hashes[i - 1] if i else None, tokens)
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
             del self.hash_to_block[block.hash]
+            if self.events is not None:
+                self.events.removed(block.hash)
         block.hash, block.token_ids, block.parent, block.serial = None, (), 0, 0
 
     # -- allocation -----------------------------------------------------------------------

@@ -39,8 +39,9 @@ from trio_llm import model_files
 from trio_llm.config import EngineArgs
 from trio_llm.engine import dtype_policy, loader, pooling
 from trio_llm.engine.attention import resolve_backend
-from trio_llm.engine.block_manager import BlockManager
+from trio_llm.engine.block_manager import BlockManager, salt_root
 from trio_llm.engine.classifier import classifier_head
+from trio_llm.engine.kv_events import KVEventPublisher
 from trio_llm.engine.lora import LoraLoadError, LoraNotFoundError, LoraRegistry, adapter_root
 from trio_llm.engine.model_runner import LoraSettings, ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
@@ -79,6 +80,7 @@ class RequestError(ValueError):
 GRAMMAR_POLL_SECONDS = 0.002
 """How long the idle loop sleeps on the request ring while a grammar compiles (a compile takes
 about a millisecond; the ring's doorbell cannot tell the loop that one has finished)."""
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(slots=True)
@@ -125,8 +127,23 @@ class EngineCore:
         else:
             parts = self._generation_parts(source, config, dtype, device, stage)
         self.max_model_len = parts.max_model_len
+        if args.scheduling_policy not in SCHEDULING_POLICIES:
+            raise EngineConfigError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {args.scheduling_policy!r}"
+            )
+        prefix_caching = args.enable_prefix_caching and not self.pooling
+        self.kv_events: KVEventPublisher | None = None
+        if args.kv_events_endpoint is not None and prefix_caching:
+            self.kv_events = KVEventPublisher(
+                args.kv_events_endpoint,
+                topic=args.kv_events_topic,
+                block_size=args.block_size,
+                medium="GPU" if device.startswith("cuda") else None,
+                rank=args.data_parallel_rank,
+            )
         self.block_manager = BlockManager(
-            parts.num_blocks, args.block_size, args.enable_prefix_caching and not self.pooling
+            parts.num_blocks, args.block_size, prefix_caching, self.kv_events
         )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -169,6 +186,7 @@ class EngineCore:
             normalized=parts.normalized,
             matryoshka_dimensions=parts.matryoshka_dimensions,
             labels=parts.labels,
+            priority_scheduling=args.scheduling_policy == "priority",
         )
 
     def _generation_parts(
@@ -384,7 +402,13 @@ class EngineCore:
             max_tokens=room if params.max_tokens is None else min(params.max_tokens, room),
             priority=req.priority,
             arrival=next(self._arrivals),
+            cache_root=salt_root(params.cache_salt),
         )
+        if req.priority and self.args.scheduling_policy != "priority":
+            raise RequestError(
+                "priority is honoured only with scheduling_policy 'priority' "
+                "(--scheduling-policy priority); this engine schedules fcfs"
+            )
         if req.lora is not None:
             if self.loras is None:
                 raise RequestError("LoRA adapters are not enabled on this engine")
@@ -464,6 +488,8 @@ class EngineCore:
             batch = self.scheduler.schedule()
             if batch.seqs:
                 outputs.extend(self._run(batch))
+        if self.kv_events is not None:
+            self.kv_events.flush()
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(), stats=self.stats())
 
     def _run(self, batch: ScheduledBatch) -> list[EngineCoreOutput]:

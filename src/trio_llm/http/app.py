@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 
 _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/chat/completions", chat.chat_completions),
+    ("POST", "/v1/chat/completions/render", chat.render_chat_completion),
     ("POST", "/v1/completions", completions.completions),
+    ("POST", "/v1/completions/render", completions.render_completion),
     ("POST", "/v1/embeddings", embeddings.embeddings),
     ("POST", "/v1/responses", responses.create_response),
     ("GET", "/v1/responses/<response_id>", responses.retrieve_response),

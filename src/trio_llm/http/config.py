@@ -53,7 +53,8 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     """CORS origins ('*' for any); empty: no CORS headers at all."""
     max_queued_requests: int | None = None
-    """Sequences that may wait beyond --max-num-seqs before new requests get 503; None: no cap."""
+    """Sequences each replica may queue beyond its --max-num-seqs before new requests for its
+    model get 503; None: as many as it runs (admission is on by default)."""
     max_body_size: int = 16 << 20
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish on SIGINT/SIGTERM before they are aborted."""
@@ -77,19 +78,25 @@ class ServerConfig:
     allow_runtime_lora_updating: bool = False
     """Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM keeps them behind
     VLLM_ALLOW_RUNTIME_LORA_UPDATING: they read directories on the server's machine)."""
+    responses_store: str | None = None
+    """Where stored responses live: None (memory, this process) or a redis:// URL that several
+    frontends share behind a router."""
+    responses_store_ttl: float = 0.0
+    """Seconds a stored response is kept after its last use; 0: until evicted."""
+    prefix_routing: bool = True
+    """A model's replicas are chosen cache-aware (client/prefix_index.py); False: the least
+    loaded."""
 
     @property
     def model_specs(self) -> tuple[ModelSpec, ...]:
         return self.models or (ModelSpec(self.engine),)
 
-    @property
-    def capacity(self) -> int | None:
-        """Sequences admitted at once (running plus queued, over every engine) before requests
-        get 503."""
-        if self.max_queued_requests is None:
-            return None
-        running = sum(s.args.max_num_seqs * s.replicas for s in self.model_specs)
-        return running + self.max_queued_requests
+    def replica_capacity(self, spec: ModelSpec) -> int:
+        """Sequences one live replica of `spec`'s model admits (running plus queued) before
+        requests for that model get 503: a model's capacity is this times its live replicas."""
+        queued = self.max_queued_requests
+        running = spec.args.max_num_seqs
+        return running + (running if queued is None else queued)
 
     @property
     def tls(self) -> bool:
@@ -287,6 +294,27 @@ def add_serve_arguments(
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING); they read adapter directories on this machine",
     )
     add(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default=engine.scheduling_policy,
+        help="fcfs: requests run in arrival order and a request's `priority` must be 0 (a 400 "
+        "otherwise); priority: a lower `priority` runs first (default %(default)s)",
+    )
+    add(
+        "--kv-events-config",
+        help="publish KV-cache events for a KV-aware router, as vLLM does: JSON such as "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\' '
+        "(each further engine of the server takes the next port)",
+    )
+    add(
+        "--data-parallel-routing",
+        choices=["prefix", "least-loaded"],
+        default="prefix",
+        help="which replica of a model takes a request: prefix (the one holding the longest "
+        "cached prefix of its prompt, unless its load exceeds the others' by SGLang's bounds) "
+        "or least-loaded (default %(default)s)",
+    )
+    add(
         "--enforce-eager",
         default=engine.enforce_eager,
         type=_bool,
@@ -318,8 +346,9 @@ def add_serve_arguments(
     add(
         "--max-queued-requests",
         type=_non_negative_int,
-        help="sequences that may wait beyond --max-num-seqs; past that, 503 with Retry-After "
-        "(default: no limit)",
+        help="sequences each replica may queue beyond --max-num-seqs; past that (times the "
+        "model's live replicas), requests for that model get 503 with Retry-After "
+        "(default: --max-num-seqs)",
     )
     add(
         "--max-embedding-inputs",
@@ -333,6 +362,18 @@ def add_serve_arguments(
         type=_non_negative_int,
         help="responses kept in memory for GET /v1/responses/{id} and previous_response_id; "
         "past that the least recently used is evicted; 0 keeps none (default %(default)s)",
+    )
+    add(
+        "--responses-store",
+        help="where stored responses live: memory (default, this process) or a redis:// URL "
+        "shared by several servers behind a router, so previous_response_id works on any",
+    )
+    add(
+        "--responses-store-ttl",
+        default=defaults.responses_store_ttl,
+        type=_seconds,
+        help="seconds a stored response is kept after its last use; 0 keeps it until evicted "
+        "(default %(default)s)",
     )
     add(
         "--max-body-size",
@@ -409,6 +450,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        scheduling_policy=args.scheduling_policy,
+        **kv_events_fields(args.kv_events_config),
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     try:
@@ -416,6 +459,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         specs = with_lora_modules(specs, _lora_modules(args.lora_modules))
     except ModelSpecError as error:
         raise ValueError(str(error)) from None
+    store = args.responses_store or None
+    if store not in (None, "memory") and not store.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"--responses-store {store!r}: give memory or a redis:// URL")
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     generation_config = args.generation_config
     if (
@@ -447,6 +493,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ui=not args.no_ui,
         responses_store_size=args.responses_store_size,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        responses_store=args.responses_store or None,
+        responses_store_ttl=args.responses_store_ttl,
+        prefix_routing=args.data_parallel_routing == "prefix",
     )
 
 
@@ -473,6 +522,40 @@ def _lora_modules(entries: Sequence[str] | str) -> list[LoraModule]:
             raise ValueError(f"--lora-modules {entry!r}: give NAME=PATH")
         modules.append(LoraModule(name.strip(), path.strip()))
     return modules
+
+
+_KV_EVENTS_KEYS = frozenset(
+    {"enable_kv_cache_events", "publisher", "endpoint", "topic", "buffer_steps", "hwm"}
+)
+
+
+def kv_events_fields(text: str | None) -> dict[str, object]:
+    """The engine fields vLLM's `--kv-events-config` JSON sets (its keys; the tuning ones
+    our publisher does not need are accepted and ignored, the replay endpoint is refused: a
+    router told to replay from it would wait on nothing)."""
+    if not text:
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--kv-events-config is not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError("--kv-events-config must be a JSON object")
+    unknown = sorted(set(config) - _KV_EVENTS_KEYS)
+    if unknown:
+        raise ValueError(
+            f"--kv-events-config: {', '.join(unknown)} not supported (known: "
+            f"{', '.join(sorted(_KV_EVENTS_KEYS))})"
+        )
+    if not config.get("enable_kv_cache_events", False) or config.get("publisher") == "null":
+        return {}
+    if config.get("publisher", "zmq") != "zmq":
+        raise ValueError("--kv-events-config: publisher must be zmq (or null)")
+    endpoint = config.get("endpoint", "tcp://*:5557")
+    topic = config.get("topic", "")
+    if not isinstance(endpoint, str) or not isinstance(topic, str):
+        raise ValueError("--kv-events-config: endpoint and topic must be strings")
+    return {"kv_events_endpoint": endpoint, "kv_events_topic": topic}
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:

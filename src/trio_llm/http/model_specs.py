@@ -205,3 +205,24 @@ def _spec(entry: str, base: EngineArgs, replicas: int) -> ModelSpec:
         fields[field] = value
     count = fields.pop("replicas", replicas)
     return ModelSpec(msgspec.structs.replace(base, **fields), count)
+
+
+def engine_args(spec: ModelSpec, replica: int, engine_index: int) -> EngineArgs:
+    """One engine's arguments: its model's, with its replica's rank, and its own KV-event
+    endpoint when events are on: the configured port plus `engine_index` (the engine's place
+    among all of the server's engines, models in order, then replicas), as vLLM offsets the
+    port by data-parallel rank."""
+    args = spec.args
+    updates: dict[str, Any] = {}
+    if spec.replicas > 1:
+        updates["data_parallel_rank"] = replica
+    endpoint = args.kv_events_endpoint
+    if endpoint is not None and engine_index:
+        host, sep, port = endpoint.rpartition(":")
+        if not (sep and port.isdigit()):
+            raise ModelSpecError(
+                f"KV events endpoint {endpoint!r} has no port to offset for engine "
+                f"{engine_index}; give a tcp://HOST:PORT endpoint"
+            )
+        updates["kv_events_endpoint"] = f"{host}:{int(port) + engine_index}"
+    return msgspec.structs.replace(args, **updates) if updates else args

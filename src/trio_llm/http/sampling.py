@@ -83,6 +83,9 @@ class SamplingFields(StructuredFields, kw_only=True):
     return_token_ids: bool = False
     priority: Int32 = 0
     request_id: RequestId | None = None
+    cache_salt: str | None = None
+    """vLLM's per-tenant prefix-cache isolation: prompts match cached blocks only of
+    requests with the same salt."""
 
     @property
     def include_usage(self) -> bool:
@@ -349,6 +352,7 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         constraint=None if constraint is None else constraint[0],
+        cache_salt=request.cache_salt,
     )
     try:
         params.validate()

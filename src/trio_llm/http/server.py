@@ -102,7 +102,7 @@ async def serve(
             _log_serving(state, config, binds)
             task_status.started(binds)
     if state.engine_failed.is_set():
-        log.error("exiting: the engine died and was not restarted")
+        log.error("exiting: every replica of a model died and was not restarted")
         return 1
     log.info("shut down")
     return 0

@@ -113,6 +113,8 @@ class EngineReady(_Msg, tag="ready"):
     labels: list[str] | None = None
     """With task score or classify: the label of each output, in order (the model's
     `id2label`); its outputs are the activated scores (probabilities over several labels)."""
+    priority_scheduling: bool = False
+    """Requests may carry a non-zero priority (scheduling_policy 'priority')."""
 
 
 class EngineLoading(_Msg, tag="loading"):

@@ -22,7 +22,7 @@ from trio_llm.http.chat.plan import ChatPlan, plan_chat
 from trio_llm.http.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from trio_llm.http.choices import Shape
 from trio_llm.http.conversation import check_template_kwargs
-from trio_llm.http.generate.endpoint import Prompt, check_constraint, serve_generation
+from trio_llm.http.generate.endpoint import Prompt, check_constraint, serve_generation, serve_render
 from trio_llm.http.ids import ResponseHead
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
@@ -125,3 +125,9 @@ async def chat_completions(raw: bytes | None = None) -> Response:
     """`raw`: the body, when the caller has read it already (/invocations)."""
     parser = current_state().config.tool_call_parser
     return await serve_generation(ChatCompletion(parser), raw)
+
+
+async def render_chat_completion() -> Response:
+    """POST /v1/chat/completions/render: the conversation's token ids, not generated."""
+    parser = current_state().config.tool_call_parser
+    return await serve_render(ChatCompletion(parser), one=True)

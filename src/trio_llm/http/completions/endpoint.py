@@ -18,7 +18,7 @@ from trio_llm.http.choices import Shape
 from trio_llm.http.completions.build import CompletionStream, completion_response
 from trio_llm.http.completions.plan import CompletionPlan, plan_completion
 from trio_llm.http.completions.protocol import CompletionRequest, CompletionResponse
-from trio_llm.http.generate.endpoint import Prompt, serve_generation
+from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
 from trio_llm.http.ids import ResponseHead
 from trio_llm.http.runtime.state import ModelInfo
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults, check_token_ids
@@ -120,3 +120,8 @@ class Completion:
 async def completions(raw: bytes | None = None) -> Response:
     """`raw`: the body, when the caller has read it already (/invocations)."""
     return await serve_generation(Completion(), raw)
+
+
+async def render_completion() -> Response:
+    """POST /v1/completions/render: each prompt's token ids, not generated."""
+    return await serve_render(Completion(), one=False)

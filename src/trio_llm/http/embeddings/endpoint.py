@@ -44,9 +44,9 @@ async def embeddings(raw: bytes | None = None) -> Response:
     """`raw`: the body, when the caller has read it already (/invocations)."""
     state = current_state()
     req = await decode_body(EmbeddingRequest, raw)
-    state.model_for(req.model, task="embed")  # 404 or 400 before anything else
+    served, _ = state.model_for(req.model, task="embed")  # 404 or 400 before anything else
     plan = plan_embedding(req, state.config.limits)
-    state.admit(len(plan.inputs))
+    state.admit(served, len(plan.inputs))
     lease, model = state.lease(req.model, task="embed", sequences=len(plan.inputs))
     response_id = new_response_id("embd-", req.request_id)
     outputs = await lease.embed_batch(

@@ -7,8 +7,10 @@ endpoint was given, such as the stored responses), `prepare` (the plan and the m
 the prompts' token ids, the `SamplingParams` to generate with, and what the answer needs), then
 `stream` (the SSE chunks' builder) or `response` (the complete response from the outputs).
 `serve_generation` does the rest, in this order: decode the body, check the model, plan, check
-the plan's constraint with the grammar library, admit, route to the model's least-loaded
-replica, prepare, make the ids, generate, then stream or collect.
+the plan's constraint with the grammar library, admit, prepare (any replica tokenizes: they
+share the tokenizer), route to the model's replica for that prompt (cache-aware), make the ids,
+generate, then stream or collect, and settle (an endpoint's optional last step, awaited before
+the response's last bytes go out: the Responses API stores the response there).
 Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
 `decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `lease`.
 
@@ -31,19 +33,23 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+import trio
 from msgspec import Struct
 from quart import Response
 
 from trio_llm.client.errors import InvalidPromptError
 from trio_llm.client.input_processor import InputProcessor
+from trio_llm.client.lora import routing_salt
 from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request
+from trio_llm.http.generate.protocol import RenderedPrompt
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import ResponseHead, engine_request_ids, new_response_id, now
 from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.middleware import header_request_id
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import RequestOutput
@@ -183,25 +189,43 @@ async def serve_generation(
     when the caller has read it already."""
     state = current_state()
     request = await decode_body(endpoint.request_type, raw)
-    _, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
+    served, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
     plan = endpoint.plan(request, state.config.limits, card.sampling_defaults)
     await check_plan(plan)
-    state.admit(plan.sequences)
-    lease, model = state.lease(request.model, sequences=plan.sequences)
+    state.admit(served, plan.sequences)
+    prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
     lora = state.router.lora_for(request.model)  # a LoRA adapter named as the model
-    prepared = await endpoint.prepare(request, plan, lease.client, model)
-    response_id = new_response_id(endpoint.id_prefix, request.request_id)
-    ids = engine_request_ids(response_id, len(prepared.prompts), request.request_id is not None)
+    lease, model = state.lease(
+        request.model,
+        sequences=plan.sequences,
+        prompt=prepared.prompts[0].token_ids if prepared.prompts else (),
+        cache_salt=routing_salt(prepared.params.cache_salt, lora),
+    )
+    given_id = request.request_id or header_request_id()
+    response_id = new_response_id(endpoint.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), given_id is not None)
     generations = [
         _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request, lora)
         for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
     ]
     head = ResponseHead(response_id, lora or model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
+    settle = _settle_step(endpoint, prepared)
     if request.stream:
-        return sse_response(generations, endpoint.stream(request, prepared, head), metrics)
+        builder = endpoint.stream(request, prepared, head)
+        return sse_response(generations, builder, metrics, settle)
     outputs = await collect(generations, metrics)
-    return json_response(endpoint.response(request, prepared, head, outputs))
+    response = endpoint.response(request, prepared, head, outputs)
+    await settle()
+    return json_response(response)
+
+
+def _settle_step(endpoint: Any, prepared: Any) -> Callable[[], Awaitable[None]]:
+    """The endpoint's optional `settle(prepared)` step, or nothing to do."""
+    settle = getattr(endpoint, "settle", None)
+    if settle is None:
+        return trio.lowlevel.checkpoint
+    return lambda: settle(prepared)
 
 
 def _generate(
@@ -221,3 +245,39 @@ def _generate(
         renames = {"prompt": prompt.param, "max_tokens": max_tokens_param}
         error.param = renames.get(error.param, error.param)
         raise
+
+
+_RENDERED_SAMPLING = ("n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")
+
+
+async def serve_render(
+    endpoint: GenerationEndpoint[Any, Any, Any], raw: bytes | None = None, *, one: bool
+) -> Response:
+    """A generating request rendered, not run: its prompts' token ids as the engine would get
+    them (chat template, tools and truncation applied), checked as the request would be, but
+    neither admitted nor generated. `one`: answer the first prompt as an object (chat), else
+    the list of every prompt's (completions, vLLM's shape)."""
+    state = current_state()
+    request = await decode_body(endpoint.request_type, raw)
+    served, card = state.model_for(request.model, task="generate")
+    plan = endpoint.plan(request, state.config.limits, card.sampling_defaults)
+    await check_plan(plan)
+    prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
+    params = prepared.params
+    sampling = {name: getattr(params, name) for name in _RENDERED_SAMPLING}
+    given_id = request.request_id or header_request_id()
+    response_id = new_response_id(endpoint.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), False)
+    rendered = [
+        RenderedPrompt(
+            request_id=engine_id,
+            token_ids=prompt.token_ids,
+            model=card.name,
+            sampling_params=sampling,
+            stream=request.stream,
+            cache_salt=params.cache_salt,
+            priority=request.priority,
+        )
+        for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
+    ]
+    return json_response(rendered[0] if one else rendered)

@@ -13,6 +13,7 @@ import msgspec
 from trio_llm.http.chat import protocol as chat
 from trio_llm.http.completions import protocol as completions
 from trio_llm.http.embeddings import protocol as embeddings
+from trio_llm.http.generate import protocol as generate
 from trio_llm.http.lora import protocol as lora
 from trio_llm.http.models import protocol as models
 from trio_llm.http.pooling import protocol as pooling
@@ -69,8 +70,13 @@ def _errors_for(status: int, text: str) -> dict[str, Any]:
     }
 
 
-def _post(summary: str, request: type, response: type, *, streams: bool) -> dict[str, Any]:
+def _post(
+    summary: str, request: type, response: type, *, streams: bool, many: bool = False
+) -> dict[str, Any]:
+    """`many`: the response is a JSON array of `response`."""
     content = _json(response)
+    if many:
+        content["application/json"]["schema"] = {"type": "array", "items": _ref(response.__name__)}
     if streams:
         content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
@@ -122,6 +128,7 @@ def openapi_document(version: str, *, lora_routes: bool = False) -> dict[str, An
             *responses.WIRE_TYPES,
             *pooling.WIRE_TYPES,
             *lora.WIRE_TYPES,
+            *generate.WIRE_TYPES,
         ),
         ref_template="#/components/schemas/{name}",
     )
@@ -149,6 +156,19 @@ def openapi_document(version: str, *, lora_routes: bool = False) -> dict[str, An
                 completions.CompletionRequest,
                 completions.CompletionResponse,
                 streams=True,
+            ),
+            "/v1/chat/completions/render": _post(
+                "A chat completion's prompt token ids, rendered and not generated (vLLM's)",
+                chat.ChatCompletionRequest,
+                generate.RenderedPrompt,
+                streams=False,
+            ),
+            "/v1/completions/render": _post(
+                "Each prompt's token ids, not generated (vLLM's; a list, one per prompt)",
+                completions.CompletionRequest,
+                generate.RenderedPrompt,
+                streams=False,
+                many=True,
             ),
             "/v1/embeddings": _post(
                 "Embeddings of texts or token ids",

@@ -70,7 +70,8 @@ def _route(
 ) -> tuple[Lease, Head]:
     """Admit `sequences` engine requests and lease the least-loaded replica for them (the
     request runs through the lease, so `Router.abort` sees it)."""
-    state.admit(sequences)
+    served, _ = state.model_for(req.model, task=use)
+    state.admit(served, sequences)
     lease, model = state.lease(req.model, task=use, sequences=sequences)
     return lease, Head(new_response_id(id_prefix, req.request_id), model.name, now())
 

@@ -10,10 +10,11 @@ function_call items); the request skeleton (generate/endpoint.py) does the rest,
 included. What differs is the answer (build.py) and the memory: a finished response is stored
 (store.py) unless the request says `store: false`.
 
-The request's path, top to bottom: `plan_responses` (plan.py), then the previous response's
-history from the store -> the skeleton's constraint check and routing ->
-`ResponsesEndpoint.prepare` (conversation, tools, template) -> `ResponsesStream` or
-`complete_response` (build.py), which hand the finished response to the store.
+The request's path, top to bottom: `plan_responses` (plan.py) -> the skeleton's constraint
+check -> `ResponsesEndpoint.prepare` (the previous response's history from the store,
+conversation, tools, template) -> routing -> `ResponsesStream` or `complete_response`
+(build.py), which hand the finished response to the request's outbox -> `settle`, which
+stores it (the store may be a Redis server: awaited, and before the last bytes go out).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
+import trio
 from quart import Response
 
 from trio_llm.http.generate.endpoint import Prompt, check_constraint, serve_generation
@@ -56,6 +58,8 @@ class PreparedResponse:
     wins over text.format)."""
     tools: ToolPlan
     """Its `new_parser` reads the function calls out of the answer."""
+    outbox: list[StoredResponse] = dataclasses.field(default_factory=list)
+    """The finished response to store, from the builder until `settle` stores it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +76,14 @@ class ResponsesEndpoint:
     def plan(
         self, request: ResponsesRequest, limits: RequestLimits, defaults: SamplingDefaults
     ) -> ResponsesPlan:
-        plan = plan_responses(request, limits, defaults)
-        if request.previous_response_id is None:
-            return plan
-        previous = self.store.get(request.previous_response_id, "previous_response_id")
-        return dataclasses.replace(plan, history=previous.continued())
+        return plan_responses(request, limits, defaults)
 
     async def prepare(
         self, request: ResponsesRequest, plan: ResponsesPlan, engine: EngineClient, model: ModelInfo
     ) -> PreparedResponse:
+        if request.previous_response_id is not None:
+            previous = await self.store.get(request.previous_response_id, "previous_response_id")
+            plan = dataclasses.replace(plan, history=previous.continued())
         messages = conversation_messages(request.instructions, plan.history, plan.items)
         choice = plan.tool_choice
         forced = choice == "required" or isinstance(choice, NamedFunction)
@@ -109,14 +112,22 @@ class ResponsesEndpoint:
             request, plan, response_id=head.response_id, model=head.model, created=head.created
         )
 
-    def _on_finished(self, request: ResponsesRequest, plan: ResponsesPlan) -> OnFinished:
-        """What keeps a finished response: the store, unless the request says `store: false`."""
+    def _on_finished(self, request: ResponsesRequest, prepared: PreparedResponse) -> OnFinished:
+        """What keeps a finished response: the request's outbox, for `settle` to store, unless
+        the request says `store: false`."""
+        plan = prepared.plan
 
         def store(response: ResponseObject) -> None:
             if request.store:
-                self.store.put(StoredResponse(response, (*plan.history, *plan.items)))
+                prepared.outbox.append(StoredResponse(response, (*plan.history, *plan.items)))
 
         return store
+
+    async def settle(self, prepared: PreparedResponse) -> None:
+        """Store the finished response (the skeleton awaits this before the last bytes)."""
+        await trio.lowlevel.checkpoint()
+        while prepared.outbox:
+            await self.store.put(prepared.outbox.pop())
 
     def stream(
         self, request: ResponsesRequest, prepared: PreparedResponse, head: ResponseHead
@@ -124,7 +135,7 @@ class ResponsesEndpoint:
         plan = prepared.plan
         return ResponsesStream(
             self._base(request, plan, head),
-            self._on_finished(request, plan),
+            self._on_finished(request, prepared),
             plan.top_logprobs,
             prepared.tools.new_parser(),
         )
@@ -141,7 +152,7 @@ class ResponsesEndpoint:
         return complete_response(
             self._base(request, plan, head),
             output,
-            self._on_finished(request, plan),
+            self._on_finished(request, prepared),
             plan.top_logprobs,
             prepared.tools.new_parser(),
         )
@@ -154,9 +165,10 @@ async def create_response(raw: bytes | None = None) -> Response:
 
 
 async def retrieve_response(response_id: str) -> Response:
-    return json_response(current_state().responses.get(response_id).response)
+    stored = await current_state().responses.get(response_id)
+    return json_response(stored.response)
 
 
 async def delete_response(response_id: str) -> Response:
-    current_state().responses.delete(response_id)
+    await current_state().responses.delete(response_id)
     return json_response(DeletedResponse(response_id))

@@ -19,8 +19,9 @@ from quart_trio import QuartTrio
 
 from trio_llm.client.errors import start_error_in
 from trio_llm.client.router import replica_label
+from trio_llm.config import EngineArgs
 from trio_llm.http import hypercorn_fixes
-from trio_llm.http.model_specs import ModelSpec
+from trio_llm.http.model_specs import engine_args
 from trio_llm.http.runtime.state import AppState
 from trio_llm.http.runtime.supervisor import EngineGaveUpError, supervise_engine
 
@@ -59,7 +60,8 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
 
     All engines start at once, each logging its progress; the app takes requests once every
     one is up, and one that fails to start fails the start with its own error (the others are
-    stopped). A replica that dies restarts alone; one that gives up ends the server."""
+    stopped). A replica that dies restarts alone; one that gives up is retired, and the server
+    ends only when a model has no replica left."""
     config = state.config
     scopes: list[trio.CancelScope] = []
     done = trio.Event()
@@ -70,7 +72,7 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
             scope.cancel()
 
     async def run_supervisor(
-        group: int, index: int, spec: ModelSpec, task_status: trio.TaskStatus[None]
+        group: int, index: int, args: EngineArgs, task_status: trio.TaskStatus[None]
     ) -> None:
         nonlocal running
         running += 1
@@ -79,16 +81,16 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
         try:
             with scope:
                 await supervise_engine(
-                    partial(state.engine_args, group, spec.args),
+                    partial(state.engine_args, group, args),
                     partial(state.attach, group, index),
                     restart=config.restart_engine,
                     max_restarts_per_minute=config.max_restarts_per_minute,
-                    label=replica_label(spec.args, index),
+                    label=replica_label(args, index),
                     task_status=task_status,
                 )
         except EngineGaveUpError as error:
-            log.critical("%s", error)
-            state.engine_failed.set()
+            log.critical("%s; replica out of rotation", error)
+            state.retire(group, index)
         finally:
             running -= 1
             if not running:
@@ -98,11 +100,16 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
     async def start_engines() -> None:
         try:
             async with trio.open_nursery() as starters:
-                for group, spec in enumerate(config.model_specs):
-                    for index in range(spec.replicas):
-                        starters.start_soon(
-                            partial(app.nursery.start, run_supervisor, group, index, spec)
-                        )
+                engines = [
+                    (group, index, spec)
+                    for group, spec in enumerate(config.model_specs)
+                    for index in range(spec.replicas)
+                ]
+                for engine_index, (group, index, spec) in enumerate(engines):
+                    args = engine_args(spec, index, engine_index)
+                    starters.start_soon(
+                        partial(app.nursery.start, run_supervisor, group, index, args)
+                    )
         except BaseExceptionGroup as group:
             cancel_all()
             error = start_error_in(group)
