@@ -179,6 +179,10 @@ def test_prefix_cache_blocks_are_never_shared_between_adapters(
     assert cached("base", None) == 0
     assert cached("a2", "sql") == 64
     assert cached("b2", "chat") == 64
+    salted = run(core, [lora_request("s1", prompt, "sql", max_tokens=1, cache_salt="t")])["s1"]
+    assert salted.num_cached_tokens == 0  # a salt and an adapter: apart from both
+    salted = run(core, [lora_request("s2", prompt, "sql", max_tokens=1, cache_salt="t")])["s2"]
+    assert salted.num_cached_tokens == 64
     # Unloaded and loaded again (from the same directory): a new load, a new root.
     assert core.update_lora(UnloadLora(update_id=1, name="sql")).error is None
     assert (

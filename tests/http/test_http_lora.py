@@ -6,6 +6,9 @@ on an unloaded adapter, and OpenAI-shaped errors for what cannot be done."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,3 +218,27 @@ def test_lora_modules_and_model_options_reach_the_engines(tmp_path: Path) -> Non
         parse_serve_args(["a:lora=x=/p", "--lora-modules", "x=/q"], environ={})
     with pytest.raises(SystemExit):
         parse_serve_args(["a", "--lora-modules", "a=/q"], environ={})
+
+
+def test_a_restarted_replica_comes_back_with_the_adapters_loaded_at_run_time(
+    server: ServerProcess,
+    sdk: openai.OpenAI,
+    adapters: dict[str, Path],
+    expected: dict[str, list[int]],
+) -> None:
+    body = {"lora_name": "chat", "lora_path": str(adapters["chat"])}
+    assert post(server, "/v1/load_lora_adapter", body).status_code == 200
+    health = httpx.get(server.url + "/health", timeout=10).json()
+    victim = health["engines"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:
+        engines = httpx.get(server.url + "/health", timeout=10).json()["engines"]
+        if engines[0]["restarts"] == 1 and all(e["alive"] for e in engines):
+            break
+        assert time.monotonic() < deadline, "the replica did not restart"
+        time.sleep(0.2)
+    # Both replicas serve it (the least loaded takes each: they alternate).
+    assert [completion_tokens(sdk, "chat") for _ in range(4)] == [expected["chat"]] * 4
+    assert completion_tokens(sdk, "sql") == expected["sql"]
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "chat"}).status_code == 200
