@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -172,7 +173,8 @@ def write_report(
     lines = [
         "# LoRA adapters: the cost of a decode step",
         "",
-        f"Machine: {hostinfo.describe()}; torch {torch.__version__}. "
+        f"Machine: {hostinfo.describe()}; torch {torch.__version__}; {args.threads} torch "
+        f"thread(s); load average at the end {os.getloadavg()[0]:.1f}. "
         f"Date: {datetime.datetime.now().isoformat(timespec='minutes')}. `{command}`.",
         "",
         f"EngineCore in process, the default model (SmolLM2-135M-Instruct) in {args.dtype}, "
