@@ -10,7 +10,8 @@ shared VM falls on every case alike, and each case's time is the median of its s
 rounds. The ratio is against the base alone on the same core, measured in the same rounds.
 
 Usage: python bench/lora.py [--ranks 8 16 64] [--adapters 0 1 4 16] [--n 32] [--context 100]
-       [--rounds 5] [--steps 6] [--dtype float32] [--threads 2] [--out bench/results/lora.md]
+       [--rounds 5] [--steps 6] [--dtype float32] [--quantization none] [--threads 2]
+       [--out bench/results/lora.md]
 """
 
 from __future__ import annotations
@@ -123,6 +124,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        help="none: the float checkpoint; auto: the GGUF's Q4_1 in the int4 kernels, as served",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="bench/results/lora.md")
     args = parser.parse_args()
@@ -137,6 +143,7 @@ def main() -> None:
         for rank in args.ranks:
             engine_args = EngineArgs(
                 dtype=args.dtype,
+                quantization=args.quantization,
                 num_threads=args.threads,
                 kv_cache_memory="1GiB",
                 enable_prefix_caching=False,
@@ -178,8 +185,9 @@ def write_report(
         f"Date: {datetime.datetime.now().isoformat(timespec='minutes')}. `{command}`.",
         "",
         f"EngineCore in process, the default model (SmolLM2-135M-Instruct) in {args.dtype}, "
-        f"its own forward; {args.n} sequences of {args.context} prompt tokens decoding "
-        f"together, sequence i on adapter i mod k (k = 0: the base model alone); "
+        f"quantization {args.quantization}, its own forward; {args.n} sequences of "
+        f"{args.context} prompt tokens decoding together, sequence i on adapter i mod k "
+        "(k = 0: the base model alone); "
         f"{MAX_LORAS} random adapters loaded per rank, on every attention and MLP projection, "
         f"`max_lora_rank` = their rank. Medians of {args.rounds} rounds x {args.steps} steps, "
         "the cases taking turns round by round. Ratio: against the base alone on the same "

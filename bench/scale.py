@@ -93,14 +93,15 @@ def wait_until(predicate, timeout: float) -> None:  # type: ignore[no-untyped-de
 def serve(*args: str, threads: int) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "TRIO_LLM_NUM_THREADS": str(threads)}
+    log = open(f"/tmp/scale-server-{port}.log", "w")  # noqa: SIM115 (closed below)
     process = subprocess.Popen(
         [sys.executable, "-m", "trio_llm", "serve", *args, "--port", str(port),
          "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: httpx.get(url + "/health", timeout=5).status_code == 200, 600)
+        wait_until(lambda: _up(process, url), 1200)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
@@ -108,6 +109,13 @@ def serve(*args: str, threads: int) -> Iterator[str]:
             process.wait(60)
         except subprocess.TimeoutExpired:
             process.kill()
+        log.close()
+
+
+def _up(process: subprocess.Popen[bytes], url: str) -> bool:
+    if process.poll() is not None:
+        raise RuntimeError(f"the server exited ({process.returncode}); see its log in /tmp")
+    return httpx.get(url + "/health", timeout=10).status_code == 200
 
 
 @contextmanager
@@ -135,18 +143,26 @@ async def converse(
     args: argparse.Namespace,
     result: Result,
     seed: int,
+    seats: trio.Semaphore,
 ) -> None:
+    """One user's conversation: a question, the answer, a pause to read and type (think
+    time), the next question with the whole history. A turn holds one of the `seats` (the
+    load's concurrency) only while it waits for its answer, so turns of different users
+    interleave as they would, instead of each user holding a seat for the whole chat (which
+    would hand a user's next turn the very slot its last one freed, whatever the routing)."""
     rng = random.Random(seed)
     messages = [{"role": "system", "content": SYSTEM}]
     for turn in range(args.turns):
         detail = " ".join(rng.choice(SYSTEM.split()) for _ in range(args.question_words))
         messages.append({"role": "user", "content": f"Turn {turn}: about {topic}. {detail}?"})
-        started = time.perf_counter()
-        reply = await client.post(
-            "/v1/chat/completions",
-            json={"model": model, "messages": messages, "max_tokens": args.answer_tokens,
-                  "temperature": 0, "ignore_eos": True},
-        )  # fmt: skip
+        await trio.sleep(rng.uniform(0, 2 * args.think_time))
+        async with seats:
+            started = time.perf_counter()
+            reply = await client.post(
+                "/v1/chat/completions",
+                json={"model": model, "messages": messages, "max_tokens": args.answer_tokens,
+                      "temperature": 0, "ignore_eos": True},
+            )  # fmt: skip
         result.requests += 1
         if reply.status_code != 200:
             result.errors += 1
@@ -162,12 +178,11 @@ async def converse(
 
 async def workload(url: str, model: str, label: str, args: argparse.Namespace) -> Result:
     result = Result(label, 0, 0, 0, 0, 0, 0.0, [])
-    limiter = trio.Semaphore(args.concurrency)
+    seats = trio.Semaphore(args.concurrency)
 
     async def one(index: int) -> None:
-        async with limiter:
-            topic = TOPICS[index % len(TOPICS)]
-            await converse(client, model, topic, args, result, seed=index)
+        topic = TOPICS[index % len(TOPICS)]
+        await converse(client, model, topic, args, result, index, seats)
 
     started = time.perf_counter()
     async with httpx.AsyncClient(base_url=url, timeout=600) as client, trio.open_nursery() as n:
@@ -200,11 +215,14 @@ def table(results: list[Result]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--conversations", type=int, default=12)
+    parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--question-words", type=int, default=60)
     parser.add_argument("--answer-tokens", type=int, default=32)
+    parser.add_argument(
+        "--think-time", type=float, default=1.0, help="mean seconds between a user's turns"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per engine")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/scale.md")
@@ -235,9 +253,11 @@ def main() -> None:
         "",
         f"Machine: {hostinfo.describe()}; load average before: {os.getloadavg()[0]:.1f}.",
         f"Model {args.model} ({args.dtype}), {args.threads} torch thread(s) per engine; "
-        f"{args.conversations} conversations of {args.turns} turns, {args.concurrency} at once, "
+        f"{args.conversations} conversations of {args.turns} turns, "
         f"a shared system prompt of about 35 tokens, questions of {args.question_words} words, "
-        f"{args.answer_tokens} output tokens per turn, greedy.",
+        f"{args.answer_tokens} output tokens per turn, greedy, a think time of "
+        f"0-{2 * args.think_time:g} s between a user's turns (all users at once, at most "
+        f"{args.concurrency} turns in flight).",
         "",
         table(results),
         "",

@@ -33,15 +33,22 @@ from trio_llm.outputs import (
     RequestOutput,
     ScoringOutput,
     ScoringRequestOutput,
+    TranscriptionOutput,
+    TranscriptionSegment,
+    TranscriptionWord,
 )
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
+from trio_llm.speech.audio import AudioError
+from trio_llm.speech.models import DEFAULT_SPEECH_MODEL
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
+    "DEFAULT_SPEECH_MODEL",
     "LLM",
+    "AudioError",
     "ChatTemplateError",
     "ClassificationOutput",
     "ClassificationRequestOutput",
@@ -72,6 +79,9 @@ __all__ = [
     "SamplingParamsError",
     "ScoringOutput",
     "ScoringRequestOutput",
+    "TranscriptionOutput",
+    "TranscriptionSegment",
+    "TranscriptionWord",
     "UnsupportedTaskError",
     "__version__",
     "open_engine",

@@ -4,7 +4,8 @@ What it owns: one background thread running a Trio event loop that holds `open_e
 the object's lifetime, so the engine (and its model) is loaded once, not per call. Each
 `generate()` call runs its prompts concurrently in a nursery on that loop (the engine batches
 them) and blocks the calling thread until all are done; `embed()`, `score()` and
-`classify()` do the same for a pooling model's outputs.
+`classify()` do the same for a pooling model's outputs, `transcribe()` for audio on a speech
+model.
 
 Invariants: the engine lives exactly as long as the `LLM`: `close()` (or leaving the `with`
 block, or garbage collection, or interpreter exit) stops it. A KeyboardInterrupt in the calling
@@ -29,6 +30,7 @@ import trio
 from trio_llm.client.engine_client import EngineClient
 from trio_llm.client.engine_process import open_engine
 from trio_llm.client.lora import LoraRequest
+from trio_llm.client.speech import AudioInput, final_output, samples_of
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
         EmbeddingRequestOutput,
         RequestOutput,
         ScoringRequestOutput,
+        TranscriptionOutput,
     )
 
 Prompt = str | list[int]
@@ -203,6 +206,32 @@ class LLM:
         future, scope = self._loop.submit(embed, batch)
         return self._wait(future, scope)
 
+    def transcribe(
+        self,
+        audio: AudioInput | Sequence[AudioInput],
+        *,
+        task: str = "transcribe",
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+    ) -> list[TranscriptionOutput]:
+        """One finished transcription per audio input (a file's bytes, a path, or 16 kHz
+        samples), in order, from a speech model; the engine batches their windows. The
+        options are `EngineClient.transcribe`'s (task 'translate' translates into English)."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM is closed")
+        inputs = list(audio) if isinstance(audio, list | tuple) else [audio]
+        options = {
+            "task": task,
+            "language": language,
+            "prompt": prompt,
+            "temperature": temperature,
+            "word_timestamps": word_timestamps,
+        }
+        future, scope = self._loop.submit(self._run_transcriptions, inputs, options)
+        return self._wait(future, scope)
+
     def score(
         self,
         text_1: str | Sequence[str],
@@ -250,6 +279,24 @@ class LLM:
 
     async def _copy_tokenizer(self) -> PreTrainedTokenizerBase:
         return copy.deepcopy(self._client.tokenizer)
+
+    async def _run_transcriptions(
+        self, inputs: list[AudioInput], options: dict[str, Any]
+    ) -> list[TranscriptionOutput]:
+        client = self._client
+        # Every input is decoded, and its options checked, before any is sent: a bad one
+        # fails the whole call with its own error.
+        decoded = [await samples_of(a, None) for a in inputs]
+        streams = [client.transcribe(a, **options) for a in decoded]
+        results: list[TranscriptionOutput | None] = [None] * len(inputs)
+
+        async def run(index: int) -> None:
+            results[index] = await final_output(streams[index])
+
+        async with trio.open_nursery() as nursery:
+            for index in range(len(inputs)):
+                nursery.start_soon(run, index)
+        return [r for r in results if r is not None]
 
     async def _run_batch(
         self, prompts: list[Prompt], params: list[SamplingParams], loras: list[Lora]

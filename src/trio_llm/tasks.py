@@ -10,23 +10,27 @@ that can). Pure values, no imports: every layer may read it.
 - `score`: a cross-encoder, a `*ForSequenceClassification` with one label; scores a pair of
   texts by its logit of the pair (and classifies with that one label).
 - `classify`: a sequence classifier with any number of labels (`id2label`).
+- `transcribe`: a Whisper model in CTranslate2's format, on the speech engine
+  (engine/speech/): speech to text, and to English text where the model is multilingual.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-Task = Literal["generate", "embed", "score", "classify"]
-Use = Literal["generate", "embed", "score", "classify", "pooling"]
+Task = Literal["generate", "embed", "score", "classify", "transcribe"]
+Use = Literal["generate", "embed", "score", "classify", "pooling", "transcribe"]
 
-TASKS = ("auto", "generate", "embed", "classify", "score")
-"""What `task=` may say; `auto` chooses from the checkpoint (`engine.loader.resolve_task`)."""
+TASKS = ("auto", "generate", "embed", "classify", "score", "transcribe")
+"""What `task=` may say; `auto` chooses from the checkpoint (`engine.loader.resolve_task`; a
+Whisper directory: engine/process.py `build_core`)."""
 
 USES: dict[str, tuple[Use, ...]] = {
     "generate": ("generate",),
     "embed": ("embed", "score", "pooling"),
     "score": ("score", "classify", "pooling"),
     "classify": ("classify", "pooling"),
+    "transcribe": ("transcribe",),
 }
 
 TASK_WORDS = {
@@ -34,6 +38,7 @@ TASK_WORDS = {
     "embed": "embeddings",
     "score": "scores of text pairs (a cross-encoder)",
     "classify": "classification",
+    "transcribe": "speech to text",
 }
 
 USE_WORDS = {
@@ -42,6 +47,7 @@ USE_WORDS = {
     "score": "scoring and reranking",
     "classify": "classification",
     "pooling": "pooled outputs",
+    "transcribe": "speech to text",
 }
 
 
@@ -51,5 +57,6 @@ def serves(task: str, use: str) -> bool:
 
 
 def is_pooling(task: str) -> bool:
-    """Every task but generation runs on the pooling engine (whole prompts, no KV cache)."""
-    return task != "generate"
+    """Every task but generation and speech runs on the pooling engine (whole prompts, no KV
+    cache)."""
+    return task not in ("generate", "transcribe")

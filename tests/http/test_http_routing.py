@@ -70,6 +70,10 @@ async def test_the_render_routes_give_the_token_ids_without_generating(serve_app
             "/v1/completions/render", json={"model": "a", "prompt": [[1, 2], [3]], "max_tokens": 1}
         )
         assert [p["token_ids"] for p in completions.json()] == [[1, 2], [3]]
+        responses = await c.post(
+            "/v1/responses/render", json={"model": "a", "input": "hi", "max_output_tokens": 3}
+        )
+        assert responses.status_code == 200 and responses.json()["token_ids"]
         bad = await c.post("/v1/chat/completions/render", json={**CHAT, "model": "nope"})
         assert bad.status_code == 404
     assert not engine.prompts  # nothing was generated
@@ -82,3 +86,16 @@ async def test_an_empty_cache_salt_is_refused_naming_it(serve_app) -> None:  # t
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
         ok = await c.post("/v1/chat/completions", json={**CHAT, "cache_salt": "tenant"})
         assert ok.status_code == 200
+
+
+async def test_get_load_reports_each_engine_as_sglang_style_routers_read_it(serve_app) -> None:  # type: ignore[no-untyped-def]
+    busy = FakeEngine(name="a", hold_after_first=True)
+    url = await serve_app(build_app(busy, FakeEngine(name="b")))
+    async with httpx.AsyncClient(base_url=url) as c, trio.open_nursery() as nursery:
+        nursery.start_soon(partial(c.post, "/v1/chat/completions", json=CHAT))
+        with trio.fail_after(5):
+            await busy.wait_for(lambda: len(busy.running) == 1)
+        loads = (await c.get("/get_load")).json()
+        assert [(entry["dp_rank"], entry["num_reqs"]) for entry in loads] == [(0, 1), (0, 0)]
+        assert all(entry["num_waiting_reqs"] == 0 for entry in loads)
+        nursery.cancel_scope.cancel()

@@ -210,6 +210,11 @@ def test_the_other_policies_spread_requests_over_both_servers(
     after = [chat_requests(server) for server, _ in workers]
     served = [a - b for a, b in zip(after, before, strict=True)]
     assert sum(served) == 9 and all(n > 0 for n in served)
+    for server, _ in workers:  # whatever the router asked (/get_load, render...), it exists
+        unknown = [
+            key for key in server.labelled("trio_llm_http_requests_total") if key[1] == "unmatched"
+        ]
+        assert not unknown
 
 
 def test_a_response_stored_by_one_server_is_continued_and_read_on_the_other(

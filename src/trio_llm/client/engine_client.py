@@ -58,6 +58,13 @@ from trio_llm.client.lora import LoraRequest, LoraTable
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.client.request_sender import RequestSender
 from trio_llm.client.scoring import cosine, pair_up, text_params
+from trio_llm.client.speech import (
+    AudioInput,
+    PendingTranscriptions,
+    check_options,
+    new_request,
+    transcription_stream,
+)
 from trio_llm.config import EngineArgs
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError
 from trio_llm.ipc.codec import decode_engine_message, encode
@@ -76,6 +83,7 @@ from trio_llm.outputs import (
     EmbeddingRequestOutput,
     ScoringOutput,
     ScoringRequestOutput,
+    TranscriptionOutput,
 )
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
@@ -138,6 +146,7 @@ class EngineClient:
         *,
         max_message_bytes: int,
         generation_config: dict[str, Any] | None = None,
+        unproducible_bytes: frozenset[int] = frozenset(),
     ) -> None:
         self._tokenizer = ConfinedTokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -155,14 +164,22 @@ class EngineClient:
         self._receiver = receiver
         self._max_message_bytes = max_message_bytes
         self._stream_interval = args.stream_interval
+        self.unproducible_bytes = unproducible_bytes
+        """The bytes no token of the model writes (a constraint that forces one is refused)."""
         self._inputs = InputProcessor(
-            self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
+            self._tokenizer,
+            max_model_len=ready.max_model_len,
+            vocab_size=ready.vocab_size,
+            unproducible_bytes=unproducible_bytes,
         )
         self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._embeddings = PendingEmbeddings()
-        self._loras = LoraTable(args.lora and not is_pooling(ready.task), args.lora_modules)
+        self._loras = LoraTable(args.lora and ready.task == "generate", args.lora_modules)
+        self._transcriptions = PendingTranscriptions()
         self._process_outputs = (
-            self._embeddings.process_outputs
+            self._transcriptions.process_outputs
+            if ready.task == "transcribe"
+            else self._embeddings.process_outputs
             if is_pooling(ready.task)
             else self._outputs.process_outputs
         )
@@ -203,12 +220,14 @@ class EngineClient:
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
             num_steps=s.num_steps,
-            num_requests_in_flight=self._outputs.num_requests + self._embeddings.num_requests,
+            num_requests_in_flight=self._outputs.num_requests
+            + self._embeddings.num_requests
+            + self._transcriptions.num_requests,
         )
 
     @property
     def task(self) -> str:
-        """What the engine serves: 'generate', 'embed', 'score' or 'classify'."""
+        """What the engine serves: 'generate', 'embed', 'score', 'classify' or 'transcribe'."""
         return self.model_config.task
 
     @property
@@ -283,6 +302,7 @@ class EngineClient:
         await anyio.lowlevel.checkpoint()
         engine_ids = self._outputs.abort_request(request_id, time.time())
         engine_ids += self._embeddings.abort_request(request_id)
+        engine_ids += self._transcriptions.abort_request(request_id)
         if engine_ids:
             self._post(encode(AbortRequests(request_ids=engine_ids)))
 
@@ -332,6 +352,51 @@ class EngineClient:
             EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
             for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
         ]
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        *,
+        task: str = "transcribe",
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+        max_seconds: float | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[TranscriptionOutput, None]:
+        """Transcribe (or, with task 'translate', translate into English) an audio file's bytes,
+        a path to one, or 16 kHz mono samples, from a speech engine; iterate the result for one
+        `TranscriptionOutput` per 30-second window the engine decodes (the last `finished`).
+
+        Raises here, before anything is sent: `UnsupportedTaskError` on a text engine,
+        `InvalidPromptError` naming the field for a task, language or temperature the model
+        cannot serve (translation from an English-only model, say). The file is decoded when
+        iteration starts (on a worker thread) and its `AudioError` (empty, not audio, longer
+        than `max_seconds`) raises from the first `__anext__()`. `language` None: detected
+        from the first window; `temperature` 0 falls back to hotter decoding where a window
+        fails Whisper's thresholds, as OpenAI's does. Leaving the iteration early aborts the
+        request in the engine, which stops within the window it is decoding."""
+        self._check_alive()
+        self._check_task("transcribe")
+        code = check_options(
+            self.model_config, task=task, language=language, temperature=temperature
+        )
+        request = new_request(
+            request_id=request_id,
+            task=task,
+            language=code,
+            prompt=prompt,
+            temperature=temperature,
+            word_timestamps=word_timestamps,
+            priority=priority,
+        )
+        if self._transcriptions.has_request(request.request_id):
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        return transcription_stream(
+            self._transcriptions, self._post, self._check_alive, audio, request, max_seconds
+        )
 
     async def classify(
         self,
@@ -733,6 +798,7 @@ class EngineClient:
         self._outputs.fail_all(lambda: EngineDeadError(reason))
         self._embeddings.fail_all(lambda: EngineDeadError(reason))
         self._loras.fail_all(lambda: EngineDeadError(reason))
+        self._transcriptions.fail_all(lambda: EngineDeadError(reason))
         self._drained.set()
 
 

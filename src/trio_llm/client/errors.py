@@ -1,9 +1,9 @@
 """The client's errors: each names the fault where it is known.
 
 The HTTP edge translates them once: `InvalidPromptError` (and its `PromptTooLongError`),
-`ChatTemplateError` and `LoraError` are the caller's fault (400; `LoraNotFoundError` 404),
-`EngineDeadError` and `EngineRequestError` the server's (500/503). `EngineStartError` only comes
-out of `open_engine`.
+`ChatTemplateError`, `UnservableRequestError` and `LoraError` are the caller's fault (400;
+`LoraNotFoundError` 404), `EngineDeadError` and `EngineRequestError` the server's (500/503).
+`EngineStartError` only comes out of `open_engine`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,17 @@ def start_error_in(group: BaseExceptionGroup) -> EngineStartError | None:
 
 class EngineRequestError(RuntimeError):
     """The engine failed this one request (finish_reason 'error'); other requests go on."""
+
+
+class UnservableRequestError(EngineRequestError):
+    """The engine could not go on with this request because of its own parameters: nothing
+    they allow can be generated next (its constraint requires a byte the vocabulary cannot
+    write, or allows no token that allowed_token_ids does). `param` names the one at fault
+    ('constraint', 'allowed_token_ids', ...): the caller's fault, not the engine's."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InvalidPromptError(ValueError):

@@ -25,7 +25,7 @@ import jinja2
 import msgspec
 
 from trio_llm import grammar
-from trio_llm.client.confined_tokenizer import ConfinedTokenizer
+from trio_llm.client.confined_tokenizer import INLINE_MAX_COST, ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.constraint import Constraint
 from trio_llm.ipc.messages import EngineCoreRequest
@@ -37,11 +37,17 @@ if TYPE_CHECKING:
 
 class InputProcessor:
     def __init__(
-        self, tokenizer: ConfinedTokenizer, *, max_model_len: int, vocab_size: int
+        self,
+        tokenizer: ConfinedTokenizer,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        unproducible_bytes: frozenset[int] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.unproducible_bytes = unproducible_bytes
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self.tokenizer.run(len(text), _encode, text, add_special_tokens)
@@ -55,9 +61,9 @@ class InputProcessor:
         chat_template_kwargs: dict[str, Any] | None = None,
         add_special_tokens: bool = False,
     ) -> list[int]:
-        size = sum(len(str(message.get("content") or "")) for message in messages)
+        template = self.tokenizer.loop.chat_template
         return await self.tokenizer.run(
-            size,
+            rendered_size(messages, chat_template_kwargs) + len(str(template or "")),
             _render_and_encode,
             messages,
             add_generation_prompt,
@@ -83,10 +89,6 @@ class InputProcessor:
         params.validate_vocab(self.vocab_size)
         if not prompt_token_ids:
             raise InvalidPromptError("the prompt is empty: give at least one token")
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
-            raise InvalidPromptError(
-                f"the prompt holds token ids outside the vocabulary (size {self.vocab_size})"
-            )
         # The wording is OpenAI's ("This model's maximum context length is"), which clients
         # (LiteLLM among them) match to tell a context overflow from other 400s.
         prompt_tokens, max_tokens = len(prompt_token_ids), params.max_tokens
@@ -109,6 +111,12 @@ class InputProcessor:
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
                 max_model_len=limit,
+            )
+        # Last: a prompt too long for the context (400,000 tokens of a 2 MB body) is refused
+        # without a pass over its ids on the event loop.
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise InvalidPromptError(
+                f"the prompt holds token ids outside the vocabulary (size {self.vocab_size})"
             )
 
     async def embedding_inputs(
@@ -214,16 +222,10 @@ class InputProcessor:
                 max_model_len=limit,
             )
 
-    @staticmethod
-    async def check_constraint(constraint: Constraint) -> None:
-        """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce it."""
-        try:
-            if grammar.is_checked(constraint):
-                grammar.check(constraint)
-            else:
-                await anyio.to_thread.run_sync(grammar.check, constraint, abandon_on_cancel=True)
-        except grammar.ConstraintError as error:
-            raise SamplingParamsError("constraint", str(error)) from None
+    async def check_constraint(self, constraint: Constraint) -> None:
+        """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce it
+        for this model (`check_constraint`)."""
+        await check_constraint(constraint, self.unproducible_bytes)
 
     @staticmethod
     def engine_requests(
@@ -261,6 +263,33 @@ class InputProcessor:
             )
             for child_id, child_params in children
         ]
+
+
+def rendered_size(messages: list[dict[str, Any]], kwargs: dict[str, Any] | None) -> int:
+    """How much a chat template renders: the messages and the template's other variables (the
+    tools, earlier calls and their arguments) as JSON text, whatever holds the bulk of it.
+    Measured in one C-speed pass; what cannot be measured counts as large."""
+    try:
+        return len(msgspec.json.encode(messages)) + len(msgspec.json.encode(kwargs or {}))
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return INLINE_MAX_COST + 1
+
+
+async def check_constraint(
+    constraint: Constraint, unproducible_bytes: frozenset[int] = frozenset()
+) -> None:
+    """Raise `SamplingParamsError` (param "constraint") unless the engine can enforce
+    `constraint` for a model whose vocabulary writes none of `unproducible_bytes`; validated on
+    a worker thread unless it was lately."""
+    try:
+        if grammar.is_checked(constraint, unproducible_bytes):
+            grammar.check(constraint, unproducible_bytes)
+        else:
+            await anyio.to_thread.run_sync(
+                grammar.check, constraint, unproducible_bytes, abandon_on_cancel=True
+            )
+    except grammar.ConstraintError as error:
+        raise SamplingParamsError("constraint", str(error)) from None
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:
@@ -345,8 +374,9 @@ def _render_and_encode(
             continue_final_message=continue_final_message,
             **chat_template_kwargs,
         )
-    except (ValueError, jinja2.TemplateError) as exc:
-        raise ChatTemplateError(f"cannot render the chat template: {exc}") from exc
+    except Exception as exc:  # whatever the template raises, the messages made it fail
+        detail = str(exc) if isinstance(exc, ValueError | jinja2.TemplateError) else repr(exc)
+        raise ChatTemplateError(f"cannot render the chat template: {detail}") from exc
     # The template already wrote the special tokens (BOS and the role markers) as text; more
     # only when asked for (vLLM's add_special_tokens).
     return _encode(tokenizer, str(text), add_special_tokens=add_special_tokens)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.detokenizer import DecodedTokens, IncrementalDetokenizer
-from trio_llm.client.errors import EngineDeadError, EngineRequestError
+from trio_llm.client.errors import EngineDeadError, EngineRequestError, UnservableRequestError
 from trio_llm.client.output_text import OutputText
 from trio_llm.client.stop_strings import find_stop, held_back
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
@@ -128,7 +128,11 @@ class OutputProcessor:
             collector = choice.collector
             collector.started = True
             if output.finish_reason == "error":
-                collector.fail(EngineRequestError(output.error or "the engine failed the request"))
+                message = output.error or "the engine failed the request"
+                if output.error_param is not None:
+                    collector.fail(UnservableRequestError(message, param=output.error_param))
+                else:
+                    collector.fail(EngineRequestError(message))
                 to_abort.extend(self._forget(collector.request_id, but=output.request_id))
                 continue
             try:

@@ -54,11 +54,13 @@ from trio_llm.client.prefix_index import PrefixPolicy, PrefixRecord, block_keys
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
+    from trio_llm.client.speech import AudioInput
     from trio_llm.outputs import (
         ClassificationRequestOutput,
         EmbeddingRequestOutput,
         RequestOutput,
         ScoringRequestOutput,
+        TranscriptionOutput,
     )
     from trio_llm.sampling_params import SamplingParams
 
@@ -148,9 +150,9 @@ class ServedModel:
 
 class Lease:
     """A request's hold on its replica: `sequences` of its load until `release()`, and the
-    requests it runs there (`generate`, `embed_batch`, `score`, `classify`), which
-    `Router.abort` finds by id until then. `client` is the replica's engine, for what is not a
-    request (tokenizing).
+    requests it runs there (`generate`, `embed_batch`, `score`, `classify`,
+    `transcribe`), which `Router.abort` finds by id until then. `client` is the replica's engine,
+    for what is not a request (tokenizing).
 
     A request whose replica dies before the engine started it (it was still waiting there:
     `EngineDeadError.started` is False) is moved: the lease takes another live replica of the
@@ -301,6 +303,17 @@ class Lease:
             lambda client, rid: client.classify(prompts, request_id=rid, **kwargs), request_id
         )
 
+    def transcribe(
+        self, audio: AudioInput, *, request_id: str | None = None, **kwargs: Any
+    ) -> AsyncGenerator[TranscriptionOutput, None]:
+        """`EngineClient.transcribe` on the leased replica (`ValueError` for an id in flight)."""
+        request_id = self._hold(request_id)
+        try:
+            return self.client.transcribe(audio, request_id=request_id, **kwargs)
+        except BaseException:
+            self._forget(request_id)
+            raise
+
     def _hold(self, request_id: str | None) -> str:
         """Record that this lease runs `request_id` (a new id when None)."""
         router = self._router
@@ -439,7 +452,12 @@ class Router:
         """Hold a live replica of `model` for `sequences`: the one that holds the longest
         cached prefix of `prompt` (token ids; empty: none known) unless load says otherwise,
         else the least loaded; `NoLiveReplicaError` when it has none."""
-        keys = block_keys(prompt, model.config.block_size, cache_salt) if model.config else []
+        # No prompt (a speech engine's request, whose block size is 0): nothing to look up.
+        keys = (
+            block_keys(prompt, model.config.block_size, cache_salt)
+            if model.config and prompt
+            else []
+        )
         replica = model.pick(keys, self.policy)
         if replica is None:
             raise NoLiveReplicaError(
@@ -476,6 +494,18 @@ class Router:
             stream = lease.generate(
                 prompt, params, request_id=request_id, priority=priority, lora=lora
             )
+        except BaseException:
+            lease.release()
+            raise
+        return _leased(stream, lease)
+
+    def transcribe(
+        self, audio: AudioInput, *, model: str | None = None, **kwargs: Any
+    ) -> AsyncGenerator[TranscriptionOutput, None]:
+        """`EngineClient.transcribe` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), 1)
+        try:
+            stream = lease.transcribe(audio, **kwargs)
         except BaseException:
             lease.release()
             raise
@@ -624,9 +654,7 @@ def aggregate(stats: Sequence[EngineStats]) -> EngineStats:
     )
 
 
-async def _leased(
-    stream: AsyncGenerator[RequestOutput, None], lease: Lease
-) -> AsyncGenerator[RequestOutput, None]:
+async def _leased(stream: AsyncGenerator[T, None], lease: Lease) -> AsyncGenerator[T, None]:
     try:
         async for output in stream:
             yield output

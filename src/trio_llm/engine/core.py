@@ -37,7 +37,7 @@ import torch
 
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, loader, pooling
+from trio_llm.engine import dtype_policy, loader, pooling, quant, speculative
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager, salt_root
 from trio_llm.engine.classifier import classifier_head
@@ -45,12 +45,14 @@ from trio_llm.engine.kv_events import KVEventPublisher
 from trio_llm.engine.lora import LoraLoadError, LoraNotFoundError, LoraRegistry, adapter_root
 from trio_llm.engine.model_runner import LoraSettings, ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
+from trio_llm.engine.quant import gguf_model
 from trio_llm.engine.scheduler import Scheduler
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
 from trio_llm.grammar import Grammar
 from trio_llm.ipc.messages import (
+    AudioChunk,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -58,6 +60,7 @@ from trio_llm.ipc.messages import (
     LoadLora,
     LoraUpdated,
     SchedulerStats,
+    TranscriptionRequest,
     UnloadLora,
 )
 from trio_llm.tasks import TASK_WORDS, is_pooling
@@ -156,6 +159,12 @@ class EngineCore:
         self.runner = parts.runner
         self.loras = self._load_loras(parts.runner)
         """The adapters served (None: LoRA off)."""
+        self._ngram = speculative.resolve_mode(
+            args.ngram_speculation,
+            quantized=isinstance(self.runner, ModelRunner)
+            and self.runner.own is not None
+            and self.runner.own.quantized,
+        )
         self.structured = StructuredOutputs(
             lambda: model_files.load_tokenizer(source),
             self.vocab_size,
@@ -199,9 +208,19 @@ class EngineCore:
     ) -> _Parts:
         args = self.args
         backend = resolve_backend(args.attention_backend, device)
+        how, gguf = quant.plan(args.quantization, source, config, device, args.model_impl)
+        weights = None
+        if how != "none":
+            dtype = quant.activation_dtype(args.dtype)
         # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
-        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
-        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        measure = (
+            how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        )
+        if gguf is not None:
+            model = quant.meta_model(source, dtype)
+            weights = gguf_model.load_weights(gguf, model.config, dtype)
+        else:
+            model = loader.load_model(source, torch.float32 if measure else dtype, device)
         if measure:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
@@ -237,6 +256,8 @@ class EngineCore:
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
             lora=LoraSettings(args.max_loras, args.max_lora_rank) if args.lora else None,
+            weights=weights,
+            quantization=how,
         )
         return _Parts(
             runner=runner,
@@ -342,7 +363,12 @@ class EngineCore:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, req: EngineCoreRequest) -> None:
+    def add_request(self, req: EngineCoreRequest | TranscriptionRequest | AudioChunk) -> None:
+        if isinstance(req, AudioChunk):
+            return  # its TranscriptionRequest was refused below
+        if isinstance(req, TranscriptionRequest):
+            self.reject(req.request_id, "this engine serves text models: it does not transcribe")
+            return
         try:
             seq = self._new_sequence(req)
         except Exception as exc:  # whatever is wrong with it, it fails alone
@@ -438,15 +464,17 @@ class EngineCore:
             self.scheduler.finish(seq, "abort")
             self._pending.append(EngineCoreOutput(request_id=request_id, finish_reason="abort"))
 
-    def reject(self, request_id: str, message: str) -> None:
+    def reject(self, request_id: str, message: str, *, param: str | None = None) -> None:
         """Finish a request with an 'error' output at the next step, whether it is running,
-        waiting, finished or was never read."""
+        waiting, finished or was never read; `param`: the request's parameter at fault."""
         seq = self.requests.pop(request_id, None)
         if seq is not None:
             self._forget_compile(request_id)
             self.scheduler.finish(seq, "error")
         self._pending.append(
-            EngineCoreOutput(request_id=request_id, finish_reason="error", error=message)
+            EngineCoreOutput(
+                request_id=request_id, finish_reason="error", error=message, error_param=param
+            )
         )
 
     # -- the loop body --------------------------------------------------------------------
@@ -471,7 +499,8 @@ class EngineCore:
             try:
                 seq.grammar = future.result()
             except Exception as exc:
-                self.reject(request_id, f"the constraint does not compile: {exc}")
+                message = f"the constraint does not compile: {exc}"
+                self.reject(request_id, message, param="constraint")
                 continue
             seq.awaiting_grammar = False
 
@@ -510,9 +539,12 @@ class EngineCore:
             assert prompt_logprobs is not None
             prompt_logprobs.extend(lps)
         advanced = self.scheduler.update(batch, result.token_ids, result.draft_token_ids)
+        alone = len(self.scheduler.running) + len(self.scheduler.waiting)
         for seq, _ in advanced:
             if seq.grammar is not None and not seq.is_finished:
                 self.structured.propose_drafts(seq, self.max_model_len)
+            elif speculative.wants_drafts(self._ngram, seq, alone):
+                speculative.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
 
     def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:
@@ -540,10 +572,11 @@ class EngineCore:
         for seq, num_new in advanced:
             out = EngineCoreOutput(
                 request_id=seq.request_id,
-                new_token_ids=seq.token_ids[-num_new:],
+                new_token_ids=seq.token_ids[len(seq.token_ids) - num_new :],
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
                 error=seq.error,
+                error_param=seq.error_param,
             )
             if result.logprobs is not None:
                 i = index[id(seq)]

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.attention import AttentionMetadata
+from trio_llm.engine.quant.weights import embedding, is_quantized
 
 if TYPE_CHECKING:
     from trio_llm.engine.lora import LoraBatch
@@ -67,6 +68,9 @@ def supports(model: torch.nn.Module) -> bool:
 
 @dataclass(slots=True)
 class _Layer:
+    """A layer's weights; the matrices may be quantized (`engine.quant`), which only `linear`
+    looks into."""
+
     input_norm: Tensor
     qkv: Tensor
     """[(Hq + 2 Hkv) * D, hidden]: q, k and v projections in one."""
@@ -78,13 +82,44 @@ class _Layer:
     down: Tensor
 
 
+@dataclass(slots=True)
+class Weights:
+    """Everything the forward multiplies by, fused: from a loaded model (`of`) or built
+    elsewhere (a GGUF file's quantized tensors, `engine.quant`)."""
+
+    embed: Tensor
+    norm: Tensor
+    lm_head: Tensor
+    layers: list[_Layer]
+    dtype: torch.dtype
+    """The activations' dtype."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> Weights:
+        decoder = model.model
+        return cls(
+            embed=decoder.embed_tokens.weight.detach(),
+            norm=decoder.norm.weight.detach(),
+            lm_head=model.lm_head.weight.detach(),
+            layers=[LlamaForward._fuse(layer) for layer in decoder.layers],
+            dtype=decoder.embed_tokens.weight.dtype,
+        )
+
+
 class LlamaForward:
     """A Llama-family model as plain tensors, computing hidden states for the packed row."""
 
     lora_projections = LORA_PROJECTIONS
     """What the runner builds the LoRA targets from (an own forward without it has none)."""
 
-    def __init__(self, model: torch.nn.Module, max_positions: int, linear: Linear) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_positions: int,
+        linear: Linear,
+        weights: Weights | None = None,
+    ) -> None:
+        """`weights`: given, `model` only lends its config and rotary embedding."""
         config = model.config
         decoder = model.model
         self.linear = linear
@@ -94,13 +129,16 @@ class LlamaForward:
             getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         )
         self.eps = float(config.rms_norm_eps)
-        self.embed = decoder.embed_tokens.weight.detach()
-        self.norm = decoder.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
+        weights = weights or Weights.of(model)
+        self.embed = weights.embed
+        self.norm = weights.norm
+        self.lm_head = weights.lm_head
         self.scale = self.head_dim**-0.5
-        self.layers = [self._fuse(layer) for layer in decoder.layers]
+        self.layers = weights.layers
         self.intermediate = self.layers[0].down.shape[1]
-        self.cos, self.sin = _rotary_table(decoder.rotary_emb, max_positions, self.embed)
+        self.cos, self.sin = _rotary_table(
+            decoder.rotary_emb, max_positions, self.norm, weights.dtype
+        )
 
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> _Layer:
@@ -136,7 +174,7 @@ class LlamaForward:
         q_end, k_end = hq * d, (hq + hkv) * d
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin.index_select(0, positions).unsqueeze(1)
-        x = F.embedding(input_ids, self.embed)
+        x = embedding(input_ids, self.embed)
         layers = zip(self.layers, k_caches, v_caches, strict=True)
         for i, (layer, k_cache, v_cache) in enumerate(layers):
             t = i * len(LORA_PROJECTIONS)  # the layer's first LoRA target
@@ -163,10 +201,19 @@ class LlamaForward:
             x = x + out
         return _rms_norm(x, self.norm, self.eps)
 
-    def weight_shapes(self) -> list[tuple[int, int]]:
-        """(out_features, in_features) of every distinct matmul, the LM head's included."""
+    def _matrices(self) -> tuple[Tensor, ...]:
         layer = self.layers[0]
-        weights = (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+        return (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any matmul runs on quantized weights (which `linear` must dispatch)."""
+        return any(is_quantized(w) for w in self._matrices())
+
+    def weight_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every distinct float matmul, the LM head's included
+        (quantized ones run on their own kernels, row-exact at any size)."""
+        weights = (w for w in self._matrices() if not is_quantized(w))
         return list(dict.fromkeys((int(w.shape[0]), int(w.shape[1])) for w in weights))
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -188,10 +235,10 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotary_table(
-    rotary: torch.nn.Module, max_positions: int, like: Tensor
+    rotary: torch.nn.Module, max_positions: int, like: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """cos and sin for every position, [max_positions, D], exactly as the model's own rotary
     module gives them (the frequencies, their scaling, the cast to the model's dtype)."""
     positions = torch.arange(max_positions, device=like.device).unsqueeze(0)
-    cos, sin = rotary(like, positions)
+    cos, sin = rotary(like.to(dtype), positions)
     return cos[0].contiguous(), sin[0].contiguous()

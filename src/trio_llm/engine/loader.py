@@ -103,6 +103,11 @@ def resolve_task(task: str, source: ModelSource, config: PretrainedConfig) -> st
         if head is not None:
             return "score" if labels == 1 else "classify"
         return "embed" if encoder else "generate"
+    if task == "transcribe":
+        raise UnsupportedModelError(
+            f"{source.name} is not a Whisper model in CTranslate2's format: it cannot serve task "
+            "transcribe"
+        )
     if task == "generate" and (encoder or head is not None):
         what = f"a classifier ({head})" if head else f"an encoder ({config.model_type})"
         raise UnsupportedModelError(

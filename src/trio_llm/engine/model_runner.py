@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trio_llm.engine import llama, row_tiles
+from trio_llm.engine import llama, quant, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -126,11 +126,15 @@ class ModelRunner:
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
         lora: LoraSettings | None = None,
+        weights: llama.Weights | None = None,
+        quantization: str = "none",
     ) -> None:
         """`cuda_graphs`: capture decode-only steps (up to `max_num_seqs` sequences, at most
         MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the Triton kernels and
         the engine's own forward, without single-token weight sets. Elsewhere it is ignored
-        (and steps with LoRA adapters run eagerly). `lora`: serve adapters (`self.lora`)."""
+        (and steps with LoRA adapters run eagerly). `lora`: serve adapters (`self.lora`).
+        `weights`: the own forward's weights when they do not come from `model` (a GGUF file's,
+        `engine.quant`); `quantization` int8 or int4 quantizes the model's at start-up."""
         self.model = model
         self.decoder = model.model
         self.own: LlamaForward | None = None
@@ -140,15 +144,31 @@ class ModelRunner:
         self.device = device
         self.row_tile = 0
         """Rows per matmul call when batch invariance is on (0: off)."""
+
         if model_impl == "auto" and single_token_dtype is None and llama.supports(model):
-            self.own = LlamaForward(model, max_model_len, F.linear)
-            self.own.linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            self.own = LlamaForward(model, max_model_len, F.linear, weights)
+            if quantization in ("int8", "int4", "w8a8"):
+                quant.quantize_forward(self.own, quantization)
+            quantized = self.own.quantized
+            if quantized and batch_invariant == "auto":
+                # Not free with quantized weights: prefill chunks would have to stay on the
+                # quantized kernels, 3x slower than dequantized at 512 rows (engine/quant).
+                batch_invariant = "off"
+            linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            if quantized:
+                linear = quant.dispatching(linear, dense=not self.row_tile)
+                # The embedding and LM head live in the forward now (quantized).
+                model.model.embed_tokens.to("meta")
+                model.lm_head.to("meta")
+            self.own.linear = linear
         self.lora: LoraStacks | None = None
         """Every adapter slot's weights (None: LoRA off)."""
         self._lora_hook: LoraHook | None = None
         """Where the transformers path's wrapped Linears read the step's adapter rows."""
         if lora is not None:
             if self.own is not None:
+                # Read from the model's Linears (on the meta device for a GGUF file's weights:
+                # shapes only). Adapters add after the base matmul, quantized or not.
                 targets = fused_targets(model, self.own.lora_projections)
             else:  # before the weight sets: they swap the Linears inside the wrappers
                 self._lora_hook = LoraHook()
@@ -385,7 +405,7 @@ class ModelRunner:
             st = SamplingTensors.build(
                 sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
             )
-            out = self.sampler(logits, st)
+            out = self.sampler(logits, st, masked=masks is not None)
             lps = out.logprobs
             if lps is not None:
                 logprobs = [None] * len(seqs)

@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from trio_llm.grammar import Grammar
 
 
+DEAD_END = -1
+"""What the sampler returns, in place of a token, for a row where every token is masked (its
+grammar, allowed_token_ids, bad words and min_tokens together leave none): the scheduler then
+fails the request instead of committing a token nothing allowed."""
+
+
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
@@ -78,6 +84,8 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
     """With finish_reason 'error': why."""
+    error_param: str | None = None
+    """With an error the request's own parameters caused (a dead end): the one at fault."""
     bans: TokenBans | None = None
     """allowed_token_ids and bad_words, built once when the request arrived."""
     token_type_start: int = 0

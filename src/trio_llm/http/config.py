@@ -29,6 +29,7 @@ from trio_llm.http.model_specs import (
     model_specs,
     with_lora_modules,
 )
+from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
 from trio_llm.tasks import TASKS
@@ -56,6 +57,11 @@ class ServerConfig:
     """Sequences each replica may queue beyond its --max-num-seqs before new requests for its
     model get 503; None: as many as it runs (admission is on by default)."""
     max_body_size: int = 16 << 20
+    """Largest JSON body."""
+    max_audio_size: int = 25 << 20
+    """Largest audio file of a transcription or translation (OpenAI's own limit)."""
+    max_audio_seconds: float = 1800.0
+    """Longest audio a transcription or translation may hold, in seconds."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish on SIGINT/SIGTERM before they are aborted."""
     log_level: str = "info"
@@ -70,6 +76,10 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     """The format tool calls are prompted, constrained and parsed in (http/tools/formats.py):
     `hermes`, `llama3_json`, or `auto` (picked from each model's chat template)."""
+    reasoning_parser: str = "auto"
+    """How a model's thinking is split from its answer (http/reasoning/formats.py):
+    `deepseek_r1`, `qwen3`, `none`, or `auto` (from each model's chat template: a template that
+    writes `<think>` and `</think>`)."""
     ui: bool = True
     """Serve the chat page at / (http/ui/endpoint.py)."""
     responses_store_size: int = 1024
@@ -171,10 +181,11 @@ def add_serve_arguments(
         metavar="MODEL[:OPTION=VALUE,...]",
         default=(_env("model", env) or DEFAULT_MODEL).split(),
         help=f"models to serve, each its own engine: {DEFAULT_MODEL} (default), "
-        "all-MiniLM-L6-v2 (embeddings), a Hugging Face directory, a .gguf file, or a hub id "
+        "all-MiniLM-L6-v2 (embeddings), whisper-tiny.en or whisper-base (speech to text), a "
+        "Hugging Face directory, a CTranslate2 Whisper directory, a .gguf file, or a hub id "
         "already in the local cache; options after a colon apply to that model only: name, "
-        "task, dtype, device, kv, max-len, seqs, threads, dp (e.g. "
-        "all-MiniLM-L6-v2:dtype=float32,dp=2)",
+        "task, dtype, device, kv, max-len, seqs, threads, compute, dp (e.g. "
+        "all-MiniLM-L6-v2:dtype=float32,dp=2, whisper-tiny.en:compute=int8,threads=2)",
     )
     add("--host", default=defaults.host, help="address to listen on (default %(default)s)")
     add("--port", default=defaults.port, type=int, help="port (default %(default)s)")
@@ -244,6 +255,23 @@ def add_serve_arguments(
         "it on where a start-up probe finds it free (bfloat16 on oneDNN), on forces it "
         "(padded matmuls where needed, 2-3x slower lone streams in float32), off (default "
         "%(default)s)",
+    )
+    add(
+        "--quantization",
+        choices=["auto", "none", "int8", "int4", "w8a8"],
+        default=engine.quantization,
+        help="auto: a quantized GGUF runs in its own formats (int4/int8 kernels, bfloat16 "
+        "activations), anything else in its float dtype; none: dequantize a GGUF to --dtype; "
+        "int8 / int4: quantize a float checkpoint at load, weight-only; w8a8: int8 weights "
+        "and int8 activations, fastest for batches and prefills (default %(default)s)",
+    )
+    add(
+        "--ngram-speculation",
+        choices=["auto", "on", "off"],
+        default=engine.ngram_speculation,
+        help="draft tokens by n-gram prompt lookup, verified in the next step: on drafts for "
+        "every stream without a seed, penalties or a grammar; auto is off, as measured on a "
+        "CPU it made streams slower (default %(default)s)",
     )
     add(
         "--model-impl",
@@ -382,6 +410,20 @@ def add_serve_arguments(
         help="largest request body, e.g. 16MiB; bigger ones get 413 (default 16MiB)",
     )
     add(
+        "--max-audio-size",
+        default=defaults.max_audio_size,
+        type=_size,
+        help="largest audio file of /v1/audio/transcriptions and /translations, e.g. 25MiB; "
+        "bigger ones get 413 naming `file` (default 25MiB)",
+    )
+    add(
+        "--max-audio-seconds",
+        default=defaults.max_audio_seconds,
+        type=_seconds,
+        help="longest audio one transcription or translation may hold; longer gets 413 "
+        "naming `file` (default %(default)s)",
+    )
+    add(
         "--shutdown-timeout",
         default=defaults.shutdown_timeout,
         type=_seconds,
@@ -408,6 +450,15 @@ def add_serve_arguments(
         choices=list(PARSER_NAMES),
         help="the format of tool calls: 'hermes' (<tool_call> tags, SmolLM2, Qwen, Hermes), "
         "'llama3_json' (Llama 3.x JSON calls), or 'auto' (from the model's chat template) "
+        "(default %(default)s)",
+    )
+    add(
+        "--reasoning-parser",
+        default=defaults.reasoning_parser,
+        choices=list(REASONING_PARSERS),
+        help="how a model's thinking is split from its answer (reasoning_content, reasoning "
+        "items, thinking blocks): 'deepseek_r1' (the output thinks until </think>), 'qwen3' "
+        "(it opens <think> itself), 'none', or 'auto' (from the model's chat template) "
         "(default %(default)s)",
     )
     add(
@@ -446,6 +497,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         jump_forward=not args.no_jump_forward,
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
+        quantization=args.quantization,
+        ngram_speculation=args.ngram_speculation,
         enforce_eager=args.enforce_eager,
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
@@ -484,12 +537,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allowed_origins=origins,
         max_queued_requests=args.max_queued_requests,
         max_body_size=args.max_body_size,
+        max_audio_size=args.max_audio_size,
+        max_audio_seconds=args.max_audio_seconds,
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,
         limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
         generation_config=generation_config,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         ui=not args.no_ui,
         responses_store_size=args.responses_store_size,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,

@@ -9,8 +9,9 @@ options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
                                                                 classify
     dtype    auto, float32, bfloat16, float16          device   auto, cpu, cuda, cuda:N
     kv       KV cache size (--kv-cache-memory)         max-len  context length
-    seqs     sequences at once (--max-num-seqs)        threads  torch threads of each engine
-    dp       replicas (--data-parallel-size)           lora     NAME=PATH, a LoRA adapter served
+    seqs     sequences at once (--max-num-seqs)        threads  torch (or CTranslate2) threads
+    compute  a speech model's CTranslate2 compute      dp       replicas (--data-parallel-size)
+             type (int8, float32, ...)                 lora     NAME=PATH, a LoRA adapter served
     max-loras      adapters at once (--max-loras)               from the start (repeatable)
     max-lora-rank  their largest rank (--max-lora-rank)
 
@@ -44,6 +45,7 @@ _OPTIONS = {
     "max_len": "max_model_len",
     "seqs": "max_num_seqs",
     "threads": "num_threads",
+    "compute": "compute_type",
     "dp": "replicas",
     "lora": "lora_modules",
     "max_loras": "max_loras",

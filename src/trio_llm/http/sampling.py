@@ -101,6 +101,17 @@ class SamplingFields(StructuredFields, kw_only=True):
 # What they mean
 
 
+class OneSequence:
+    """What admission counts of a plan (`GenerationPlan.sequences`) for an API that answers
+    with one sequence (Responses, Messages). A mixin of the plan's dataclass."""
+
+    __slots__ = ()
+
+    @property
+    def sequences(self) -> int:
+        return 1
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """What one request may ask for; each is checked before the engine sees the request."""

@@ -2,13 +2,16 @@
 
 Each message is a msgspec Struct, array_like with defaults omitted, tagged so that one decoder
 reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests`, `LoadLora`,
-`UnloadLora` and `Shutdown`; the output ring carries `EngineReady`, `EngineCoreOutputs`,
-`EngineFailure` and `LoraUpdated`. Before either ring
-is read, the engine process reads one `EngineLaunch` on its stdin.
+`UnloadLora` and `Shutdown`, and for a speech engine `TranscriptionRequest` followed by its
+`AudioChunk`s; the output ring carries `EngineReady`, `EngineCoreOutputs`, `EngineFailure` and
+`LoraUpdated`. Before either ring is read, the engine process reads one `EngineLaunch` on its
+stdin.
 
 Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
 frontend needs them as Python ints anyway. Embeddings travel as raw little-endian float32 bytes
-(msgpack bin): what the HTTP edge sends on as base64 as it is.
+(msgpack bin): what the HTTP edge sends on as base64 as it is. Audio travels as raw
+little-endian int16 samples at 16 kHz, cut into chunks that each fit the ring whatever the
+file's length.
 """
 
 from __future__ import annotations
@@ -77,6 +80,34 @@ class UnloadLora(_Msg, tag="unload_lora"):
     name: str
 
 
+class TranscriptionRequest(_Msg, tag="transcribe"):
+    """A speech engine's request. Its audio follows in `AudioChunk`s, `num_samples` in all; the
+    engine starts on it once the last chunk has arrived, and sends its segments window by
+    window."""
+
+    request_id: str
+    num_samples: int
+    task: str = "transcribe"
+    """transcribe | translate (into English)."""
+    language: str | None = None
+    """The spoken language's code; None: detected from the first window."""
+    prompt: str | None = None
+    """Text the first window is conditioned on (OpenAI's `prompt`)."""
+    temperature: float = 0.0
+    """The first temperature tried; a window that fails the thresholds is decoded again at
+    hotter ones, up to 1.0 (Whisper's fallback)."""
+    word_timestamps: bool = False
+    arrival_time: float = 0.0
+    priority: int = 0
+    """Lower runs first; FCFS among equals."""
+
+
+class AudioChunk(_Msg, tag="audio"):
+    request_id: str
+    samples: bytes
+    """Little-endian int16 at 16 kHz mono."""
+
+
 class AbortRequests(_Msg, tag="abort"):
     request_ids: list[str]
 
@@ -110,6 +141,9 @@ class EngineReady(_Msg, tag="ready"):
     matryoshka_dimensions: list[int] | None = None
     """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
     ([]: any); None when it may not be."""
+    languages: list[str] | None = None
+    """With task transcribe: the language codes the model knows (["en"]: English only, so it
+    cannot translate)."""
     labels: list[str] | None = None
     """With task score or classify: the label of each output, in order (the model's
     `id2label`); its outputs are the activated scores (probabilities over several labels)."""
@@ -149,6 +183,43 @@ class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True):
     """Rank of the chosen token among all (1 = most likely)."""
 
 
+class SpeechWord(msgspec.Struct, array_like=True):
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+class SpeechSegment(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """One segment of a transcription, with Whisper's own figures (what OpenAI's verbose_json
+    reports)."""
+
+    id: int
+    seek: int
+    """The window's start, in mel frames (100 per second)."""
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[SpeechWord] | None = None
+    """With word timestamps."""
+
+
+class SpeechOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """What one window of a transcription produced."""
+
+    segments: list[SpeechSegment] = msgspec.field(default_factory=list)
+    language: str = ""
+    """The spoken language's code (given or detected)."""
+    language_probability: float = 0.0
+    position: float = 0.0
+    """Seconds of audio transcribed so far."""
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     request_id: str
     new_token_ids: list[int] = msgspec.field(default_factory=list)
@@ -166,6 +237,11 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     pooled: bytes | None = None
     """A pooling request's output (raw float32: the embedding, or one score per label), with
     finish_reason 'stop'."""
+    speech: SpeechOutput | None = None
+    """A transcription's new segments (one output per window)."""
+    error_param: str | None = None
+    """With an error the request's own parameters caused ('constraint', 'allowed_token_ids',
+    ...: nothing they allow could be generated): that parameter. None: the engine failed."""
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
@@ -193,5 +269,13 @@ class EngineCoreOutputs(_Msg, tag="outputs"):
     stats: SchedulerStats
 
 
-FrontendMessage = EngineCoreRequest | AbortRequests | LoadLora | UnloadLora | Shutdown
+FrontendMessage = (
+    EngineCoreRequest
+    | TranscriptionRequest
+    | AudioChunk
+    | AbortRequests
+    | LoadLora
+    | UnloadLora
+    | Shutdown
+)
 EngineMessage = EngineReady | EngineLoading | EngineCoreOutputs | EngineFailure | LoraUpdated

@@ -40,15 +40,15 @@ import trio
 from msgspec import Struct
 from quart import Response
 
-from trio_llm.client.errors import InvalidPromptError
-from trio_llm.client.input_processor import InputProcessor
+from trio_llm.client.errors import InvalidPromptError, UnservableRequestError
+from trio_llm.client.input_processor import check_constraint as client_check_constraint
 from trio_llm.client.lora import routing_salt
 from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request
 from trio_llm.http.generate.protocol import RenderedPrompt
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import ResponseHead, engine_request_ids, new_response_id, now
-from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
 from trio_llm.http.runtime.middleware import header_request_id
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
@@ -162,20 +162,23 @@ class GenerationEndpoint(Protocol[RequestT, PlanT, PreparedT]):
 # The constraint's check
 
 
-async def check_constraint(constraint: Constraint | None, param: str | None) -> None:
-    """A 400 naming `param` unless the grammar engine can enforce `constraint` (validated in a
-    worker thread the first time: a large schema takes a while)."""
+async def check_constraint(
+    constraint: Constraint | None, param: str | None, unproducible: frozenset[int] = frozenset()
+) -> None:
+    """A 400 naming `param` unless the grammar engine can enforce `constraint` for a model whose
+    vocabulary writes none of the bytes `unproducible` (a constraint may force one); validated
+    in a worker thread the first time: a large schema takes a while."""
     if constraint is None:
         return
     try:
-        await InputProcessor.check_constraint(constraint)
+        await client_check_constraint(constraint, unproducible)
     except SamplingParamsError as error:
         raise bad_request(f"Invalid {param}: {error}", param=param) from None
 
 
-async def check_plan(plan: GenerationPlan) -> None:
-    """`check_constraint` for the constraint the plan carries, if any."""
-    await check_constraint(plan.params.constraint, plan.constraint_param)
+async def check_plan(plan: GenerationPlan, model: ModelInfo) -> None:
+    """`check_constraint` for the constraint the plan carries, if any, for `model`."""
+    await check_constraint(plan.params.constraint, plan.constraint_param, model.unproducible_bytes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,10 +191,13 @@ async def serve_generation(
     """The whole of a generating request, around the endpoint's own steps. `raw`: the body,
     when the caller has read it already."""
     state = current_state()
+    if raw is None:
+        raw = await read_body()
     request = await decode_body(endpoint.request_type, raw)
     served, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
-    plan = endpoint.plan(request, state.config.limits, card.sampling_defaults)
-    await check_plan(plan)
+    limits, defaults = state.config.limits, card.sampling_defaults
+    plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)
+    await check_plan(plan, card)
     state.admit(served, plan.sequences)
     prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
     lora = state.router.lora_for(request.model)  # a LoRA adapter named as the model
@@ -214,7 +220,13 @@ async def serve_generation(
     if request.stream:
         builder = endpoint.stream(request, prepared, head)
         return sse_response(generations, builder, metrics, settle)
-    outputs = await collect(generations, metrics)
+    try:
+        outputs = await collect(generations, metrics)
+    except UnservableRequestError as error:
+        if error.param == "constraint":  # the engine's name: the request's own, here
+            own = prepared.params.constraint is plan.params.constraint
+            error.param = plan.constraint_param if own else "tools"
+        raise
     response = endpoint.response(request, prepared, head, outputs)
     await settle()
     return json_response(response)
@@ -258,10 +270,13 @@ async def serve_render(
     neither admitted nor generated. `one`: answer the first prompt as an object (chat), else
     the list of every prompt's (completions, vLLM's shape)."""
     state = current_state()
+    if raw is None:
+        raw = await read_body()
     request = await decode_body(endpoint.request_type, raw)
     served, card = state.model_for(request.model, task="generate")
-    plan = endpoint.plan(request, state.config.limits, card.sampling_defaults)
-    await check_plan(plan)
+    limits, defaults = state.config.limits, card.sampling_defaults
+    plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)
+    await check_plan(plan, card)
     prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
     params = prepared.params
     sampling = {name: getattr(params, name) for name in _RENDERED_SAMPLING}

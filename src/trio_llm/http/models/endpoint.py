@@ -22,7 +22,7 @@ from trio_llm.http.models.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import check_token_ids
 from trio_llm.http.tools import plan_tools
@@ -61,7 +61,8 @@ def _engine(model: str | None) -> tuple[EngineClient, ModelInfo]:
 
 
 async def tokenize() -> Response:
-    req = await decode_body(TokenizeRequest)
+    raw = await read_body()
+    req = await decode_body(TokenizeRequest, raw)
     engine, model = _engine(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
@@ -71,7 +72,7 @@ async def tokenize() -> Response:
     else:
         assert req.messages is not None
         check_template_kwargs(req.chat_template_kwargs)
-        messages = chat_messages(req.messages)
+        messages = await by_body_size(len(raw), chat_messages, req.messages)
         if uses_tools(messages):  # written out as chat renders them
             parser = current_state().config.tool_call_parser
             messages = plan_tools(

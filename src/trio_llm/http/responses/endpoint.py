@@ -3,32 +3,38 @@ chat path.
 
 A Responses request is a chat request in other clothes: its instructions, the history of its
 previous response and its input items become chat messages rendered with the model's chat
-template, and its sampling fields and text.format a `SamplingParams` (plan.py); its function
-tools go through http/tools as chat's do (rendered for the template, the calls' grammar added
-once the template is known: the prepare step, a parser reading the calls back into
-function_call items); the request skeleton (generate/endpoint.py) does the rest, disconnects
-included. What differs is the answer (build.py) and the memory: a finished response is stored
-(store.py) unless the request says `store: false`.
+template, and its sampling fields and text.format a `SamplingParams` (plan.py); the prepare
+step renders them as chat's does (generate/prompt.py: function tools through http/tools, the
+calls' grammar added once the template is known, the thinking switch and the
+think-then-constrain grammar through http/reasoning, a reader taking the thinking and the calls
+back out as reasoning and function_call items); the request skeleton (generate/endpoint.py)
+does the rest, disconnects included. What differs is the answer (build.py) and the memory: a
+finished response is stored (store.py) unless the request says `store: false`.
 
 The request's path, top to bottom: `plan_responses` (plan.py) -> the skeleton's constraint
-check -> `ResponsesEndpoint.prepare` (the previous response's history from the store,
-conversation, tools, template) -> routing -> `ResponsesStream` or `complete_response`
-(build.py), which hand the finished response to the request's outbox -> `settle`, which
-stores it (the store may be a Redis server: awaited, and before the last bytes go out).
+check -> `ResponsesEndpoint.prepare` (the previous response's history from the store, the
+conversation, then `render_conversation`: tools, thinking, template) -> routing ->
+`ResponsesStream` or `complete_response` (build.py), which hand the finished response to the
+request's outbox -> `settle`, which stores it (the store may be a Redis server: awaited, and
+before the last bytes go out).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-import msgspec
 import trio
 from quart import Response
 
-from trio_llm.http.generate.endpoint import Prompt, check_constraint, serve_generation
+from trio_llm.http.answer import AnswerReader
+from trio_llm.http.conversation import Conversation
+from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
+from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
+from trio_llm.http.reasoning import effort_enables
 from trio_llm.http.responses.build import (
     OnFinished,
     ResponsesStream,
@@ -41,7 +47,6 @@ from trio_llm.http.responses.store import ResponseStore, StoredResponse
 from trio_llm.http.runtime.bodies import json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.tools import NamedFunction, ToolPlan, plan_tools
 from trio_llm.outputs import RequestOutput
 from trio_llm.sampling_params import SamplingParams
 
@@ -54,10 +59,11 @@ class PreparedResponse:
     plan: ResponsesPlan
     prompts: list[Prompt]
     params: SamplingParams
-    """The plan's, with the tools' grammar when they constrain the answer (a forced call's
-    wins over text.format)."""
-    tools: ToolPlan
-    """Its `new_parser` reads the function calls out of the answer."""
+    """The plan's, with the constraint of the whole output: the tools' grammar when they
+    constrain the answer (a forced call's wins over text.format), after the thinking when the
+    model thinks."""
+    new_reader: Callable[[], AnswerReader]
+    """Reads the thinking and the function calls out of the answer."""
     outbox: list[StoredResponse] = dataclasses.field(default_factory=list)
     """The finished response to store, from the builder until `settle` stores it."""
 
@@ -68,8 +74,8 @@ class ResponsesEndpoint:
     responses."""
 
     store: ResponseStore
-    tool_call_parser: str
-    """--tool-call-parser: the format tool calls are prompted, constrained and read in."""
+    formats: OutputFormats
+    """--tool-call-parser and --reasoning-parser."""
     request_type: ClassVar = ResponsesRequest
     id_prefix: ClassVar = "resp_"
 
@@ -84,26 +90,19 @@ class ResponsesEndpoint:
         if request.previous_response_id is not None:
             previous = await self.store.get(request.previous_response_id, "previous_response_id")
             plan = dataclasses.replace(plan, history=previous.continued())
-        messages = conversation_messages(request.instructions, plan.history, plan.items)
-        choice = plan.tool_choice
-        forced = choice == "required" or isinstance(choice, NamedFunction)
-        tools = plan_tools(
-            [t.as_tool() for t in plan.tools],
-            choice,
-            request.parallel_tool_calls,
-            messages,
-            chat_template=engine.chat_template,
-            parser=self.tool_call_parser,
-            constrain=forced or plan.params.constraint is None,
+        conversation = Conversation(
+            conversation_messages(request.instructions, plan.history, plan.items),
+            tools=[t.as_tool() for t in plan.tools],
+            tool_choice=plan.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            constraint=plan.params.constraint,
+            constraint_param=plan.constraint_param,
+            thinking=effort_enables(plan.effort),
+            effort=plan.effort,
         )
-        params = plan.params
-        if tools.constraint is not None:  # the calls' grammar (a forced one wins text.format)
-            await check_constraint(tools.constraint, "tools")
-            params = msgspec.structs.replace(params, constraint=tools.constraint)
-        token_ids = await engine.apply_chat_template(
-            tools.messages, chat_template_kwargs=tools.template_kwargs or None
-        )
-        return PreparedResponse(plan, [Prompt(token_ids, "input")], params, tools)
+        rendered = await render_conversation(engine, conversation, self.formats)
+        prompts = [Prompt(rendered.token_ids, "input")]
+        return PreparedResponse(plan, prompts, rendered.params(plan.params), rendered.new_reader)
 
     def _base(
         self, request: ResponsesRequest, plan: ResponsesPlan, head: ResponseHead
@@ -137,7 +136,7 @@ class ResponsesEndpoint:
             self._base(request, plan, head),
             self._on_finished(request, prepared),
             plan.top_logprobs,
-            prepared.tools.new_parser(),
+            prepared.new_reader(),
         )
 
     def response(
@@ -154,14 +153,22 @@ class ResponsesEndpoint:
             output,
             self._on_finished(request, prepared),
             plan.top_logprobs,
-            prepared.tools.new_parser(),
+            prepared.new_reader(),
         )
 
 
 async def create_response(raw: bytes | None = None) -> Response:
     state = current_state()
-    endpoint = ResponsesEndpoint(state.responses, state.config.tool_call_parser)
+    endpoint = ResponsesEndpoint(state.responses, OutputFormats.of(state.config))
     return await serve_generation(endpoint, raw)
+
+
+async def render_response(raw: bytes | None = None) -> Response:
+    """POST /v1/responses/render (vLLM's): the conversation's token ids, not generated; what
+    a cache-aware router asks before it routes a Responses request."""
+    state = current_state()
+    endpoint = ResponsesEndpoint(state.responses, OutputFormats.of(state.config))
+    return await serve_render(endpoint, raw, one=True)
 
 
 async def retrieve_response(response_id: str) -> Response:

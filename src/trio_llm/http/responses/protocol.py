@@ -153,12 +153,24 @@ class FunctionCallOutputItem(Struct, tag="function_call_output", tag_field="type
         return "\n".join(p.text for p in self.output)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+class ReasoningItem(Struct, tag="reasoning", tag_field="type", kw_only=True):
+    """An earlier response's thinking, sent back (as the Agents SDK does): accepted and not
+    shown to the model again, as chat templates drop earlier turns' thinking."""
+
+    id: str | None = None
+    summary: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 _ITEM_TYPES: dict[str, type[InputItem]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
 }
 _PART_TYPES = ("input_text", "output_text", "refusal")
 
@@ -230,6 +242,21 @@ def function_tools(given: list[dict[str, Any]] | None) -> list[ResponsesFunction
 # Response
 
 
+class ReasoningText(Struct, tag="reasoning_text", tag_field="type"):
+    text: str
+
+
+class ReasoningOut(Struct, tag="reasoning", tag_field="type", kw_only=True):
+    """A thinking model's thinking (split out by --reasoning-parser), as its own item before
+    the message."""
+
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    summary: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] = msgspec.field(default_factory=list)
+    encrypted_content: None = None
+
+
 class OutputMessage(Struct, tag="message", tag_field="type", kw_only=True):
     id: str
     status: Literal["in_progress", "completed", "incomplete"]
@@ -245,7 +272,7 @@ class FunctionCall(Struct, tag="function_call", tag_field="type", kw_only=True):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-OutputItem = OutputMessage | FunctionCall
+OutputItem = OutputMessage | FunctionCall | ReasoningOut
 
 
 class InputTokensDetails(Struct):
@@ -374,11 +401,11 @@ class _InPart(_InItem):
 
 
 class ContentPartAdded(_InPart, tag="response.content_part.added"):
-    part: OutputTextPart
+    part: OutputTextPart | ReasoningText
 
 
 class ContentPartDone(_InPart, tag="response.content_part.done"):
-    part: OutputTextPart
+    part: OutputTextPart | ReasoningText
 
 
 class OutputTextDelta(_InPart, tag="response.output_text.delta"):
@@ -389,6 +416,14 @@ class OutputTextDelta(_InPart, tag="response.output_text.delta"):
 class OutputTextDone(_InPart, tag="response.output_text.done"):
     text: str
     logprobs: list[ChatTokenLogprob] = msgspec.field(default_factory=list)
+
+
+class ReasoningTextDelta(_InPart, tag="response.reasoning_text.delta"):
+    delta: str
+
+
+class ReasoningTextDone(_InPart, tag="response.reasoning_text.done"):
+    text: str
 
 
 class FunctionCallArgumentsDelta(_InItem, tag="response.function_call_arguments.delta"):
@@ -412,6 +447,8 @@ ResponseEvent = (
     | ContentPartDone
     | OutputTextDelta
     | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
 )
@@ -424,6 +461,7 @@ WIRE_TYPES: tuple[type[Struct], ...] = (
     MessageItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ReasoningItem,
     ResponsesFunctionTool,
     *ResponseEvent.__args__,  # type: ignore[attr-defined]
 )

@@ -9,6 +9,8 @@ Invariants:
   needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's
   static files never do (a browser cannot send the key when it opens a page; the page sends it
   on its API calls).
+- The key is read from `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>`
+  (Anthropic's), whichever the client sends.
 - CORS, when origins are configured, allows any header a preflight asks for: the openai-node
   SDK sends its own (`X-Stainless-*`), and the API key decides who may call, not CORS.
 - A request's `X-Request-Id` (a router's or a proxy's id) is echoed on its response and, when
@@ -92,12 +94,14 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
         if path == "/" or path.startswith("/ui/"):
             return
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        given = token.strip().encode("latin-1")
+        given = [token.strip()] if scheme.lower() == "bearer" else []
+        given += request.headers.getlist("x-api-key")
         # compare_digest runs in time independent of where the strings differ.
-        if not (scheme.lower() == "bearer" and hmac.compare_digest(given, key)):
+        if not any(hmac.compare_digest(g.strip().encode("latin-1"), key) for g in given):
             raise ProtocolError(
                 401,
-                "Missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                "Missing or incorrect API key: send it as `Authorization: Bearer <key>` "
+                "or `x-api-key: <key>`",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )

@@ -67,6 +67,7 @@ USE_ENDPOINTS = {
     "score": "/score and /rerank",
     "classify": "/classify",
     "pooling": "/pooling",
+    "transcribe": "/v1/audio/transcriptions and /v1/audio/translations",
 }
 """Where each use of a model (`trio_llm.tasks`) is served, for the 400 of a model that does
 not serve the endpoint asked."""
@@ -84,6 +85,8 @@ class ModelInfo:
     """What requests that leave sampling fields unset get (`--generation-config`)."""
     fingerprint: str | None = None
     """`system_fingerprint` of every response."""
+    unproducible_bytes: frozenset[int] = frozenset()
+    """The bytes no token of the model writes: a constraint that forces one is refused."""
 
 
 @dataclass
@@ -126,6 +129,7 @@ class AppState:
                 mc.embedding_size,
                 self._sampling_defaults(engine) if mc.task == "generate" else SamplingDefaults(),
                 system_fingerprint(mc.model, mc.dtype, __version__),
+                engine.unproducible_bytes,
             )
             self.metrics.for_model(mc.model)  # its figures exist, at zero, from now on
 
@@ -222,6 +226,11 @@ class AppState:
         if task is not None and not serves(info.task, task):
             raise bad_request(self._wrong_task(info, task), param="model", code="wrong_model_task")
         return served, info
+
+    def first_served(self, task: str) -> str | None:
+        """The name of the first model served for `task` (what a request that names no model
+        gets, on the routes of a task other than the first model's)."""
+        return next((c.name for c in self.cards() if c.task == task), None)
 
     def cards(self) -> list[ModelInfo]:
         """Every served model's card, in order (those that came up at least once)."""
