@@ -3,7 +3,8 @@
 What it owns: the process's life. It reads one `EngineLaunch` from stdin, attaches the rings it
 inherited, watches its parent, loads the model, telling the frontend each start-up stage as it
 begins (`EngineLoading`), and answers `EngineReady` (or `EngineFailure`, then exits
-non-zero). Then it loops: take every pending message (adds, aborts, Shutdown), step while
+non-zero). Then it loops: take every pending message (adds, aborts, LoRA loads and unloads,
+each answered at once, Shutdown), step while
 there is work and send one `EngineCoreOutputs` per step, and block on the request ring's
 doorbell when there is none, which costs no CPU (while a grammar compiles and nothing else can
 step, it wakes every `GRAMMAR_POLL_SECONDS` to look).
@@ -50,8 +51,10 @@ from trio_llm.ipc.messages import (
     EngineFailure,
     EngineLaunch,
     EngineLoading,
+    LoadLora,
     Shutdown,
     TranscriptionRequest,
+    UnloadLora,
 )
 
 if TYPE_CHECKING:
@@ -178,6 +181,8 @@ class EngineLoop:
                 elif isinstance(msg, AbortRequests):
                     core.abort_requests(msg.request_ids)
                     aborted = True
+                elif isinstance(msg, LoadLora | UnloadLora):
+                    self.tx.send(encode(core.update_lora(msg)))
             # After aborts, step even when idle: the abort outputs and fresh stats reach the
             # frontend at once.
             if core.has_work() or aborted:
