@@ -422,6 +422,7 @@ def decide(
     single_token: bool = False,
     model_path: str | None = None,
     quantized: bool = False,
+    lora: bool = False,
 ) -> Decision:
     """The matmul an engine runs and whether invariance is on, for `--batch-invariant mode`.
 
@@ -431,9 +432,17 @@ def decide(
     InvarianceUnavailable where neither does or the configuration cannot keep it. `heads`:
     the model's `attention_shapes`. `quantized`: some matmuls run on quantized kernels
     (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
-    dense path a prefill takes without invariance: past the bound `auto` keeps."""
+    dense path a prefill takes without invariance: past the bound `auto` keeps. `lora`: the
+    engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
+    an adapter: `on` is refused; `auto` keeps invariance for the requests without one."""
     if mode == "off":
         return Decision(Matmul(), False, "--batch-invariant off")
+    if mode == "on" and lora:
+        raise InvarianceUnavailable(
+            "--batch-invariant on cannot be kept: LoRA adapters' updates are computed in grouped "
+            "calls shaped by how many rows share an adapter (requests without one keep it "
+            "under auto)"
+        )
     if mode == "auto" and quantized:
         return Decision(
             Matmul(),
@@ -454,7 +463,9 @@ def decide(
         matmul = Matmul(plan)
         failed = check_matmul(matmul, shapes, dtype, device)
         if failed is None:
-            return Decision(matmul, True, plan.name)
+            return Decision(
+                matmul, True, plan.name + ("; not for requests with a LoRA adapter" if lora else "")
+            )
         reason = failed
         if mode == "on" and check_matmul(Matmul(PADDED), shapes, dtype, device) is None:
             return Decision(Matmul(PADDED), True, f"{PADDED.name} ({failed})")

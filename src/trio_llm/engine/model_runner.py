@@ -8,7 +8,9 @@ that asked for prompt logprobs) through the LM head, and samples. With a `single
 each step first selects the model's weight set (`weight_sets`): the lower-precision one for a
 step of one token. A constrained batch brings its `StepMasks` (filled in a thread while the
 decoder runs), applied to the sampled rows' logits before the sampler sees them; a sequence
-with drafts samples a row per draft too (`Sequence.num_sample_rows`).
+with drafts samples a row per draft too (`Sequence.num_sample_rows`). With LoRA on (`lora`),
+each step's rows are grouped by their sequence's adapter slot once (`LoraBatch`), and the
+forward adds the adapters' updates after its projections (engine/lora/).
 
 Invariant: the input tensors are numpy gathers over the persistent input batch (`input_batch`):
 no per-token Python, and per-sequence Python is limited to noticing what each sequence appended
@@ -30,6 +32,7 @@ from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_
 from trio_llm.engine.generic import AttentionLayer, GenericForward, decoder_of
 from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
+from trio_llm.engine.lora import LoraBatch, LoraHook, LoraStacks, fused_targets, wrap_linears
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StepMasks, apply_bitmask
@@ -85,6 +88,16 @@ class StepInputs:
     """Batch index -> rows whose logits score prompt tokens (prompt logprobs)."""
     sampling: SamplingColumns
     """The sampling parameters of the rows in `sample_index`."""
+    lora: LoraBatch | None = None
+    """The rows with a LoRA adapter, grouped by adapter (None: none has one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """Adapter slots and their rank bound (--max-loras, --max-lora-rank)."""
+
+    max_loras: int
+    max_rank: int
 
 
 def kv_cache_spec(layers: list[AttentionLayer], block_size: int, dtype: torch.dtype) -> KVCacheSpec:
@@ -114,6 +127,7 @@ class ModelRunner:
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
         cpu_flags: frozenset[str] = frozenset(),
+        lora: LoraSettings | None = None,
         weights: llama.Weights | None = None,
         quantization: str = "none",
     ) -> None:
@@ -121,7 +135,8 @@ class ModelRunner:
         their cache shapes). `cuda_graphs`: capture decode-only steps (up to `max_num_seqs`
         sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the
         Triton kernels and the engine's own forward, without single-token weight sets.
-        Elsewhere it is ignored.
+        Elsewhere it is ignored (and steps with LoRA adapters run eagerly). `lora`: serve
+        adapters (`self.lora`).
 
         `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
         (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable.
@@ -155,6 +170,7 @@ class ModelRunner:
             single_token=single_token_dtype is not None,
             model_path=None if self.own else invariance.unsupported_modules(model),
             quantized=quantized,
+            lora=lora is not None,
         )
         """Whether every row is computed one way whatever shares its step, and how."""
         if self.own is not None:
@@ -166,6 +182,20 @@ class ModelRunner:
                 # The embedding and LM head live in the forward now (quantized).
                 model.model.embed_tokens.to("meta")
                 model.lm_head.to("meta")
+        self.lora: LoraStacks | None = None
+        """Every adapter slot's weights (None: LoRA off)."""
+        self._lora_hook: LoraHook | None = None
+        """Where the transformers path's wrapped Linears read the step's adapter rows."""
+        if lora is not None:
+            if self.own is not None:
+                # Read from the model's Linears (on the meta device for a GGUF file's weights:
+                # shapes only). Adapters add after the base matmul, quantized or not.
+                targets = fused_targets(model, self.own.lora_projections)
+            else:  # before the weight sets: they swap the Linears inside the wrappers
+                self._lora_hook = LoraHook()
+                targets = wrap_linears(model, self._lora_hook)
+            self.lora = LoraStacks(targets, lora.max_loras, lora.max_rank, spec.dtype, device)
+        if self.own is not None:
             # Its fused weights replace the layers' own: free them rather than hold both.
             decoder_of(model).layers = torch.nn.ModuleList()
         elif self.invariance.on:
@@ -236,15 +266,36 @@ class ModelRunner:
         rows = inputs.input_ids.shape[1]
         if (
             self.graphs is not None
+            and inputs.lora is None
             and not inputs.prompt_rows
             and self.graphs.fits(rows, batch.num_decodes)
         ):
             assert isinstance(inputs.attn, TritonAttentionMetadata)
             logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
             return self.sample(batch.seqs, inputs, None, eos_token_ids, masks, logits)
-        hidden = self.forward(
-            inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
-        )
+        if self.own is not None:
+            hidden = self.own(
+                inputs.input_ids[0],
+                inputs.positions[0],
+                inputs.attn,
+                self.k_caches,
+                self.v_caches,
+                inputs.lora,
+            )
+        else:
+            if self._lora_hook is not None:
+                self._lora_hook.batch = inputs.lora
+            try:
+                hidden = self.forward(
+                    inputs.input_ids[0],
+                    inputs.positions[0],
+                    inputs.attn,
+                    self.k_caches,
+                    self.v_caches,
+                )
+            finally:
+                if self._lora_hook is not None:
+                    self._lora_hook.batch = None
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
@@ -300,6 +351,11 @@ class ModelRunner:
                 prompt_rows[i] = np.arange(offset + first, offset + last)
 
         stage = self.staging.to_device
+        lora = None
+        if self.lora is not None:
+            adapters = np.fromiter((s.lora_slot for s in seqs), np.int64, len(seqs))
+            if adapters.max(initial=-1) >= 0:
+                lora = LoraBatch.build(adapters[row_seq], self.lora, stage)
         return StepInputs(
             input_ids=stage("input_ids", ids).unsqueeze(0),
             positions=stage("positions", positions).unsqueeze(0),
@@ -319,6 +375,7 @@ class ModelRunner:
             sample_rows=stage("sample_rows", sample_rows),
             prompt_rows=prompt_rows,
             sampling=ib.sampling(rows[sample_index]),
+            lora=lora,
         )
 
     def sample(
