@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -51,9 +52,10 @@ sys.path.insert(0, str(BENCH))
 from compare_load import Level, offline_reference, run_levels  # noqa: E402
 from compare_process import ServerStartError, running  # noqa: E402
 from compare_profile import profile_trio_llm  # noqa: E402
-from compare_report import load_average, write_report  # noqa: E402
+from compare_report import can_plot, load_average, write_plot, write_report  # noqa: E402
 from endpoints import ENDPOINTS  # noqa: E402
 from peers import SERVERS, Server, Skipped  # noqa: E402
+from peers.base import SERVER_THREADS  # noqa: E402
 from peers.trio_llm_server import DEFAULT_ARGS as DEFAULT_TRIO_LLM_ARGS  # noqa: E402
 from peers.trio_llm_server import LABEL as TRIO_LLM  # noqa: E402
 
@@ -83,6 +85,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path(os.environ.get("TRIO_LLM_PEERS_DIR", REPO.parent / "peers")),
         help="where bench/setup_peers.sh made the peers' virtualenvs (tf/, llama/)",
     )
+    p.add_argument(
+        "--server-threads",
+        type=int,
+        default=SERVER_THREADS,
+        help="threads of every server (trio-llm's --num-threads, llama.cpp's --n_threads, "
+        "transformers' OMP_NUM_THREADS); 1 on a VM whose other tenants keep its cores busy, "
+        "where two threads wait on each other at every barrier (default %(default)s)",
+    )
     p.add_argument("--offline-concurrency", type=int, default=32, help="0: no offline run")
     p.add_argument("--profile", action="store_true", help="also profile trio-llm with py-spy")
     p.add_argument("--profile-only", action="store_true")
@@ -95,8 +105,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+REQUIRED = {"httpx": "httpx", "trio": "trio"}
+"""What a run cannot do without (module: package), checked before any server starts."""
+
+
+def check_dependencies() -> str | None:
+    """Why the run cannot start, or None. matplotlib is optional: without it the report has
+    its tables and no plot (said at the start, not after 20 minutes of measuring)."""
+    missing = [pkg for mod, pkg in REQUIRED.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        return (
+            f"missing {', '.join(missing)}: install the bench extra "
+            "(pip install -e '.[bench]' in the project's .venv)"
+        )
+    if not can_plot():
+        print(
+            "matplotlib is not installed (the bench extra): the report will have its tables "
+            "but no plot",
+            file=sys.stderr,
+            flush=True,
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    problem = check_dependencies()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     # Started in the background by a shell, this process would ignore SIGINT, and so would the
     # servers it starts (an ignored signal stays ignored across exec). Both signals interrupt
     # the run instead, so the servers are always stopped on the way out.
@@ -137,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     text = write_report(args, servers, skipped, levels, offline, loads, time.perf_counter() - start)
     args.out.write_text(text)
     print(text)
+    write_plot(args, levels)
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import math
 import os
+import sys
 
 import hostinfo  # bench/hostinfo.py
 import serve  # bench/serve.py, the load generator
@@ -128,8 +130,6 @@ def write_report(
 ) -> str:
     rows = [lv.summary for mine in levels.values() for lv in mine]
     plot = args.out.with_suffix(".png")
-    if rows:
-        serve.plot(rows, plot)
     lines = [
         "# Serving benchmark: trio-llm against its peers, side by side",
         "",
@@ -180,6 +180,23 @@ def write_report(
     if errors:
         lines += ["", "Errors:", ""]
         lines += [f"- {r.label} c={r.concurrency}: {r.errors} x {r.first_error}" for r in errors]
-    if rows:
+    if rows and can_plot():
         lines += ["", f"![output tokens/s and TTFT p99 against concurrency]({plot.name})"]
     return "\n".join(lines) + "\n"
+
+
+def can_plot() -> bool:
+    """Whether matplotlib (the `bench` extra) is here: the plot is optional, the tables not."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def write_plot(args: argparse.Namespace, levels: dict[str, list[Level]]) -> None:
+    """The plot beside the report, after the report is written: a failure here loses no
+    table."""
+    rows = [lv.summary for mine in levels.values() for lv in mine]
+    if not rows or not can_plot():
+        return
+    try:
+        serve.plot(rows, args.out.with_suffix(".png"))
+    except Exception as error:  # a broken matplotlib must not lose the run
+        print(f"the plot failed ({error!r}); the tables are in {args.out}", file=sys.stderr)

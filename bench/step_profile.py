@@ -47,10 +47,12 @@ class Variant:
     impl: str  # "hf" or "own"
     dtype: str
     invariant: str  # "off", "on" or "auto"
+    quantization: str = "none"  # the GGUF dequantized unless a variant says otherwise
 
     @property
     def label(self) -> str:
-        return f"{self.impl}, {self.dtype}, invariance {self.invariant}"
+        quantized = "" if self.quantization == "none" else f", weights {self.quantization}"
+        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}"
 
     def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
         return EngineArgs(
@@ -59,6 +61,8 @@ class Variant:
             dtype=self.dtype,
             model_impl="transformers" if self.impl == "hf" else "auto",
             batch_invariant=self.invariant,
+            quantization=self.quantization,
+            ngram_speculation="off",
             kv_cache_memory=kv_cache_memory,
             enable_prefix_caching=False,  # every case's prompts are new; no stale hits
         )
@@ -71,6 +75,10 @@ VARIANTS = {
     "hf-bf16": Variant("hf", "bfloat16", "off"),
     "own-bf16-noinv": Variant("own", "bfloat16", "off"),
     "own-bf16": Variant("own", "bfloat16", "auto"),
+    # The GGUF in its own formats (Q4_1 as int4, Q8_0 as int8) and as int8 with int8
+    # activations (engine/quant), activations in bf16.
+    "own-gguf": Variant("own", "auto", "auto", "auto"),
+    "own-w8a8": Variant("own", "auto", "auto", "w8a8"),
 }
 
 

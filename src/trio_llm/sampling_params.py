@@ -79,6 +79,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     """What the engine bans: a sequence's last token is masked whenever the output ends with
     the tokens before it (a one-token word is masked always). Filled from `bad_words` by the
     frontend; may also be given directly."""
+    cache_salt: str | None = None
+    """Prefix-cache isolation (vLLM's `cache_salt`): a request's prompt blocks are found in
+    the prefix cache only by requests with the same salt, so tenants that must not learn of
+    each other's prompts through cache timing give different salts. It changes no output; it
+    rides here, with the request's other per-request settings, to reach the engine."""
 
     @property
     def greedy(self) -> bool:
@@ -169,6 +174,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
             all(self.bad_words_token_ids or ()),
             "bad_words",
             "bad_words_token_ids must not hold an empty sequence",
+        )
+        need(
+            self.cache_salt is None or self.cache_salt != "",
+            "cache_salt",
+            "cache_salt must be a non-empty string when given",
         )
 
     def validate_vocab(self, vocab_size: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
+from trio_llm.client.detokenizer import DecodedTokens, IncrementalDetokenizer
 from trio_llm.client.stop_strings import find_stop, held_back
 
 MULTIBYTE = "Héllo 世界 🎉 café, naïve Ελληνικά — 日本語のテキスト 🚀🔥 done"
@@ -61,8 +61,8 @@ def test_skip_special_tokens(detok_tokenizer: Any, tokenizer: Any) -> None:
     assert "".join(_stream(detok_tokenizer, [1], output, skip=False)) == "Hi<|im_end|>"
 
 
-def test_token_texts_show_partial_characters_as_bytes(tokenizer: Any) -> None:
-    texts = TokenTexts(tokenizer)
+def test_decoded_tokens_show_partial_characters_as_bytes(tokenizer: Any) -> None:
+    texts = DecodedTokens(tokenizer)
     ids = tokenizer.encode("世", add_special_tokens=False)
     assert len(ids) > 1
     shown = [texts(t) for t in ids]

@@ -76,6 +76,52 @@ async def test_chat_template_errors_are_value_errors(inputs: InputProcessor) -> 
         )
 
 
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        ("{{ messages[0]['content'] + 1 }}", "TypeError"),  # jinja lets Python's errors out
+        ("{{ 1 // (messages | length - 1) }}", "ZeroDivisionError"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+        ("{{ messages[0]['missing']['deeper'] }}", "has no attribute"),  # jinja's own
+    ],
+)
+async def test_any_exception_in_a_template_is_a_chat_template_error(
+    tokenizer: Any, template: str, words: str
+) -> None:
+    """Before, only ValueError and jinja's own errors were; a TypeError was a 500."""
+    import copy
+
+    broken = copy.deepcopy(tokenizer)
+    broken.chat_template = template
+    inputs = InputProcessor(ConfinedTokenizer(broken), max_model_len=2048, vocab_size=len(broken))
+    with pytest.raises(ChatTemplateError, match=words):
+        await inputs.apply_chat_template([{"role": "user", "content": "Hi"}])
+
+
+async def test_what_is_rendered_decides_where_it_renders(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short contents with large tools (or a long history of calls) are a large render: off
+    the event loop, as a long message is."""
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"f{i}", "parameters": {"description": "x" * 200}},
+        }
+        for i in range(50)
+    ]
+    with watch_tokenizer_use(monkeypatch, type(tokenizer)) as use:
+        inputs = InputProcessor(
+            ConfinedTokenizer(tokenizer), max_model_len=1 << 20, vocab_size=len(tokenizer)
+        )
+        await inputs.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], chat_template_kwargs={"tools": tools}
+        )
+        loop_thread = threading.get_ident()
+    [worker] = [i for i in use.threads if i != id(tokenizer)]
+    assert use.threads[worker] and loop_thread not in use.threads[worker]
+
+
 def test_too_long_names_both_numbers(inputs: InputProcessor) -> None:
     with pytest.raises(PromptTooLongError) as info:
         inputs.check_request([5] * 2000, SamplingParams(max_tokens=100))

@@ -38,7 +38,7 @@ async def test_big_inputs_and_streams_never_share_a_tokenizer_instance(
                     assert len(await client.encode(BIG + str(i))) > INLINE_MAX_COST // 8
                     await client.apply_chat_template([{"role": "user", "content": BIG}])
                     assert await client.decode(HUGE_IDS)
-                    assert len(await client.token_strings(HUGE_IDS)) == len(HUGE_IDS)
+                    assert len(await client.vocab_tokens(HUGE_IDS)) == len(HUGE_IDS)
                 big_work_done.set()
 
             async def small_work() -> None:

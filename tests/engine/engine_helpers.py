@@ -22,6 +22,7 @@ class Finished:
     finish_reason: str | None = None
     stop_reason: int | None = None
     error: str | None = None
+    error_param: str | None = None
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
@@ -39,6 +40,7 @@ class Finished:
         self.finish_reason = out.finish_reason
         self.stop_reason = out.stop_reason
         self.error = out.error
+        self.error_param = out.error_param
 
 
 def make_core(model_dir: Path, **kwargs: object) -> EngineCore:

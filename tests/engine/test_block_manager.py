@@ -174,3 +174,47 @@ def test_a_prefix_computed_twice_is_published_once() -> None:
     # Its unpublished copies went to the front of the free queue: they are handed out first,
     # before any block that holds a cached prefix.
     assert list(bm.free)[: len(copies)] == copies
+
+
+def salted(tokens: list[int], salt: str | None, rid: str = "r") -> Sequence:
+    s = seq(tokens, rid)
+    s.cache_root = block_manager.salt_root(salt)
+    return s
+
+
+def test_blocks_are_shared_only_between_requests_with_the_same_cache_salt() -> None:
+    bm = BlockManager(32, BS, enable_prefix_caching=True)
+    prompt = list(range(9))
+    compute(bm, salted(prompt, "tenant-a"))
+    assert len(bm.cached_prefix(salted(prompt, "tenant-a"))) == 2
+    assert bm.cached_prefix(salted(prompt, "tenant-b")) == []
+    assert bm.cached_prefix(salted(prompt, None)) == []
+    compute(bm, salted(prompt, None))
+    assert len(bm.cached_prefix(salted(prompt, None))) == 2
+    assert bm.cached_prefix(salted(prompt, "tenant-b")) == []
+
+
+class RecordedEvents:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int, int | None]] = []
+
+    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
+        self.log.append(("stored", block_hash, parent_hash))
+
+    def removed(self, block_hash: int) -> None:
+        self.log.append(("removed", block_hash, None))
+
+
+def test_every_publication_and_eviction_is_reported_in_order() -> None:
+    events = RecordedEvents()
+    bm = BlockManager(4, BS, enable_prefix_caching=True, events=events)
+    first = seq(list(range(9)), "first")
+    compute(bm, first)  # two full blocks published, chained
+    (_, h0, p0), (_, h1, p1) = events.log
+    assert p0 is None and p1 == h0
+    bm.deallocate(first)
+    events.log.clear()
+    compute(bm, seq([50 + t for t in range(9)], "other"))  # the pool runs dry: one is evicted
+    kinds = [kind for kind, _, _ in events.log]
+    assert kinds == ["removed", "stored", "stored"]
+    assert events.log[0][1] in (h0, h1)

@@ -187,7 +187,7 @@ def test_a_seeded_request_draws_the_same_tokens_whatever_else_runs(core: EngineC
 
 
 def test_lower_priority_value_runs_first_fcfs_among_equals(tiny_model_dir: Path) -> None:
-    serial = make_core(tiny_model_dir, max_num_seqs=1)
+    serial = make_core(tiny_model_dir, max_num_seqs=1, scheduling_policy="priority")
     prompts = random_prompts([5, 6, 7, 8], seed=7)
     order: list[str] = []
     for rid, prio, p in zip(["late", "first", "second", "third"], [5, 0, 1, 1], prompts):
@@ -195,6 +195,18 @@ def test_lower_priority_value_runs_first_fcfs_among_equals(tiny_model_dir: Path)
     while serial.has_work():
         order += [o.request_id for o in serial.step().outputs if o.finish_reason]
     assert order == ["first", "second", "third", "late"]
+
+
+def test_first_come_first_served_refuses_a_priority(tiny_model_dir: Path) -> None:
+    """Under fcfs (the default) a priority would let a client jump the queue: it is refused
+    for that request alone, as vLLM refuses it without --scheduling-policy priority."""
+    core = make_core(tiny_model_dir, max_num_seqs=1)
+    [prompt] = random_prompts([5], seed=7)
+    results = run(core, [request("jumper", prompt, priority=-(2**31), max_tokens=2),
+                         request("fair", prompt, max_tokens=2, ignore_eos=True)])  # fmt: skip
+    assert results["jumper"].finish_reason == "error"
+    assert "scheduling_policy" in (results["jumper"].error or "")
+    assert results["fair"].finish_reason == "length"
 
 
 def test_bad_requests_fail_alone(core: EngineCore) -> None:

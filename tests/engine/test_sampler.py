@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.sequence import DEAD_END, Sequence
 from trio_llm.engine.token_bans import TokenBans
 from trio_llm.sampling_params import SamplingParams
 
@@ -245,3 +245,26 @@ def test_longer_bad_words_ban_their_last_token_after_their_prefix_in_the_output(
         outputs=[4],
     )
     assert sample(rows, mixed) == [1, 0, 0]
+
+
+def test_a_row_where_every_token_is_masked_is_a_dead_end_not_token_0() -> None:
+    """A grammar's mask and allowed_token_ids with nothing in common leave no token: the
+    sampler says so instead of taking the argmax of nothing (token 0)."""
+    logits = probs_logits(0.4, 0.3, 0.2, 0.05, 0.05, rows=2)
+    logits[0, 3:] = float("-inf")  # what a grammar allowing only tokens 3 and 4 leaves
+    logits[1, 3:] = float("-inf")
+    for params in (
+        SamplingParams(temperature=0, allowed_token_ids=[3, 4], logprobs=1),
+        SamplingParams(temperature=1.0, allowed_token_ids=[3, 4], logprobs=1),
+    ):
+        seqs = banned(params, SamplingParams(temperature=0))
+        st = SamplingTensors.build(seqs, frozenset({EOS}), 5, CPU)
+        out = Sampler(0, CPU)(logits.clone(), st, masked=True)
+        assert out.token_ids == [DEAD_END, 0]
+
+
+def test_integer_logit_bias_values_apply() -> None:
+    """The library takes `logit_bias={token: -100}` as written, ints included."""
+    logits = probs_logits(0.4, 0.3, 0.3)
+    params = SamplingParams(temperature=0, logit_bias={0: -100, 1: 1})  # type: ignore[dict-item]
+    assert sample(logits, seqs_for(params)) == [1]

@@ -220,6 +220,58 @@ def test_a_grammar_that_does_not_compile_fails_its_request_alone(
     assert_idle(core)
 
 
+def test_a_character_the_vocabulary_cannot_spell_fails_its_request_alone(
+    core: EngineCore, plain_core: EngineCore, tokenizer
+) -> None:  # type: ignore[no-untyped-def]
+    """U+BFF35 is F2 BF BC B5, and the model has no token for the byte F2. Before, the mask
+    let the token for the lone byte BF through and the request failed with llguidance's parser
+    state; a character the vocabulary can spell (an emoji) is served beside it."""
+    prompt = chat_ids(tokenizer, "hi")
+    for engine in (core, plain_core):
+        results = run(
+            engine,
+            [
+                request("astral", prompt, constraint=Constraint.regex("\U000bff35")),
+                request("emoji", prompt, constraint=Constraint.regex("a\U0001f600b")),
+            ],
+        )
+        astral = results["astral"]
+        assert (astral.finish_reason, astral.token_ids) == ("error", [])
+        assert astral.error_param == "constraint"
+        assert "produces the byte F2" in (astral.error or "")
+        assert "<state>" not in (astral.error or "")
+        assert results["emoji"].finish_reason == "stop"
+        assert text_of(tokenizer, results["emoji"]) == "a\U0001f600b"
+        assert_idle(engine)
+
+
+def test_a_dead_end_fails_its_request_instead_of_sampling_token_0(
+    core: EngineCore, tokenizer
+) -> None:  # type: ignore[no-untyped-def]
+    prompt = chat_ids(tokenizer, "Answer yes or no.")
+    yes_no = Constraint.choice(["yes", "no"])
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    results = run(
+        core,
+        [
+            request("greedy", prompt, constraint=yes_no, allowed_token_ids=[5, 6]),
+            request("sampled", prompt, constraint=yes_no, allowed_token_ids=[5, 6], temperature=1),
+            request("alone", prompt, allowed_token_ids=[eos], min_tokens=3, logprobs=1),
+            request("fine", prompt, constraint=yes_no, max_tokens=4),
+        ],
+    )
+    for name, param in (
+        ("greedy", "constraint"),
+        ("sampled", "constraint"),
+        ("alone", "allowed_token_ids"),
+    ):
+        got = results[name]
+        assert (got.finish_reason, got.token_ids, got.error_param) == ("error", [], param)
+        assert "allowed_token_ids" in (got.error or ""), got.error
+    assert text_of(tokenizer, results["fine"]) in ("yes", "no")
+    assert_idle(core)
+
+
 def test_others_step_while_a_grammar_compiles_and_abort_frees_it(
     core: EngineCore, tokenizer
 ) -> None:  # type: ignore[no-untyped-def]

@@ -54,8 +54,18 @@ class FakeEngine:
     """What the real client reads from the model's generation_config.json."""
     chat_template: str | None = None
     """None: a template without tools (the server renders them into the system message)."""
+    unproducible_bytes: frozenset[int] = frozenset()
+    """The bytes the fake vocabulary cannot write (a real engine reads them off its tokenizer)."""
+    fail_with: Exception | None = None
+    """Raised by every generation at its first step, as the real client raises what the engine
+    reports (`UnservableRequestError`, `EngineRequestError`)."""
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
+    generation_prompt: str = ""
+    """What the template writes after `<assistant>` (`<think>\n`: a template that opens the
+    think block itself)."""
+    template_kwargs: list[dict[str, Any]] = field(default_factory=list)
+    """The chat_template_kwargs of each rendering, in order."""
     _changed: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
     _aborts: dict[str, trio.Event] = field(default_factory=dict)
 
@@ -68,6 +78,9 @@ class FakeEngine:
             device="cpu",
             task=self.task,
             embedding_size=4 if self.task == "embed" else 0,
+            block_size=16,
+            num_blocks=10,
+            priority_scheduling=False,
         )
         self._inputs = InputProcessor(
             ConfinedTokenizer(SimpleNamespace()),  # type: ignore[arg-type]
@@ -107,15 +120,25 @@ class FakeEngine:
         await trio.lowlevel.checkpoint()
         return "".join(chr(t) for t in token_ids)
 
-    async def token_strings(self, token_ids: list[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: list[int]) -> list[str]:
         await trio.lowlevel.checkpoint()
         return [chr(t) for t in token_ids]
 
-    def token_texts(self, token_ids: list[int]) -> list[str]:
+    def decoded_tokens(self, token_ids: list[int]) -> list[str]:
         return [chr(t) for t in token_ids]
 
-    async def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> list[int]:
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+    async def apply_chat_template(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **_: Any,
+    ) -> list[int]:
+        self.template_kwargs.append(dict(chat_template_kwargs or {}))
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        if add_generation_prompt:
+            text += "<assistant>" + self.generation_prompt
         return await self.encode(text)
 
     async def embed_batch(
@@ -207,6 +230,8 @@ class FakeEngine:
                     await trio.sleep(self.token_interval)
                 else:
                     await trio.lowlevel.checkpoint()
+                if self.fail_with is not None:
+                    raise self.fail_with
                 if step == 1 and self.die_after_first:
                     raise EngineDeadError("the engine process exited (killed by the test)")
                 if step == 1 and self.hold_after_first:

@@ -343,6 +343,7 @@ async def test_streams_outlive_quarts_response_timeout(engine: FakeEngine, serve
     [
         ("/v1/chat/completions", {**CHAT, "stream": True}),
         ("/v1/responses", {"input": "hi", "stream": True}),
+        ("/v1/messages", {**CHAT, "stream": True}),
     ],
 )
 async def test_client_disconnect_aborts_streaming_over_http1(
@@ -369,10 +370,10 @@ async def test_router_abort_reaches_an_http_request(engine: FakeEngine, serve_ap
     url = await serve_app(app)
     engine.hold_after_first = True
     async with (
-        httpx.AsyncClient(base_url=url) as c,
+        httpx.AsyncClient(base_url=url, timeout=30) as c,  # slow CI: not httpx's 5 s default
         c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response,
     ):
-        with trio.fail_after(5):
+        with trio.fail_after(30):
             await engine.wait_for(lambda: len(engine.running) == 1)
         [engine_id] = engine.running
         router = app_state(app).router
@@ -383,13 +384,16 @@ async def test_router_abort_reaches_an_http_request(engine: FakeEngine, serve_ap
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
 
 
-async def test_client_disconnect_aborts_non_streaming(engine: FakeEngine, url: str) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+async def test_client_disconnect_aborts_non_streaming(
+    engine: FakeEngine, url: str, path: str
+) -> None:
     engine.hold_after_first = True
     async with (
         httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer sekrit"}) as c,
         trio.open_nursery() as nursery,
     ):
-        nursery.start_soon(partial(c.post, "/v1/chat/completions", json=CHAT))
+        nursery.start_soon(partial(c.post, path, json=CHAT))
         with trio.fail_after(5):
             await engine.wait_for(lambda: len(engine.running) == 1)
         nursery.cancel_scope.cancel()  # the client gives up: its connection closes

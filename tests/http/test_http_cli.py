@@ -19,7 +19,9 @@ def test_defaults() -> None:
     assert config.engine.model == DEFAULT_MODEL
     assert (config.host, config.port, config.api_key) == ("127.0.0.1", 8000, None)
     assert config.allowed_origins == ()
-    assert config.max_queued_requests is None and config.capacity is None
+    assert config.max_queued_requests is None
+    # Admission is on by default: each replica admits as many queued as running sequences.
+    assert config.replica_capacity(config.model_specs[0]) == 2 * config.engine.max_num_seqs
     assert config.restart_engine
 
 
@@ -66,7 +68,8 @@ def test_every_flag() -> None:
     assert (e.batch_invariant, e.model_impl, e.enforce_eager) == ("on", "transformers", True)
     assert (config.host, config.port, config.api_key) == ("0.0.0.0", 9000, "k")
     assert config.allowed_origins == ("https://a.example", "https://b.example")
-    assert (config.max_queued_requests, config.capacity) == (8, 12)
+    assert config.max_queued_requests == 8
+    assert config.replica_capacity(config.model_specs[0]) == 12
     assert (config.max_body_size, config.shutdown_timeout, config.log_level) == (
         1 << 20,
         2.5,
@@ -172,8 +175,8 @@ def test_several_models_with_their_own_options() -> None:
     )
     assert embed.replicas == 2 and path.args.model == "/models/with:colon"
     assert config.engine == chat.args
-    assert config.capacity is None
-    assert parse_serve_args(["a", "b", "--max-queued-requests", "1"], {}).capacity == 257
+    capped = parse_serve_args(["a", "b:seqs=3", "--max-queued-requests", "1"], {})
+    assert [capped.replica_capacity(s) for s in capped.model_specs] == [129, 4]
 
 
 def test_models_from_the_environment_and_threads_shared_between_engines() -> None:

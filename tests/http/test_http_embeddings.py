@@ -153,3 +153,23 @@ def test_each_model_refuses_the_others_endpoint_naming_which_serves_which(
         (DEFAULT_MODEL, "0"): 1.0,
         (EMBED, "0"): 1.0,
     }
+
+
+@pytest.mark.slow
+def test_the_default_pair_answers_rerank_out_of_the_box(server: ServerProcess) -> None:
+    """`trio-llm serve SmolLM2-135M-Instruct all-MiniLM-L6-v2`: the embedding model ranks
+    documents by the cosine of their embeddings with the query's."""
+    documents = [
+        "The stock market fell sharply on Monday.",
+        "Paris is the capital and largest city of France.",
+        "A recipe for apple pie with cinnamon.",
+    ]
+    body = {"query": "What is the capital of France?", "documents": documents, "top_n": 2}
+    reply = httpx.post(server.url + "/v1/rerank", json={"model": EMBED, **body}, timeout=60)
+    results = reply.json()["results"]
+    assert [r["index"] for r in results][:1] == [1] and len(results) == 2
+    assert results[0]["relevance_score"] > results[1]["relevance_score"] + 0.2
+    assert results[0]["document"] == {"text": documents[1]}
+    wrong = httpx.post(server.url + "/rerank", json={"model": DEFAULT_MODEL, **body}, timeout=30)
+    assert wrong.status_code == 400
+    assert f"/score and /rerank: `{EMBED}`" in wrong.json()["error"]["message"]

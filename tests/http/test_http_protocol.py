@@ -105,7 +105,10 @@ def test_a_bad_key_is_named_as_a_key() -> None:
     body = b'{"messages": [], "logit_bias": {"not_a_token_id": 1}}'
     error = error_of(decode_request, body, ChatCompletionRequest)
     assert error.param == "logit_bias"
-    assert error.message.startswith("Invalid request: logit_bias: keys must be token ids")
+    assert error.message.startswith(
+        'Invalid request: logit_bias: the key "not_a_token_id" is not a token id; keys must be '
+        "token ids"
+    )
     body = b'{"messages": [], "chat_template_kwargs": {"a": 1}, "logit_bias": {"-1": 1}}'
     assert "keys must be token ids" in error_of(decode_request, body, ChatCompletionRequest).message
 
@@ -173,7 +176,7 @@ def test_chat_defaults() -> None:
     assert plan.params.temperature == 1.0
     assert plan.params.output_kind is RequestOutputKind.FINAL_ONLY
     assert plan.top_logprobs is None
-    assert plan.messages == [{"role": "user", "content": "hi"}]
+    assert plan.conversation.messages == [{"role": "user", "content": "hi"}]
 
 
 def test_chat_messages_take_text_parts_and_developer_role() -> None:
@@ -189,7 +192,7 @@ def test_chat_messages_take_text_parts_and_developer_role() -> None:
         ),
         LIMITS,
     )
-    assert plan.messages == [
+    assert plan.conversation.messages == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "a\nb"},
     ]
@@ -274,17 +277,20 @@ def test_tools_default_to_auto_and_history_keeps_calls_and_results() -> None:
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
         {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
     ]
-    plan = plan_chat(chat(tools=[TOOL], messages=messages), LIMITS)
-    assert plan.tool_choice == "auto" and [t.name for t in plan.tools] == ["f"]
-    assert plan.messages[1] == {
+    conversation = plan_chat(chat(tools=[TOOL], messages=messages), LIMITS).conversation
+    assert conversation.tool_choice == "auto" and [t.name for t in conversation.tools] == ["f"]
+    assert conversation.messages[1] == {
         "role": "assistant",
         "content": "",
         "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
         ],
     }
-    assert plan.messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
-    assert plan.with_tools
+    assert conversation.messages[2] == {
+        "role": "tool",
+        "content": "sunny",
+        "tool_call_id": "call_1",
+    }
 
 
 # -- completions ------------------------------------------------------------------------------

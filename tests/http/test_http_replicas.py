@@ -71,16 +71,26 @@ def test_start_up_shows_each_engines_progress(server: ServerProcess) -> None:
     assert len(server.engine_pids()) == 2
 
 
+def story(topic: str) -> dict:  # type: ignore[type-arg]
+    """A long stream whose prompt shares nothing with another topic's but the template's
+    first block, so that load, not a cached prefix, decides its replica."""
+    content = f"Tell me a story about {topic}. " * 8
+    messages = [{"role": "user", "content": content}]
+    return {**LONG_STREAM, "max_tokens": 1800, "stream": True, "messages": messages}
+
+
 async def test_requests_spread_by_load_and_a_disconnect_aborts_on_its_replica(
     server: ServerProcess,
 ) -> None:
     scopes: list[trio.CancelScope] = []
+    topics = iter(("ships", "bees", "clocks", "rain", "maps", "owls"))
 
     async def stream(scope: trio.CancelScope) -> None:
+        body = story(next(topics))
         with scope:
             async with (
                 httpx.AsyncClient(base_url=server.url, timeout=60) as c,
-                c.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "stream": True}) as r,
+                c.stream("POST", "/v1/chat/completions", json=body) as r,
             ):
                 async for _ in r.aiter_lines():
                     pass
@@ -116,9 +126,12 @@ def test_a_killed_replica_fails_only_its_requests_and_comes_back(server: ServerP
         httpx.Client(base_url=server.url, timeout=120) as c,
         ThreadPoolExecutor(4) as pool,
     ):
+        bodies = [story(topic) for topic in ("ships", "bees", "clocks", "rain")]
         posts = [
-            pool.submit(c.post, "/v1/chat/completions", json={**LONG, "max_tokens": 300})
-            for _ in range(4)
+            pool.submit(
+                c.post, "/v1/chat/completions", json={**b, "stream": False, "max_tokens": 300}
+            )
+            for b in bodies
         ]
         wait_for(lambda: running(server) == {"0": 2, "1": 2})
         os.kill(victim, signal.SIGKILL)
@@ -163,3 +176,29 @@ def test_a_model_that_cannot_start_fails_the_start_with_its_own_error(
     )
     assert result.returncode == 1
     assert f"{missing}[0]: cannot load the tokenizer" in result.stderr
+
+
+def test_a_replica_that_gives_up_leaves_rotation_and_the_last_one_stops_the_server(
+    tiny_model_dir: Path,
+) -> None:
+    with run_server(
+        f"{tiny_model_dir}:name=tiny",
+        "--data-parallel-size", "2",
+        "--no-engine-restart",
+        "--kv-cache-memory", "16MiB",
+        "--dtype", "float32",
+    ) as server:  # fmt: skip
+        first, second = server.engine_pids()
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: httpx.get(server.url + "/health", timeout=10).json()["status"] != "ok")
+        health = httpx.get(server.url + "/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert sorted(e["retired"] for e in health.json()["engines"]) == [False, True]
+        for topic in ("ships", "bees", "clocks"):  # all served by the one left
+            body = {**story(topic), "stream": False, "max_tokens": 3}
+            r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200
+        server.expected_exit = 1
+        os.kill(second, signal.SIGKILL)
+        server.process.wait(timeout=60)
+    assert "every replica of a model died and was not restarted" in "".join(server.log)

@@ -20,6 +20,7 @@ from openai.types.responses import Response as SDKResponse
 from openai.types.responses import ResponseStreamEvent
 
 from trio_llm.http import ServerConfig, build_app
+from trio_llm.http.answer import AnswerReader
 from trio_llm.http.responses.build import ResponsesStream, complete_response
 from trio_llm.http.responses.protocol import FunctionCall, OutputMessage, ResponseObject
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -331,7 +332,7 @@ async def test_calls_and_their_outputs_in_the_input_become_the_history(
         ({"tool_choice": {"type": "mcp"}}, "tool_choice.type", "'mcp'"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "robot"),
         ({"background": True}, "background", "Background"),
-        ({"reasoning": {"effort": "high"}}, "reasoning.effort", "Reasoning"),
+        ({"conversation": "conv_1"}, "conversation", "Conversations"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name", "name"),
         (
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 3}}}},
@@ -414,7 +415,7 @@ def test_a_streamed_message_then_two_calls() -> None:
         ]
     )
     finished: list[ResponseObject] = []
-    stream = ResponsesStream(_base(), finished.append, parser=parser)
+    stream = ResponsesStream(_base(), finished.append, reader=AnswerReader(tools=parser))
     events = stream.begin()
     events += stream.feed(0, _output("a"))
     events += stream.feed(0, _output("b"))
@@ -468,7 +469,7 @@ def test_a_streamed_message_then_two_calls() -> None:
 
 def test_a_call_cut_by_max_output_tokens_is_incomplete() -> None:
     parser = ScriptedParser([("", [Delta(0, "call_1", "weather", '{"ci')])])
-    stream = ResponsesStream(_base(), lambda _: None, parser=parser)
+    stream = ResponsesStream(_base(), lambda _: None, reader=AnswerReader(tools=parser))
     events = [*stream.begin(), *stream.feed(0, _output("x", "length")), *stream.end()]
     final = events[-1].response
     assert (final.status, final.output[0].status) == ("incomplete", "incomplete")
@@ -478,7 +479,10 @@ def test_a_call_cut_by_max_output_tokens_is_incomplete() -> None:
 def test_a_complete_response_with_calls_only() -> None:
     parser = ScriptedParser([("", []), ("", [])], [Call("call_9", "weather", "{}")], "")
     response = complete_response(
-        _base(), _output("<tool_call>...", "stop"), lambda _: None, parser=parser
+        _base(),
+        _output("<tool_call>...", "stop"),
+        lambda _: None,
+        reader=AnswerReader(tools=parser),
     )
     [call] = response.output
     assert isinstance(call, FunctionCall) and (call.call_id, call.status) == ("call_9", "completed")

@@ -14,12 +14,18 @@ from trio_llm.http.chat.protocol import ChatCompletionRequest
 from trio_llm.http.completions.plan import plan_completion
 from trio_llm.http.completions.protocol import CompletionRequest
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.generate.endpoint import check_request
+from trio_llm.http.generate.endpoint import check_plan
+from trio_llm.http.runtime.state import ModelInfo
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.structured import constraint_of
 from trio_llm.http.wire import decode_request
 
 LIMITS = RequestLimits()
+CARD = ModelInfo("m", 2048, 49152, 0, unproducible_bytes=frozenset({0xF2}))
+"""A model whose vocabulary has no token for the byte F2 (as the default model's has not)."""
+ASTRAL = "\U000bff35"
+"""F2 BF BC B5 in UTF-8."""
+DEEP = '{"type":"array","items":' * 100 + "{}" + "}" * 100
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 SO = "structured_outputs"
 C = Constraint
@@ -124,21 +130,37 @@ def test_malformed_constraints_are_400s_naming_the_param(
         ),
         ({"guided_grammar": "start: undefined_rule"}, "guided_grammar", "undefined_rule"),
         ({"guided_grammar": "root ::= (("}, "guided_grammar", ""),
+        ({"guided_regex": ASTRAL}, "guided_regex", "produces the byte F2"),
+        ({SO: {"choice": ["x" + ASTRAL, "y" + ASTRAL]}}, f"{SO}.choice", "byte F2"),
+        ({"guided_json": {"enum": [ASTRAL]}}, "guided_json", "byte F2"),
+        ({"guided_regex": r"(a)\1"}, "guided_regex", "backreferences"),
+        ({"guided_json": json.loads(DEEP)}, "guided_json", "nested 101 levels deep"),
+        (
+            {"response_format": json_schema_format(name="x", schema=json.loads(DEEP))},
+            "response_format.json_schema.schema",
+            "at most 64",
+        ),
+        (
+            {"guided_json": {"anyOf": [{"required": [f"k{i}"]} for i in range(2100)]}},
+            "guided_json",
+            "too complex for the grammar engine",
+        ),
+        ({SO: {"grammar": "start: " + "(" * 300 + '"a"' + ")" * 300}}, f"{SO}.grammar", "deeply"),
     ],
 )  # fmt: skip
 async def test_what_the_engine_cannot_enforce_is_a_400_before_the_engine(
     fields: dict, param: str, fragment: str
 ) -> None:
     request = chat(**fields)
-    plan_chat(request, LIMITS)  # well-formed: planning passes, the grammar check does not
     with pytest.raises(ProtocolError) as info:
-        await check_request(request)
+        plan = plan_chat(request, LIMITS)  # a schema too deep to encode is refused here
+        await check_plan(plan, CARD)  # the rest, by the grammar check
     assert (info.value.status, info.value.param) == (400, param)
     assert fragment in info.value.message
     # Asked again, the answer comes from memory, on the event loop.
     with pytest.raises(ProtocolError):
         with trio.fail_after(5):
-            await check_request(request)
+            await check_plan(plan_chat(request, LIMITS), CARD)
 
 
 async def test_valid_constraints_pass_the_check() -> None:
@@ -149,8 +171,10 @@ async def test_valid_constraints_pass_the_check() -> None:
         {"guided_grammar": 'root ::= "x" [0-9]'},
         {"guided_grammar": 'start: "x" /[0-9]/'},
         {"response_format": {"type": "json_object"}},
+        {"guided_choice": [f"choice {i}" for i in range(5000)]},
+        {"guided_regex": "a\U0001f600b"},  # astral, and the vocabulary spells it
     ):
-        await check_request(chat(**fields))
+        await check_plan(plan_chat(chat(**fields), LIMITS), CARD)
 
 
 def test_constraint_kinds_round_trip_through_sampling_params() -> None:
@@ -174,7 +198,7 @@ def test_openapi_shows_the_structured_output_fields() -> None:
             fields
         )
         assert {"guided_choice", "guided_grammar", "guided_whitespace_pattern"} <= set(fields)
-    assert set(schemas["StructuredOutputs"]["properties"]) == {
+    assert set(schemas["StructuredOutputsParams"]["properties"]) == {
         "json",
         "regex",
         "choice",

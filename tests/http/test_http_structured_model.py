@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import httpx
+import jiter
 import openai
 import pydantic
 import pytest
@@ -79,6 +80,16 @@ def post(server: ServerProcess, path: str, body: dict[str, object]) -> httpx.Res
     return httpx.post(server.url + path, json={"model": DEFAULT_MODEL, **body}, timeout=120)
 
 
+def json_object_or_its_prefix(text: str, finish: str) -> bool:
+    """json_object leaves the length open, and greedy text may repeat itself until max_tokens
+    on some CPU classes and not others: a stopped answer is an object, a cut one a prefix of
+    one (jiter reads a cut document and still refuses an invalid one)."""
+    if finish == "stop":
+        return isinstance(json.loads(text), dict)
+    cut = jiter.from_json(text.encode(), partial_mode=True)
+    return finish == "length" and isinstance(cut, dict)
+
+
 def test_regex_choice_and_json_object_fields(server: ServerProcess) -> None:
     jobs = []
     for i, case in enumerate(REGEXES):
@@ -94,7 +105,7 @@ def test_regex_choice_and_json_object_fields(server: ServerProcess) -> None:
         (
             "Describe a cat as JSON.",
             {"response_format": {"type": "json_object"}},
-            lambda t: isinstance(json.loads(t), dict),
+            json_object_or_its_prefix,
         )
     )
 
@@ -108,8 +119,12 @@ def test_regex_choice_and_json_object_fields(server: ServerProcess) -> None:
         replies = list(pool.map(chat, jobs))
     for (_, field, check), reply in zip(jobs, replies):
         assert reply.status_code == 200, reply.text
-        text = reply.json()["choices"][0]["message"]["content"]
-        assert check(text), (field, text)
+        choice = reply.json()["choices"][0]
+        text = choice["message"]["content"]
+        if check is json_object_or_its_prefix:
+            assert check(text, choice["finish_reason"]), (field, text)
+        else:
+            assert check(text), (field, text)
 
 
 def test_completions_with_n_choices_and_a_constraint(server: ServerProcess) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,8 +17,10 @@ from http_fake_engine import FakeEngine
 from llguidance import LLMatcher
 from transformers import AutoTokenizer
 
-from trio_llm.grammar import llg_tokenizer
+from trio_llm.constraint import Constraint
+from trio_llm.grammar import grammar_vocabulary
 from trio_llm.http import ServerConfig, build_app
+from trio_llm.http.errors import ProtocolError
 from trio_llm.http.tools import (
     FORMATS,
     FunctionTool,
@@ -26,7 +30,7 @@ from trio_llm.http.tools import (
     plan_tools,
     template_takes_tools,
 )
-from trio_llm.http.tools.formats import HERMES, LLAMA3_JSON
+from trio_llm.http.tools.formats import HERMES, LLAMA3_JSON, ToolFormat, UnknownToolFormat
 from trio_llm.http.tools.grammar import closed, tool_grammar
 
 WEATHER = FunctionTool(
@@ -149,6 +153,40 @@ def test_arguments_stream_as_the_model_writes_them() -> None:
     assert seen[3] == []
 
 
+def _write_file_output(size: int) -> tuple[str, str]:
+    code = ("def f(x):\n    return {'a': [x, \"}\"]}\n" * (size // 40 + 1))[:size]
+    arguments = json.dumps({"path": "a.py", "content": code})
+    return '<tool_call>{"name": "write_file", "arguments": ' + arguments + "}</tool_call>", code
+
+
+def _parse_in_tokens(text: str) -> float:
+    parser = ToolCallParser(HERMES)
+    start = time.perf_counter()
+    for i in range(0, len(text), 4):
+        parser.feed(text[i : i + 4])
+    parser.finish()
+    return time.perf_counter() - start
+
+
+def test_streamed_arguments_cost_linear_time() -> None:
+    """A write_file call with 80 KB of code, fed as a model writes it (a few characters at a
+    time): four times the arguments take about four times as long, not sixteen (before, the
+    call object was decoded again at every `}`: 8 times longer from 20 to 80 KB)."""
+    small, _ = _write_file_output(20_000)
+    large, code = _write_file_output(80_000)
+    parser = ToolCallParser(HERMES)
+    content, deltas = feed_in(parser, [large[i : i + 4] for i in range(0, len(large), 4)])
+    assert (
+        content == ""
+        and json.loads(deltas[0].arguments + "".join(d.arguments for d in deltas[1:]))["content"]
+        == code
+    )
+    ratio = min(_parse_in_tokens(large) for _ in range(3)) / min(
+        _parse_in_tokens(small) for _ in range(3)
+    )
+    assert ratio < 6, ratio
+
+
 def test_a_call_cut_off_keeps_what_was_written() -> None:
     parser = ToolCallParser(HERMES)
     parser.feed('Sure <tool_call>{"name": "now", "arguments": {"a": "b')
@@ -162,7 +200,7 @@ def test_a_call_cut_off_keeps_what_was_written() -> None:
 @pytest.fixture(scope="module")
 def matcher(default_model: Any) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(default_model.path)
-    llg = llg_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    llg = grammar_vocabulary(tokenizer, len(tokenizer), [tokenizer.eos_token_id]).tokenizer
 
     def accepts(grammar: str, text: str) -> bool:
         m = LLMatcher(llg, LLMatcher.grammar_from_lark(grammar))
@@ -210,6 +248,126 @@ def test_hermes_grammar(
     grammar = tool_grammar(HERMES, [WEATHER, NOW], forced=forced, parallel=parallel)
     assert LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(grammar)) == ""
     assert matcher(grammar, text) is accepted
+
+
+@pytest.mark.parametrize(("forced", "parallel"), [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("after", [" ", "\n", "\n\n", " Done, it is sunny."])
+def test_text_after_the_last_call_can_end_the_answer(
+    matcher: Any, forced: bool, parallel: bool, after: str
+) -> None:
+    """Before, a space after `</tool_call>` opened another call that never came: EOS stayed
+    masked until max_tokens."""
+    grammar = tool_grammar(HERMES, [WEATHER, NOW], forced=forced, parallel=parallel)
+    assert matcher(grammar, CALL + after)
+    llama3 = tool_grammar(LLAMA3_JSON, [WEATHER, NOW], forced=forced, parallel=parallel)
+    assert matcher(llama3, '{"name":"now","parameters":{}}' + after)
+
+
+def test_a_second_call_after_text_is_still_constrained(matcher: Any) -> None:
+    grammar = tool_grammar(HERMES, [WEATHER, NOW], forced=True, parallel=True)
+    bad = '<tool_call>{"name":"get_weather","arguments":{"city":1}}</tool_call>'
+    assert matcher(grammar, CALL + "\nAnd now:\n" + CALL)
+    assert not matcher(grammar, CALL + "\nAnd now:\n" + bad)
+    single = tool_grammar(HERMES, [WEATHER, NOW], forced=True, parallel=False)
+    assert not matcher(single, CALL + "\n" + CALL)
+
+
+ANSWER = Constraint.json_schema(
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+)
+
+
+@pytest.mark.parametrize("format", [HERMES, LLAMA3_JSON])
+def test_auto_with_an_answer_format_allows_a_call_or_that_answer(
+    matcher: Any, format: ToolFormat
+) -> None:
+    """What the OpenAI Agents SDK sends with an output_type: tools, tool_choice auto and a
+    response_format. Before, the tools' grammar was dropped and no call could be made."""
+    grammar = tool_grammar(format, [WEATHER, NOW], forced=False, parallel=True, answer=ANSWER)
+    call = CALL if format is HERMES else '{"name":"now","parameters":{}}'
+    assert matcher(grammar, call)
+    assert matcher(grammar, '{"city":"Oslo"}')
+    assert not matcher(grammar, '{"town":"Oslo"}')
+    assert not matcher(grammar, "Oslo is nice.")
+    for answer in (
+        Constraint.json_object(),
+        Constraint.regex("[0-9]+/[a-z]"),
+        Constraint.choice(["yes"]),
+    ):
+        assert (
+            LLMatcher.validate_grammar(
+                LLMatcher.grammar_from_lark(
+                    tool_grammar(format, [NOW], forced=False, parallel=True, answer=answer)
+                )
+            )
+            == ""
+        )
+
+
+def test_plan_tools_offers_the_answer_beside_the_calls_or_gives_way() -> None:
+    messages = HISTORY[:2]
+    auto = plan_tools([WEATHER], "auto", None, messages, chat_template=SMOLLM2, answer=ANSWER)
+    assert auto.constraint is not None and "answer: %json" in auto.constraint.spec
+    required = plan_tools(
+        [WEATHER], "required", None, messages, chat_template=SMOLLM2, answer=ANSWER
+    )
+    assert required.constraint is not None and "answer" not in required.constraint.spec
+    none = plan_tools([WEATHER], "none", None, messages, chat_template=SMOLLM2, answer=ANSWER)
+    assert none.constraint is ANSWER
+    with pytest.raises(ProtocolError) as refused:
+        plan_tools(
+            [WEATHER], "auto", None, messages, chat_template=SMOLLM2,
+            answer=Constraint.grammar('start: "x"'),
+        )  # fmt: skip
+    assert (refused.value.status, refused.value.param) == (400, "tool_choice")
+
+
+MISTRAL_LIKE = (
+    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}"
+    "{%- for m in messages %}{%- if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
+    "{%- else %}{{ m.content }}{%- endif %}{%- endfor %}"
+)
+
+
+def test_auto_refuses_tools_in_a_call_format_it_does_not_read() -> None:
+    """Before, any template auto did not recognise was served as hermes: the model, shown the
+    tools by its own template, wrote calls the parser never saw."""
+    for template, words in (
+        (MISTRAL_LIKE, "Mistral's [TOOL_CALLS]"),
+        ("{% for t in tools %}{{ t.name }}{% endfor %}{{ messages }}", "no call format"),
+    ):
+        with pytest.raises(UnknownToolFormat, match="--tool-call-parser"):
+            pick_format("auto", template)
+        with pytest.raises(ProtocolError) as refused:
+            plan_tools([WEATHER], "auto", None, HISTORY[:2], chat_template=template)
+        assert refused.value.param == "tools" and words in refused.value.message
+        assert "--tool-call-parser" in refused.value.message
+        # Without tools in play the template still renders the history itself.
+        assert plan_tools([], None, None, HISTORY, chat_template=template).constraint is None
+    assert pick_format("hermes", MISTRAL_LIKE) is HERMES
+    assert pick_format("auto", SMOLLM2) is HERMES  # no tools in it: the server's own prompt
+
+
+def test_tool_grammars_are_built_once_per_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trio_llm.http.tools import grammar
+
+    built = []
+    real = grammar._build
+
+    def counting(*args: Any) -> str:
+        built.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(grammar, "_build", counting)
+    monkeypatch.setattr(grammar, "_grammars", OrderedDict())
+    again = FunctionTool(
+        WEATHER.name, WEATHER.description, json.loads(json.dumps(WEATHER.parameters))
+    )
+    first = plan_tools([WEATHER, NOW], "auto", None, HISTORY, chat_template=SMOLLM2)
+    second = plan_tools([again, NOW], "auto", None, HISTORY, chat_template=SMOLLM2)
+    assert first.constraint == second.constraint and len(built) == 1
+    plan_tools([WEATHER], "auto", None, HISTORY, chat_template=SMOLLM2)
+    assert len(built) == 2
 
 
 def test_llama3_json_grammar(matcher: Any) -> None:

@@ -64,7 +64,7 @@ async def refusal(sdk: openai.AsyncOpenAI, **extra: Any) -> dict[str, Any]:
         ({"structural_tag": {"type": "structural_tag"}}, "structural_tag"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
-        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"documents": [{"title": "t", "text": "x"}]}, "documents"),
         ({"chat_template": "{{ messages }}"}, "chat_template"),
         ({"logprob_token_ids": [1]}, "logprob_token_ids"),
         ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": "x"}]}]},
@@ -237,8 +237,13 @@ async def test_validation_errors_name_the_field(sdk: openai.AsyncOpenAI) -> None
     error = await refusal(sdk, logit_bias={"not_a_token_id": 1})
     assert error["param"] == "logit_bias"
     assert error["message"] == (
-        "Invalid request: logit_bias: keys must be token ids (Expected `int`, got `str`)"
+        'Invalid request: logit_bias: the key "not_a_token_id" is not a token id; keys must be '
+        "token ids (Expected `int`, got `str`)"
     )
+    error = await refusal(sdk, logit_bias={"5": 1, "-7": 1})
+    assert error["param"] == "logit_bias" and '"-7" is not a token id' in error["message"]
+    error = await refusal(sdk, logit_bias={"5": "high"})
+    assert error["param"] == "logit_bias" and 'the value for "5"' in error["message"]
     error = await refusal(sdk, extra_body={"top_k": "many"})
     assert error["param"] == "top_k" and error["message"].startswith("Invalid request: top_k: ")
     error = await refusal(sdk, messages=[{"role": "user", "content": 5}])

@@ -1,5 +1,6 @@
-"""The real server (tiny model, bf16, a 64-token context, --no-engine-restart) under schemathesis,
-then cross-talk in bf16, then an engine death it must not survive.
+"""The real server (tiny model, bf16, a 64-token context, --no-engine-restart, beside an embedding
+model) under schemathesis and the hostile bodies of fuzz_bodies.py, then cross-talk in bf16, then
+an engine death it must not survive. Derandomized unless TRIO_LLM_FUZZ says otherwise.
 
 The tests share one server and run in order: the fuzzing must leave the engine alive and
 serving (with restarts off, a dead engine would end the server), and the last test kills the
@@ -21,13 +22,22 @@ import pytest
 import schemathesis
 import trio
 from cross_talk import alone_and_together, completion_body, prompts
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from fuzz_bodies import base_bodies, mutated_bodies, spliced_bodies
+from fuzz_bodies import (
+    PINNED,
+    base_bodies,
+    embedding_bodies,
+    fuzz_settings,
+    hostile_bodies,
+    mutated_bodies,
+    spliced_bodies,
+)
 from http_server_process import ServerProcess, run_server
 from trio_llm import __version__
+from trio_llm.config import DEFAULT_EMBEDDING_MODEL
 from trio_llm.http.ops.openapi import openapi_document
 
 KEY = "sk-fuzz-key"
@@ -39,8 +49,8 @@ CONCURRENT = 64
 def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     # A 64-token context bounds every generation the fuzzer can ask for.
     with run_server(
-        str(tiny_model_dir),
-        "--served-model-name", "tiny",
+        f"{tiny_model_dir}:name=tiny",
+        f"{DEFAULT_EMBEDDING_MODEL}:name=embed,dtype=float32",
         "--api-key", KEY,
         "--dtype", "bfloat16",
         "--max-model-len", "64",
@@ -53,12 +63,12 @@ def server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def engine_at_start(server: ServerProcess) -> int:
-    return server.engine_pid()
+def engine_at_start(server: ServerProcess) -> list[int]:
+    return server.engine_pids()
 
 
 @pytest.fixture(scope="module")
-def api_schema(server: ServerProcess, engine_at_start: int) -> schemathesis.BaseSchema:
+def api_schema(server: ServerProcess, engine_at_start: list[int]) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_url(server.url + "/openapi.json")
 
 
@@ -82,34 +92,58 @@ def test_schemathesis_never_gets_a_5xx(
     )
 
     @given(case=cases)
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @fuzz_settings(30)
     def check(case: schemathesis.Case) -> None:
+        if isinstance(case.body, dict) and "input" in case.body and "model" not in case.body:
+            case.body["model"] = "embed"  # reach the embedding engine, not the default
         case.call_and_validate(headers=AUTH, checks=[not_a_server_error], timeout=60)
 
     check()
 
 
-@pytest.mark.parametrize("route", base_bodies("tiny"))
+ROUTES = {
+    **base_bodies("tiny"),
+    **{f"embed:{route}": body for route, body in embedding_bodies("embed").items()},
+}
+
+
+@pytest.mark.parametrize(
+    ("route", "raw"), PINNED, ids=[f"{r}-{i}" for i, (r, _) in enumerate(PINNED)]
+)
+def test_bodies_that_failed_once_never_get_a_5xx(
+    server: ServerProcess, route: str, raw: bytes
+) -> None:
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = httpx.post(server.url + route, content=raw, headers=headers, timeout=60)
+    assert response.status_code < 500, (raw[:200], response.text)
+    assert "<state>" not in response.text
+
+
+@pytest.mark.parametrize("route", ROUTES)
 def test_hostile_bodies_never_get_a_5xx(server: ServerProcess, route: str) -> None:
-    """The strategies of tests/http/test_http_fuzz.py, here reaching the real engine."""
-    base = base_bodies("tiny")[route]
-    bodies = mutated_bodies(base).map(lambda body: json.dumps(body).encode()) | spliced_bodies(
-        base, enormous=20_000
+    """The strategies of tests/http/test_http_fuzz.py, here reaching the real engines."""
+    base, path = ROUTES[route], route.removeprefix("embed:")
+    bodies = (
+        mutated_bodies(base).map(lambda body: json.dumps(body).encode())
+        | hostile_bodies(base, path).map(lambda body: json.dumps(body).encode())
+        | spliced_bodies(base, enormous=20_000)
     )
     with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
 
         @given(raw=bodies)
-        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+        @fuzz_settings(40)
         def check(raw: bytes) -> None:
-            response = c.post(route, content=raw, headers={"Content-Type": "application/json"})
+            response = c.post(path, content=raw, headers={"Content-Type": "application/json"})
             assert response.status_code < 500, (raw[:200], response.text)
 
         check()
 
 
-async def test_the_engine_survived_the_fuzzing(server: ServerProcess, engine_at_start: int) -> None:
+async def test_the_engines_survived_the_fuzzing(
+    server: ServerProcess, engine_at_start: list[int]
+) -> None:
     assert server.process.poll() is None
-    assert server.engine_pid() == engine_at_start  # alive, never restarted
+    assert server.engine_pids() == engine_at_start  # alive, never restarted
     m = await trio.to_thread.run_sync(server.wait_idle, 30.0)
     assert m["trio_llm_num_requests_running"] == m["trio_llm_num_requests_waiting"] == 0
     assert m["trio_llm_kv_cache_free_blocks"] == m["trio_llm_kv_cache_total_blocks"]
@@ -152,7 +186,9 @@ async def test_bf16_differences_begin_only_at_near_ties(server: ServerProcess) -
 
 async def test_with_restarts_off_an_engine_death_ends_the_server(server: ServerProcess) -> None:
     """Last: it ends the module's server."""
-    engine = server.engine_pid()
+    async with httpx.AsyncClient(base_url=server.url) as c:
+        engines = (await c.get("/health")).json()["engines"]
+    [engine] = [e["pid"] for e in engines if e["model"] == "tiny"]
     server.expected_exit = 1
     os.kill(engine, signal.SIGKILL)
     start = time.monotonic()

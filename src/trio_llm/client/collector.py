@@ -71,6 +71,9 @@ class RequestCollector:
         self._steps_pending = 0
         """Outputs `put` since the consumer last took (one per running choice per step)."""
         self._delivered = False
+        self.started = False
+        """The engine sent an output for this request (the router may not move it); set by
+        the output processor, whether or not the output is for the consumer yet."""
 
     @property
     def finished(self) -> bool:

@@ -55,14 +55,14 @@ class ConfinedTokenizer:
     async def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return await self.run(4 * len(token_ids), _decode, token_ids, skip_special_tokens)
 
-    async def token_strings(self, token_ids: list[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: list[int]) -> list[str]:
         """Each id's vocabulary entry (as `/tokenize` returns them with `return_token_strs`)."""
-        return await self.run(4 * len(token_ids), _token_strings, token_ids)
+        return await self.run(4 * len(token_ids), _vocab_tokens, token_ids)
 
 
 def _decode(tokenizer: PreTrainedTokenizerBase, token_ids: list[int], skip: bool) -> str:
     return tokenizer.decode(token_ids, skip_special_tokens=skip)
 
 
-def _token_strings(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> list[str]:
+def _vocab_tokens(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> list[str]:
     return list(tokenizer.convert_ids_to_tokens(token_ids))

@@ -120,7 +120,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     return table
 
 
-class TokenTexts:
+class DecodedTokens:
     """The text shown for single tokens in logprobs, cached per token id (bounded by the
     vocabulary).
 

@@ -20,18 +20,24 @@ from collections.abc import Callable, Sequence
 import anyio
 import numpy as np
 
-from trio_llm.client.errors import EngineRequestError, InvalidPromptError
+from trio_llm.client.errors import EngineDeadError, EngineRequestError, InvalidPromptError
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, EngineReady
 from trio_llm.sampling_params import SamplingParams
 
 _POOLING_PARAMS = SamplingParams()
-"""What an embedding request carries as its (unused) sampling parameters."""
+"""What a pooling request carries as its (unused) sampling parameters."""
 
 
 def pooling_request(
-    request_id: str, token_ids: list[int], *, arrival_time: float, priority: int
+    request_id: str,
+    token_ids: list[int],
+    *,
+    arrival_time: float,
+    priority: int,
+    token_type_start: int = 0,
 ) -> EngineCoreRequest:
-    """The engine request of one input."""
+    """The engine request of one input (`token_type_start`: a pair's second text's first
+    token, from which a model with token types gives type 1)."""
     return EngineCoreRequest(
         request_id=request_id,
         prompt_token_ids=token_ids,
@@ -39,6 +45,7 @@ def pooling_request(
         arrival_time=arrival_time,
         priority=priority,
         pooling=True,
+        token_type_start=token_type_start,
     )
 
 
@@ -141,6 +148,11 @@ class PendingEmbeddings:
         return [request_id]
 
     def fail_all(self, make_error: Callable[[], BaseException]) -> None:
+        """Fail every waiter; an input still waiting was not computed (a pooling step computes
+        an input whole), so it counts as not started (the router may run it elsewhere)."""
         for waiter in self._waiters.values():
-            waiter.set(None, make_error())
+            error = make_error()
+            if isinstance(error, EngineDeadError):
+                error.started = False
+            waiter.set(None, error)
         self._waiters.clear()

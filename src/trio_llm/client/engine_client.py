@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import msgspec
+import numpy as np
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
@@ -55,6 +56,14 @@ from trio_llm.client.errors import EngineDeadError, InvalidPromptError, Unsuppor
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.client.request_sender import RequestSender
+from trio_llm.client.scoring import cosine, pair_up, text_params
+from trio_llm.client.speech import (
+    AudioInput,
+    PendingTranscriptions,
+    check_options,
+    new_request,
+    transcription_stream,
+)
 from trio_llm.config import EngineArgs
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError
 from trio_llm.ipc.codec import decode_engine_message, encode
@@ -65,8 +74,17 @@ from trio_llm.ipc.messages import (
     EngineReady,
     SchedulerStats,
 )
-from trio_llm.outputs import EmbeddingOutput, EmbeddingRequestOutput
-from trio_llm.sampling_params import SamplingParams
+from trio_llm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+    TranscriptionOutput,
+)
+from trio_llm.sampling_params import SamplingParams, SamplingParamsError
+from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -85,7 +103,7 @@ before it fails the requests in flight itself (a bound, should the handler be st
 ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
 the served model name (`served_model_name`, else the resolved model's name), and `task` what
-it serves (generate or embed)."""
+it serves (generate, embed, score or classify: `trio_llm.tasks`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +144,7 @@ class EngineClient:
         *,
         max_message_bytes: int,
         generation_config: dict[str, Any] | None = None,
+        unproducible_bytes: frozenset[int] = frozenset(),
     ) -> None:
         self._tokenizer = ConfinedTokenizer(tokenizer)
         self.tokenizer = tokenizer
@@ -143,14 +162,22 @@ class EngineClient:
         self._receiver = receiver
         self._max_message_bytes = max_message_bytes
         self._stream_interval = args.stream_interval
+        self.unproducible_bytes = unproducible_bytes
+        """The bytes no token of the model writes (a constraint that forces one is refused)."""
         self._inputs = InputProcessor(
-            self._tokenizer, max_model_len=ready.max_model_len, vocab_size=ready.vocab_size
+            self._tokenizer,
+            max_model_len=ready.max_model_len,
+            vocab_size=ready.vocab_size,
+            unproducible_bytes=unproducible_bytes,
         )
         self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._embeddings = PendingEmbeddings()
+        self._transcriptions = PendingTranscriptions()
         self._process_outputs = (
-            self._embeddings.process_outputs
-            if ready.task == "embed"
+            self._transcriptions.process_outputs
+            if ready.task == "transcribe"
+            else self._embeddings.process_outputs
+            if is_pooling(ready.task)
             else self._outputs.process_outputs
         )
         self._scheduler_stats = SchedulerStats(
@@ -190,12 +217,14 @@ class EngineClient:
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.num_preemptions,
             num_steps=s.num_steps,
-            num_requests_in_flight=self._outputs.num_requests + self._embeddings.num_requests,
+            num_requests_in_flight=self._outputs.num_requests
+            + self._embeddings.num_requests
+            + self._transcriptions.num_requests,
         )
 
     @property
     def task(self) -> str:
-        """What the engine serves: 'generate' or 'embed'."""
+        """What the engine serves: 'generate', 'embed', 'score', 'classify' or 'transcribe'."""
         return self.model_config.task
 
     def generate(
@@ -222,6 +251,7 @@ class EngineClient:
         """
         self._check_alive()
         self._check_task("generate")
+        self._check_priority(priority)
         if isinstance(prompt, str):
             params.validate()
             params.validate_vocab(self.model_config.vocab_size)
@@ -241,6 +271,7 @@ class EngineClient:
         await anyio.lowlevel.checkpoint()
         engine_ids = self._outputs.abort_request(request_id, time.time())
         engine_ids += self._embeddings.abort_request(request_id)
+        engine_ids += self._transcriptions.abort_request(request_id)
         if engine_ids:
             self._post(encode(AbortRequests(request_ids=engine_ids)))
 
@@ -275,31 +306,14 @@ class EngineClient:
         engine id is `request_id-i` (just `request_id` for one input)."""
         self._check_alive()
         self._check_task("embed")
+        self._check_priority(priority)
         cut = check_dimensions(self.model_config, dimensions)
         inputs = await self._inputs.embedding_inputs(
             prompts,
             truncate_prompt_tokens=truncate_prompt_tokens,
             add_special_tokens=add_special_tokens,
         )
-        self._check_alive()
-        base = request_id or uuid.uuid4().hex
-        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
-        if any(map(self._embeddings.has_request, ids)):
-            raise ValueError(f"request id {base!r} is already in flight")
-        arrival_time = time.time()
-        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
-        try:
-            for engine_id, token_ids in zip(ids, inputs, strict=True):
-                request = pooling_request(
-                    engine_id, token_ids, arrival_time=arrival_time, priority=priority
-                )
-                self._post(encode(request))
-            embeddings = [await waiter.wait() for waiter in waiters]
-        finally:
-            # No await here, as in generate(): this runs when the scope is cancelled too.
-            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
-            if unfinished:
-                self._post(encode(AbortRequests(request_ids=unfinished)))
+        ids, embeddings = await self._pool(request_id, inputs, priority=priority)
         if cut is not None:
             normalized = self.model_config.normalized
             embeddings = [cut_embedding(e, cut, normalized=normalized) for e in embeddings]
@@ -307,6 +321,205 @@ class EngineClient:
             EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
             for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
         ]
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        *,
+        task: str = "transcribe",
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float = 0.0,
+        word_timestamps: bool = False,
+        max_seconds: float | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncGenerator[TranscriptionOutput, None]:
+        """Transcribe (or, with task 'translate', translate into English) an audio file's bytes,
+        a path to one, or 16 kHz mono samples, from a speech engine; iterate the result for one
+        `TranscriptionOutput` per 30-second window the engine decodes (the last `finished`).
+
+        Raises here, before anything is sent: `UnsupportedTaskError` on a text engine,
+        `InvalidPromptError` naming the field for a task, language or temperature the model
+        cannot serve (translation from an English-only model, say). The file is decoded when
+        iteration starts (on a worker thread) and its `AudioError` (empty, not audio, longer
+        than `max_seconds`) raises from the first `__anext__()`. `language` None: detected
+        from the first window; `temperature` 0 falls back to hotter decoding where a window
+        fails Whisper's thresholds, as OpenAI's does. Leaving the iteration early aborts the
+        request in the engine, which stops within the window it is decoding."""
+        self._check_alive()
+        self._check_task("transcribe")
+        code = check_options(
+            self.model_config, task=task, language=language, temperature=temperature
+        )
+        request = new_request(
+            request_id=request_id,
+            task=task,
+            language=code,
+            prompt=prompt,
+            temperature=temperature,
+            word_timestamps=word_timestamps,
+            priority=priority,
+        )
+        if self._transcriptions.has_request(request.request_id):
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        return transcription_stream(
+            self._transcriptions, self._post, self._check_alive, audio, request, max_seconds
+        )
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> list[ClassificationRequestOutput]:
+        """Each input's class probabilities (one per label of `model_config.labels`), in
+        order, from a classifier or a cross-encoder; inputs, checks and ids as
+        `embed_batch`'s. Raises `UnsupportedTaskError` on another engine."""
+        self._check_alive()
+        self._check_task("classify")
+        inputs = await self._inputs.embedding_inputs(
+            prompts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            add_special_tokens=add_special_tokens,
+        )
+        ids, outputs = await self._pool(request_id, inputs, priority=priority)
+        labels = self.model_config.labels or []
+        return [
+            ClassificationRequestOutput(
+                engine_id,
+                token_ids,
+                ClassificationOutput(probs.tolist(), labels[int(np.argmax(probs))]),
+            )
+            for engine_id, token_ids, probs in zip(ids, inputs, outputs, strict=True)
+        ]
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        max_tokens_per_doc: int | None = None,
+        names: tuple[str, str] = ("text_1", "text_2"),
+    ) -> list[ScoringRequestOutput]:
+        """One score per pair, in order: `text_1` against each of `text_2` (1:1 or 1:N), or
+        text_1[i] against text_2[i] (N:N). A cross-encoder scores the pair in the tokenizer's
+        pair encoding by its activated logit; an embedding model by the cosine of the two
+        texts' embeddings (vLLM's). Every pair is checked before any is sent
+        (`InvalidPromptError`, `PromptTooLongError` naming `text_1`/`text_2[i]`, or what
+        `names` calls the two sides); the engine packs them into its steps with everyone
+        else's. `max_tokens_per_doc` cuts each of `text_2` to its first that many tokens
+        before it is paired (Cohere's rerank option). Raises `UnsupportedTaskError` on an
+        engine that scores nothing (generation, a classifier of several labels)."""
+        self._check_alive()
+        self._check_task("score")
+        firsts, seconds = pair_up(text_1, text_2, names)
+        if max_tokens_per_doc is not None:
+            seconds = await self._inputs.cut_texts(seconds, max_tokens_per_doc)
+        params = text_params(names[1], text_2)
+        if self.task == "embed":
+            return await self._cosine_scores(
+                firsts,
+                seconds,
+                text_params(names[0], text_1),
+                params,
+                truncate_prompt_tokens,
+                request_id,
+                priority,
+            )
+        pairs = await self._inputs.pair_inputs(
+            firsts, seconds, params=params, truncate_prompt_tokens=truncate_prompt_tokens
+        )
+        inputs = [token_ids for token_ids, _ in pairs]
+        starts = [start for _, start in pairs]
+        ids, outputs = await self._pool(request_id, inputs, starts, priority=priority)
+        return [
+            ScoringRequestOutput(engine_id, token_ids, ScoringOutput(float(output[0])))
+            for engine_id, token_ids, output in zip(ids, inputs, outputs, strict=True)
+        ]
+
+    async def _cosine_scores(
+        self,
+        firsts: list[str],
+        seconds: list[str],
+        first_params: list[str],
+        params: list[str],
+        truncate_prompt_tokens: int | None,
+        request_id: str | None,
+        priority: int,
+    ) -> list[ScoringRequestOutput]:
+        """An embedding model's scores: each distinct first text and every second one
+        embedded once, in one batch."""
+        where: dict[str, str] = {}  # each distinct first text -> the field its errors name
+        for text, param in zip(
+            firsts, first_params * len(firsts) if len(first_params) == 1 else first_params
+        ):
+            where.setdefault(text, param)
+        distinct = list(where)
+        texts: list[str | list[int]] = [*distinct, *seconds]
+        inputs = await self._inputs.embedding_inputs(
+            texts,
+            truncate_prompt_tokens=truncate_prompt_tokens,
+            params=[*where.values(), *params],
+        )
+        ids, vectors = await self._pool(request_id, inputs, priority=priority)
+        by_text = {text: (inputs[i], vectors[i]) for i, text in enumerate(distinct)}
+        out = []
+        for i, first in enumerate(firsts):
+            j = len(distinct) + i
+            first_ids, first_vector = by_text[first]
+            out.append(
+                ScoringRequestOutput(
+                    ids[j],
+                    first_ids + inputs[j],
+                    ScoringOutput(cosine(first_vector, vectors[j])),
+                )
+            )
+        return out
+
+    async def _pool(
+        self,
+        request_id: str | None,
+        inputs: list[list[int]],
+        token_type_starts: list[int] | None = None,
+        *,
+        priority: int,
+    ) -> tuple[list[str], list[np.ndarray]]:
+        """Send checked inputs to the pooling engine and wait for each one's output (float32:
+        an embedding, or one score per label), in order. Request i's engine id is
+        `request_id-i` (just `request_id` for one input); cancellation (or any exception)
+        aborts the inputs still in the engine."""
+        self._check_alive()
+        base = request_id or uuid.uuid4().hex
+        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
+        if any(map(self._embeddings.has_request, ids)):
+            raise ValueError(f"request id {base!r} is already in flight")
+        starts = token_type_starts or [0] * len(inputs)
+        arrival_time = time.time()
+        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
+        try:
+            for engine_id, token_ids, start in zip(ids, inputs, starts, strict=True):
+                request = pooling_request(
+                    engine_id,
+                    token_ids,
+                    arrival_time=arrival_time,
+                    priority=priority,
+                    token_type_start=start,
+                )
+                self._post(encode(request))
+            outputs = [await waiter.wait() for waiter in waiters]
+        finally:
+            # No await here, as in generate(): this runs when the scope is cancelled too.
+            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
+            if unfinished:
+                self._post(encode(AbortRequests(request_ids=unfinished)))
+        return ids, outputs
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
@@ -317,9 +530,9 @@ class EngineClient:
             list(token_ids), skip_special_tokens=skip_special_tokens
         )
 
-    async def token_strings(self, token_ids: Sequence[int]) -> list[str]:
+    async def vocab_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """Each id's entry in the vocabulary, as the tokenizer spells it ('Ġthe')."""
-        return await self._tokenizer.token_strings(list(token_ids))
+        return await self._tokenizer.vocab_tokens(list(token_ids))
 
     @property
     def chat_template(self) -> str | None:
@@ -346,10 +559,10 @@ class EngineClient:
             add_special_tokens=add_special_tokens,
         )
 
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+    def decoded_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """The text logprobs show for each token (a partial UTF-8 character as `bytes:\\xNN`).
         On the event loop's thread only."""
-        return [self._outputs.token_text(t) for t in token_ids]
+        return [self._outputs.decoded_token(t) for t in token_ids]
 
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,
@@ -433,13 +646,24 @@ class EngineClient:
             if unfinished:
                 self._post(encode(AbortRequests(request_ids=unfinished)))
 
-    def _check_task(self, task: str) -> None:
-        if self.task != task:
+    def _check_priority(self, priority: int) -> None:
+        """A non-zero priority only where the engine schedules by priority (as vLLM refuses
+        it), so that no client can jump a first-come-first-served queue."""
+        if priority and not self.model_config.priority_scheduling:
+            raise SamplingParamsError(
+                "priority",
+                f"priority {priority} is honoured only with --scheduling-policy priority; "
+                "this server schedules first come, first served (priority must be 0)",
+            )
+
+    def _check_task(self, use: str) -> None:
+        """`UnsupportedTaskError` unless this engine serves `use` (`trio_llm.tasks`)."""
+        if not serves(self.task, use):
             name = self.model_config.model
             raise UnsupportedTaskError(
-                f"the model {name!r} serves embeddings, not generation"
-                if task == "generate"
-                else f"the model {name!r} is generative: it does not serve embeddings"
+                f"the model {name!r} is generative: it does not serve {USE_WORDS[use]}"
+                if self.task == "generate"
+                else f"the model {name!r} serves {TASK_WORDS[self.task]}, not {USE_WORDS[use]}"
             )
 
     def _check_alive(self) -> None:
@@ -526,6 +750,7 @@ class EngineClient:
         reason = self._dead_reason()
         self._outputs.fail_all(lambda: EngineDeadError(reason))
         self._embeddings.fail_all(lambda: EngineDeadError(reason))
+        self._transcriptions.fail_all(lambda: EngineDeadError(reason))
         self._drained.set()
 
 

@@ -24,6 +24,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,6 +34,7 @@ import anyio.to_thread
 from trio_llm.client.engine_client import EngineClient, describe_exit
 from trio_llm.client.errors import EngineStartError
 from trio_llm.config import EngineArgs
+from trio_llm.grammar import unproducible_bytes
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError, RingError, ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import EngineFailure, EngineLaunch, EngineLoading, EngineReady, Shutdown
@@ -73,21 +75,47 @@ transformers' lazy imports are not thread-safe (two first imports at once raised
 import name 'AutoTokenizer'")."""
 
 
-def _load_tokenizer(model: str) -> tuple[PreTrainedTokenizerBase, dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Tokenizer:
+    """What the frontend reads of the model's files while the engine loads it."""
+
+    tokenizer: PreTrainedTokenizerBase
+    generation_config: dict[str, Any]
+    unproducible_bytes: frozenset[int]
+    """The bytes no token writes (a pass over the vocabulary, done here off the event loop):
+    the constraint check refuses a grammar that forces one."""
+
+
+def _load_tokenizer(model: str) -> _Tokenizer:
     with _TOKENIZER_LOADING:
         source = resolve_model(model)
-        return load_tokenizer(source), read_generation_config(source.path)
+        tokenizer = load_tokenizer(source)
+        _compile_chat_template(tokenizer)
+        return _Tokenizer(
+            tokenizer, read_generation_config(source.path), unproducible_bytes(tokenizer)
+        )
+
+
+def _compile_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Render a one-message conversation: jinja compiles the template once per process (and
+    transformers remembers it), here off the event loop rather than in the first request that
+    renders inline on it."""
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        except Exception:  # a template that needs more is compiled all the same
+            log.debug("the warm-up render of the chat template failed", exc_info=True)
 
 
 async def _handshake(
     process: anyio.abc.Process, receiver: AsyncRingReceiver, args: EngineArgs, on_stage: OnStage
-) -> tuple[EngineReady, PreTrainedTokenizerBase, dict[str, Any]]:
+) -> tuple[EngineReady, _Tokenizer]:
     """Load the tokenizer (and read the generation config) while the engine loads the model;
     then wait for its ready message, passing on its progress."""
     try:
         with anyio.fail_after(args.startup_timeout):
             try:
-                tokenizer, generation_config = await anyio.to_thread.run_sync(
+                loaded = await anyio.to_thread.run_sync(
                     _load_tokenizer, args.model, abandon_on_cancel=True
                 )
             except Exception as exc:
@@ -113,7 +141,7 @@ async def _handshake(
         raise EngineStartError(message.message, engine_traceback=message.traceback)
     if not isinstance(message, EngineReady):
         raise EngineStartError(f"the engine sent {type(message).__name__} before it was ready")
-    return message, tokenizer, generation_config
+    return message, loaded
 
 
 async def _stop_process(
@@ -189,18 +217,17 @@ async def open_engine(
                 await process.stdin.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass  # it died already; the handshake says how
-            ready, tokenizer, generation_config = await _handshake(
-                process, receiver, args, on_stage
-            )
+            ready, loaded = await _handshake(process, receiver, args, on_stage)
             client = EngineClient(
                 args,
                 process,
                 sender,
                 receiver,
-                tokenizer,
+                loaded.tokenizer,
                 ready,
                 max_message_bytes=sender.sync.max_message_size,
-                generation_config=generation_config,
+                generation_config=loaded.generation_config,
+                unproducible_bytes=loaded.unproducible_bytes,
             )
             async with client.running():
                 yield client

@@ -1,15 +1,22 @@
 """The client's errors: each names the fault where it is known.
 
-The HTTP edge translates them once: `InvalidPromptError` (and its `PromptTooLongError`) and
-`ChatTemplateError` are the caller's fault (400), `EngineDeadError` and `EngineRequestError` the
-server's (500/503). `EngineStartError` only comes out of `open_engine`.
+The HTTP edge translates them once: `InvalidPromptError` (and its `PromptTooLongError`),
+`ChatTemplateError` and `UnservableRequestError` are the caller's fault (400), `EngineDeadError`
+and `EngineRequestError` the server's (500/503). `EngineStartError` only comes out of `open_engine`.
 """
 
 from __future__ import annotations
 
 
 class EngineDeadError(RuntimeError):
-    """The engine process is gone (it crashed, was killed, or was shut down)."""
+    """The engine process is gone (it crashed, was killed, or was shut down).
+
+    `started`: whether the engine had begun the request it fails (produced a token for it);
+    False for a request that was still waiting, which the router may run elsewhere."""
+
+    def __init__(self, message: str, *, started: bool = True) -> None:
+        super().__init__(message)
+        self.started = started
 
 
 class EngineStartError(RuntimeError):
@@ -33,6 +40,17 @@ def start_error_in(group: BaseExceptionGroup) -> EngineStartError | None:
 
 class EngineRequestError(RuntimeError):
     """The engine failed this one request (finish_reason 'error'); other requests go on."""
+
+
+class UnservableRequestError(EngineRequestError):
+    """The engine could not go on with this request because of its own parameters: nothing
+    they allow can be generated next (its constraint requires a byte the vocabulary cannot
+    write, or allows no token that allowed_token_ids does). `param` names the one at fault
+    ('constraint', 'allowed_token_ids', ...): the caller's fault, not the engine's."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InvalidPromptError(ValueError):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trio_llm.client.collector import RequestCollector
-from trio_llm.client.detokenizer import IncrementalDetokenizer, TokenTexts
-from trio_llm.client.errors import EngineRequestError
+from trio_llm.client.detokenizer import DecodedTokens, IncrementalDetokenizer
+from trio_llm.client.errors import EngineDeadError, EngineRequestError, UnservableRequestError
 from trio_llm.client.output_text import OutputText
 from trio_llm.client.stop_strings import find_stop, held_back
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
@@ -73,7 +73,7 @@ class OutputProcessor:
     ) -> None:
         self._tokenizer = tokenizer
         self._eos_token_ids = frozenset(eos_token_ids)
-        self._token_text = TokenTexts(tokenizer)
+        self._decoded_token = DecodedTokens(tokenizer)
         self._choices: dict[str, _Choice] = {}
         self._requests: dict[str, _Request] = {}
 
@@ -82,9 +82,9 @@ class OutputProcessor:
         """`generate()` calls with at least one unfinished choice."""
         return len(self._requests)
 
-    def token_text(self, token_id: int) -> str:
+    def decoded_token(self, token_id: int) -> str:
         """The text logprobs show for `token_id`."""
-        return self._token_text(token_id)
+        return self._decoded_token(token_id)
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
@@ -126,8 +126,13 @@ class OutputProcessor:
             if choice is None:
                 continue  # finished or abandoned here already
             collector = choice.collector
+            collector.started = True
             if output.finish_reason == "error":
-                collector.fail(EngineRequestError(output.error or "the engine failed the request"))
+                message = output.error or "the engine failed the request"
+                if output.error_param is not None:
+                    collector.fail(UnservableRequestError(message, param=output.error_param))
+                else:
+                    collector.fail(EngineRequestError(message))
                 to_abort.extend(self._forget(collector.request_id, but=output.request_id))
                 continue
             try:
@@ -164,9 +169,13 @@ class OutputProcessor:
         return self._forget(request_id)
 
     def fail_all(self, make_error: Callable[[], BaseException]) -> None:
-        """Fail every request in flight (each collector gets its own exception instance)."""
+        """Fail every request in flight (each collector gets its own exception instance, told
+        whether its request had started)."""
         for request in self._requests.values():
-            request.collector.fail(make_error())
+            error = make_error()
+            if isinstance(error, EngineDeadError):
+                error.started = request.collector.started
+            request.collector.fail(error)
         self._requests.clear()
         self._choices.clear()
 
@@ -284,7 +293,7 @@ class OutputProcessor:
         )
 
     def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
-        ids, logprobs, text = entry.token_ids, entry.logprobs, self._token_text
+        ids, logprobs, text = entry.token_ids, entry.logprobs, self._decoded_token
         return PositionLogprobs(
             chosen=Logprob(ids[0], logprobs[0], entry.rank, text(ids[0])),
             top=[

@@ -6,7 +6,8 @@ Invariants:
   queued before it, else queues the message for `run`. So a cancelled or closed `generate()`
   aborts its engine requests from a `finally:` without an `await`, which a cancelled scope
   would interrupt and an async generator being finalized could not do. The queue holds at most
-  one add and one abort per request in flight.
+  one add and one abort per request in flight, plus a transcription's audio chunks (a copy of
+  the samples its caller holds anyway, sent as fast as the engine reads them).
 - Messages reach the engine in the order they were posted: an abort never overtakes its add.
 - A ring endpoint belongs to one task: only `run` waits on the ring's sending end.
 """

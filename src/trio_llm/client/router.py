@@ -20,17 +20,20 @@ Invariants:
 - A replica that dies fails only its own requests (its client raises `EngineDeadError`); its
   slot is empty until it is attached again, and no new request is routed to it meanwhile.
 - Every lease is released exactly once, so a replica's load never leaks.
+
+Why a little over 400 lines: the routing table, the lease and `open_router` (the library's way
+to fill the table) are one concept seen from three sides.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -39,13 +42,23 @@ import anyio.lowlevel
 from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
 from trio_llm.client.engine_process import log_stage, open_engine
 from trio_llm.client.errors import EngineDeadError, EngineStartError, start_error_in
+from trio_llm.client.prefix_index import PrefixPolicy, PrefixRecord, block_keys
 from trio_llm.config import EngineArgs
 
 if TYPE_CHECKING:
-    from trio_llm.outputs import EmbeddingRequestOutput, RequestOutput
+    from trio_llm.client.speech import AudioInput
+    from trio_llm.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+        TranscriptionOutput,
+    )
     from trio_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ModelNotServedError(LookupError):
@@ -67,6 +80,10 @@ class Replica:
     """A client was attached once."""
     restarts: int = 0
     """Times a client was attached after the first."""
+    retired: bool = False
+    """Its supervisor gave up restarting it: it stays out of rotation for good."""
+    record: PrefixRecord = field(default_factory=lambda: PrefixRecord(0))
+    """The prompt blocks routed here (cache-aware routing), sized to its KV cache once up."""
 
     @property
     def is_alive(self) -> bool:
@@ -96,29 +113,49 @@ class ServedModel:
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.is_alive]
 
-    def pick(self) -> Replica | None:
-        """The live replica with the least load; among equals, the next in round-robin order."""
+    def pick(
+        self,
+        keys: Sequence[int],
+        policy: PrefixPolicy,
+        exclude: Replica | None = None,
+    ) -> Replica | None:
+        """The live replica for a prompt whose block keys are `keys`: the one holding its
+        longest prefix, unless load says otherwise (`PrefixPolicy`), else the least loaded,
+        ties taken in round-robin order. `exclude`: a replica not to pick (a retry's)."""
         count = len(self.replicas)
-        best: Replica | None = None
-        for step in range(count):
-            replica = self.replicas[(self._cursor + step) % count]
-            if replica.is_alive and (best is None or replica.load < best.load):
-                best = replica
-        if best is not None:
-            self._cursor = (best.index + 1) % count
+        order = [self.replicas[(self._cursor + step) % count] for step in range(count)]
+        live = [r for r in order if r.is_alive and r is not exclude]
+        if not live:
+            return None
+        chosen = policy.choose(
+            [r.load for r in live], [r.record.match(keys) for r in live], len(keys)
+        )
+        best = live[chosen] if chosen is not None else min(live, key=lambda r: r.load)
+        self._cursor = (best.index + 1) % count
+        if keys:
+            best.record.insert(keys)
         return best
 
 
 class Lease:
     """A request's hold on its replica: `sequences` of its load until `release()`, and the
-    requests it runs there (`generate`, `embed_batch`), which `Router.abort` finds by id until
-    then. `client` is the replica's engine, for what is not a request (tokenizing)."""
+    requests it runs there (`generate`, `embed_batch`, `score`, `classify`,
+    `transcribe`), which `Router.abort` finds by id until then. `client` is the replica's engine,
+    for what is not a request (tokenizing).
 
-    __slots__ = ("_request_ids", "_router", "client", "replica", "sequences")
+    A request whose replica dies before the engine started it (it was still waiting there:
+    `EngineDeadError.started` is False) is moved: the lease takes another live replica of the
+    model and sends the request again, once per replica at most; one that had started fails
+    with the engine's error."""
 
-    def __init__(self, router: Router, replica: Replica, sequences: int) -> None:
+    __slots__ = ("_model", "_request_ids", "_router", "client", "replica", "sequences")
+
+    def __init__(
+        self, router: Router, model: ServedModel, replica: Replica, sequences: int
+    ) -> None:
         assert replica.client is not None
         self._router: Router | None = router
+        self._model = model
         self.replica = replica
         self.client: EngineClient = replica.client
         self.sequences = sequences
@@ -133,23 +170,135 @@ class Lease:
         request_id: str | None = None,
         priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """`EngineClient.generate` on the leased replica (`ValueError` for an id in flight)."""
+        """`EngineClient.generate` on the leased replica (`ValueError` for an id in flight);
+        what it raises before returning, it raises here."""
         request_id = self._hold(request_id)
+        tried = {id(self.replica)}
         try:
-            return self.client.generate(prompt, params, request_id=request_id, priority=priority)
+            stream = self._generate_here(prompt, params, request_id, priority, tried)
         except BaseException:
             self._forget(request_id)
             raise
+        return self._moving(stream, prompt, params, request_id, priority, tried)
+
+    def _generate_here(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        tried: set[int],
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """`generate` on the leased replica, or on another if it is found dead."""
+        while True:
+            try:
+                return self.client.generate(
+                    prompt, params, request_id=request_id, priority=priority
+                )
+            except EngineDeadError:
+                if not self._move(tried):
+                    raise
+
+    async def _moving(
+        self,
+        stream: AsyncGenerator[RequestOutput, None],
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        tried: set[int],
+    ) -> AsyncGenerator[RequestOutput, None]:
+        while True:
+            try:
+                async for output in stream:
+                    yield output
+                return
+            except EngineDeadError as error:
+                if error.started or not self._move(tried):
+                    raise
+                log.warning(
+                    "request %s: its replica died before starting it; retrying on replica %s",
+                    request_id,
+                    self.replica.label,
+                )
+            finally:
+                await stream.aclose()
+            stream = self._generate_here(prompt, params, request_id, priority, tried)
 
     async def embed_batch(
         self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
     ) -> list[EmbeddingRequestOutput]:
-        """`EngineClient.embed_batch` on the leased replica."""
+        """`EngineClient.embed_batch` on the leased replica (moved as `generate` is)."""
+        return await self._pooled(
+            lambda client, rid: client.embed_batch(prompts, request_id=rid, **kwargs), request_id
+        )
+
+    async def _pooled(
+        self, call: Callable[[EngineClient, str], Awaitable[T]], request_id: str | None
+    ) -> T:
+        """`call` (a pooling request: embed, score, classify) on the leased replica, moved to
+        another when the replica dies before it started it."""
         request_id = self._hold(request_id)
+        tried = {id(self.replica)}
         try:
-            return await self.client.embed_batch(prompts, request_id=request_id, **kwargs)
+            while True:
+                try:
+                    return await call(self.client, request_id)
+                except EngineDeadError as error:
+                    if error.started or not self._move(tried):
+                        raise
         finally:
             self._forget(request_id)
+
+    def _move(self, tried: set[int]) -> bool:
+        """Take another live replica of the model, one not tried yet; False if none is."""
+        router = self._router
+        if router is None:
+            return False
+        if self.replica.is_alive and id(self.replica) not in tried:
+            tried.add(id(self.replica))  # another request of this lease moved it already
+            return True
+        replica = self._model.pick((), router.policy, exclude=self.replica)
+        if replica is None or id(replica) in tried:
+            return False
+        tried.add(id(replica))
+        assert replica.client is not None
+        self.replica.load -= self.sequences
+        replica.load += self.sequences
+        self.replica, self.client = replica, replica.client
+        return True
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the leased replica."""
+        return await self._pooled(
+            lambda client, rid: client.score(text_1, text_2, request_id=rid, **kwargs), request_id
+        )
+
+    async def classify(
+        self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the leased replica."""
+        return await self._pooled(
+            lambda client, rid: client.classify(prompts, request_id=rid, **kwargs), request_id
+        )
+
+    def transcribe(
+        self, audio: AudioInput, *, request_id: str | None = None, **kwargs: Any
+    ) -> AsyncGenerator[TranscriptionOutput, None]:
+        """`EngineClient.transcribe` on the leased replica (`ValueError` for an id in flight)."""
+        request_id = self._hold(request_id)
+        try:
+            return self.client.transcribe(audio, request_id=request_id, **kwargs)
+        except BaseException:
+            self._forget(request_id)
+            raise
 
     def _hold(self, request_id: str | None) -> str:
         """Record that this lease runs `request_id` (a new id when None)."""
@@ -195,6 +344,8 @@ class Router:
     replica slots are filled with `attach` as engines come up and emptied as they go."""
 
     models: list[ServedModel] = field(default_factory=list)
+    policy: PrefixPolicy = field(default_factory=PrefixPolicy)
+    """When a replica's cached prefix outweighs load (`prefix_index.py`)."""
     _holders: dict[str, Lease] = field(default_factory=dict)
 
     @classmethod
@@ -227,7 +378,18 @@ class Router:
             replica.started = True
             if model.config is None:
                 model.config = client.model_config
+            replica.record = PrefixRecord(client.model_config.num_blocks)
+        else:
+            replica.record.clear()  # a dead engine's cache died with it
         replica.client = client
+
+    def retire(self, group: int, index: int) -> bool:
+        """Take a replica out of rotation for good (its supervisor gave up); True if its model
+        has no replica left that may come back."""
+        model = self.models[group]
+        model.replicas[index].retired = True
+        self.attach(group, index, None)
+        return all(r.retired for r in model.replicas)
 
     def model(self, requested: str | None) -> ServedModel:
         """The served model of that name (None: the first); `ModelNotServedError` if none."""
@@ -253,15 +415,29 @@ class Router:
 
     # -- routing -------------------------------------------------------------------------
 
-    def lease(self, model: ServedModel, sequences: int) -> Lease:
-        """Hold the least-loaded live replica of `model` for `sequences`; `NoLiveReplicaError`
-        when it has none."""
-        replica = model.pick()
+    def lease(
+        self,
+        model: ServedModel,
+        sequences: int,
+        *,
+        prompt: Sequence[int] = (),
+        cache_salt: str | None = None,
+    ) -> Lease:
+        """Hold a live replica of `model` for `sequences`: the one that holds the longest
+        cached prefix of `prompt` (token ids; empty: none known) unless load says otherwise,
+        else the least loaded; `NoLiveReplicaError` when it has none."""
+        # No prompt (a speech engine's request, whose block size is 0): nothing to look up.
+        keys = (
+            block_keys(prompt, model.config.block_size, cache_salt)
+            if model.config and prompt
+            else []
+        )
+        replica = model.pick(keys, self.policy)
         if replica is None:
             raise NoLiveReplicaError(
                 f"no replica of {model.name or 'the model'} is running (restarting); retry later"
             )
-        return Lease(self, replica, sequences)
+        return Lease(self, model, replica, sequences)
 
     def holder(self, request_id: str) -> Replica | None:
         """The replica a request routed through this router runs on, while it runs."""
@@ -277,10 +453,25 @@ class Router:
         request_id: str | None = None,
         priority: int = 0,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """`EngineClient.generate` on the least-loaded replica of `model`."""
-        lease = self.lease(self.model(model), params.n)
+        """`EngineClient.generate` on a replica of `model` (`lease` says which)."""
+        prompt_ids = () if isinstance(prompt, str) else prompt
+        lease = self.lease(
+            self.model(model), params.n, prompt=prompt_ids, cache_salt=params.cache_salt
+        )
         try:
             stream = lease.generate(prompt, params, request_id=request_id, priority=priority)
+        except BaseException:
+            lease.release()
+            raise
+        return _leased(stream, lease)
+
+    def transcribe(
+        self, audio: AudioInput, *, model: str | None = None, **kwargs: Any
+    ) -> AsyncGenerator[TranscriptionOutput, None]:
+        """`EngineClient.transcribe` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), 1)
+        try:
+            stream = lease.transcribe(audio, **kwargs)
         except BaseException:
             lease.release()
             raise
@@ -306,6 +497,38 @@ class Router:
     ) -> EmbeddingRequestOutput:
         [output] = await self.embed_batch([prompt], model=model, **kwargs)
         return output
+
+    async def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ScoringRequestOutput]:
+        """`EngineClient.score` on the least-loaded replica of `model`."""
+        pairs = 1 if isinstance(text_2, str) else len(text_2)
+        lease = self.lease(self.model(model), pairs)
+        try:
+            return await lease.score(text_1, text_2, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
+
+    async def classify(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        model: str | None = None,
+        request_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[ClassificationRequestOutput]:
+        """`EngineClient.classify` on the least-loaded replica of `model`."""
+        lease = self.lease(self.model(model), len(prompts))
+        try:
+            return await lease.classify(prompts, request_id=request_id, **kwargs)
+        finally:
+            lease.release()
 
     async def abort(self, request_id: str) -> None:
         """Stop a request on the replica that holds it; unknown or finished ids are ignored."""
@@ -347,9 +570,7 @@ def aggregate(stats: Sequence[EngineStats]) -> EngineStats:
     )
 
 
-async def _leased(
-    stream: AsyncGenerator[RequestOutput, None], lease: Lease
-) -> AsyncGenerator[RequestOutput, None]:
+async def _leased(stream: AsyncGenerator[T, None], lease: Lease) -> AsyncGenerator[T, None]:
     try:
         async for output in stream:
             yield output

@@ -20,13 +20,20 @@ Invariants:
   writes before it attends. Should that step fail, the blocks it was to fill are unpublished.
 - Two sequences that computed the same prefix each on their own keep one published copy; the
   other copy is never published and goes back to the front of the free queue.
+- A request with a `cache_salt` starts its chain at the salt's root instead of 0 (vLLM's
+  per-tenant isolation): a root is negative, so it never equals a block's serial, and a chain
+  is matched from its root, so blocks of different salts (or of a salt and none) never match.
+- With an event sink (`events`), every publication and every unpublication is recorded as it
+  happens, in order (`kv_events.py` sends them to an external router).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 from trio_llm.engine.sequence import Sequence
 
@@ -51,8 +58,34 @@ def chain_hash(parent: int, tokens: Seq[int]) -> int:
     return hash((parent, *tokens))
 
 
+def salt_root(salt: str | None) -> int:
+    """The root a salted request's chain starts from: negative (serials are positive, the
+    unsalted root is 0) and the same in every process (not Python's randomized str hash)."""
+    if salt is None:
+        return 0
+    digest = hashlib.sha256(salt.encode()).digest()
+    return -1 - int.from_bytes(digest[:8], "little")
+
+
+class BlockEvents(Protocol):
+    """Where the block manager reports what the prefix cache gains and loses."""
+
+    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
+        """A block became findable; `parent_hash` is the previous block's (None: the first)."""
+
+    def removed(self, block_hash: int) -> None:
+        """A block stopped being findable (evicted, or its step never completed)."""
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        events: BlockEvents | None = None,
+    ) -> None:
+        self.events = events
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -80,7 +113,8 @@ class BlockManager:
         tokens = seq.token_ids
         while len(hashes) < num_blocks:
             i = len(hashes)
-            hashes.append(chain_hash(hashes[-1] if hashes else 0, tokens[i * bs : (i + 1) * bs]))
+            parent = hashes[-1] if hashes else seq.cache_root
+            hashes.append(chain_hash(parent, tokens[i * bs : (i + 1) * bs]))
         return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
@@ -94,7 +128,7 @@ class BlockManager:
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         hits: list[int] = []
-        parent = 0
+        parent = seq.cache_root
         for i, h in enumerate(self.block_hashes(seq, max_blocks)):
             block_id = self.hash_to_block.get(h)
             if block_id is None:
@@ -120,7 +154,7 @@ class BlockManager:
             return  # published already, or the chain broke at a hash collision
         hashes = self.block_hashes(seq, num_full)
         for i in range(len(chain), num_full):
-            parent = chain[-1] if chain else 0
+            parent = chain[-1] if chain else seq.cache_root
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             held = self.hash_to_block.get(hashes[i])
             if held is not None:
@@ -135,10 +169,14 @@ class BlockManager:
             block.serial = next(self._serials)
             self.hash_to_block[block.hash] = block.block_id
             chain.append(block.serial)
+            if self.events is not None:
+                self.events.stored(block.hash, hashes[i - 1] if i else None, tokens)
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
             del self.hash_to_block[block.hash]
+            if self.events is not None:
+                self.events.removed(block.hash)
         block.hash, block.token_ids, block.parent, block.serial = None, (), 0, 0
 
     # -- allocation -----------------------------------------------------------------------

@@ -15,6 +15,10 @@ grammar that does not compile) finishes with an 'error' output at the next step,
 continue. Every request that
 enters gets exactly one output with a finish reason; after that its id is forgotten and its
 blocks are back in the pool.
+
+Why over 400 lines: the engine's assembly (model load, dtype probe, KV sizing, the pooling
+parts) still lives here beside the step loop; moving it to its own module waits until the work
+on the model runner, weights and LoRA that changes it has landed.
 """
 
 from __future__ import annotations
@@ -33,23 +37,29 @@ import torch
 
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
-from trio_llm.engine import dtype_policy, generic, loader, pooling
+from trio_llm.engine import dtype_policy, generic, loader, pooling, quant, speculative
 from trio_llm.engine.attention import resolve_backend
-from trio_llm.engine.block_manager import BlockManager
+from trio_llm.engine.block_manager import BlockManager, salt_root
+from trio_llm.engine.classifier import classifier_head
+from trio_llm.engine.kv_events import KVEventPublisher
 from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
+from trio_llm.engine.quant import gguf_model
 from trio_llm.engine.scheduler import Scheduler
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StructuredOutputs
 from trio_llm.engine.token_bans import TokenBans
 from trio_llm.grammar import Grammar
 from trio_llm.ipc.messages import (
+    AudioChunk,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
     SchedulerStats,
+    TranscriptionRequest,
 )
+from trio_llm.tasks import TASK_WORDS, is_pooling
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -69,6 +79,7 @@ class RequestError(ValueError):
 GRAMMAR_POLL_SECONDS = 0.002
 """How long the idle loop sleeps on the request ring while a grammar compiles (a compile takes
 about a millisecond; the ring's doorbell cannot tell the loop that one has finished)."""
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(slots=True)
@@ -86,6 +97,7 @@ class _Parts:
     embedding_size: int = 0
     normalized: bool = False
     matryoshka_dimensions: list[int] | None = None
+    labels: list[str] | None = None
 
 
 class EngineCore:
@@ -101,7 +113,7 @@ class EngineCore:
         dtype = loader.resolve_dtype(args.dtype, device)
         config = loader.load_config(source)
         self.task = loader.resolve_task(args.task, source, config)
-        self.pooling = self.task == "embed"
+        self.pooling = is_pooling(self.task)
         self.args = args
         self.device = torch.device(device)
         self.vocab_size = int(config.vocab_size)
@@ -112,8 +124,23 @@ class EngineCore:
         else:
             parts = self._generation_parts(source, config, dtype, device, stage)
         self.max_model_len = parts.max_model_len
+        if args.scheduling_policy not in SCHEDULING_POLICIES:
+            raise EngineConfigError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {args.scheduling_policy!r}"
+            )
+        prefix_caching = args.enable_prefix_caching and not self.pooling
+        self.kv_events: KVEventPublisher | None = None
+        if args.kv_events_endpoint is not None and prefix_caching:
+            self.kv_events = KVEventPublisher(
+                args.kv_events_endpoint,
+                topic=args.kv_events_topic,
+                block_size=args.block_size,
+                medium="GPU" if device.startswith("cuda") else None,
+                rank=args.data_parallel_rank,
+            )
         self.block_manager = BlockManager(
-            parts.num_blocks, args.block_size, args.enable_prefix_caching and not self.pooling
+            parts.num_blocks, args.block_size, prefix_caching, self.kv_events
         )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -124,6 +151,12 @@ class EngineCore:
             chunked_prefill=not self.pooling,
         )
         self.runner = parts.runner
+        self._ngram = speculative.resolve_mode(
+            args.ngram_speculation,
+            quantized=isinstance(self.runner, ModelRunner)
+            and self.runner.own is not None
+            and self.runner.own.quantized,
+        )
         self.structured = StructuredOutputs(
             lambda: model_files.load_tokenizer(source),
             self.vocab_size,
@@ -153,6 +186,8 @@ class EngineCore:
             embedding_size=parts.embedding_size,
             normalized=parts.normalized,
             matryoshka_dimensions=parts.matryoshka_dimensions,
+            labels=parts.labels,
+            priority_scheduling=args.scheduling_policy == "priority",
         )
 
     def _generation_parts(
@@ -165,10 +200,20 @@ class EngineCore:
     ) -> _Parts:
         args = self.args
         backend = resolve_backend(args.attention_backend, device)
+        how, gguf = quant.plan(args.quantization, source, config, device, args.model_impl)
+        weights = None
+        if how != "none":
+            dtype = quant.activation_dtype(args.dtype)
         # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
-        measure = args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        measure = (
+            how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
+        )
         generic.check_class(config, source.name)
-        model = loader.load_model(source, torch.float32 if measure else dtype, device)
+        if gguf is not None:
+            model = quant.meta_model(source, dtype)
+            weights = gguf_model.load_weights(gguf, model.config, dtype)
+        else:
+            model = loader.load_model(source, torch.float32 if measure else dtype, device)
         if measure:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
@@ -210,6 +255,8 @@ class EngineCore:
             ),
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
+            weights=weights,
+            quantization=how,
         )
         stage(f"forward: {runner.choice.describe()}")
         return _Parts(
@@ -232,19 +279,34 @@ class EngineCore:
     ) -> _Parts:
         """No KV cache: the block manager only does the scheduler's bookkeeping, with blocks
         for one step's tokens; a step holds whole prompts, so it holds at least the longest,
-        and as many inputs as its tokens allow (each finishes within its step)."""
+        and as many inputs as its tokens allow (each finishes within its step). A
+        classifier's sentence-transformers files say nothing the engine uses but the length
+        (its head pools by itself)."""
         args = self.args
-        pooling_config = pooling.pooling_config(source.path, is_encoder=loader.is_encoder(config))
-        model = loader.load_model(source, dtype, device, pooling=True)
-        positions = int(config.max_position_embeddings)
+        classifies = self.task in ("score", "classify")
+        if classifies:
+            pooling_config = pooling.PoolingConfig(
+                "cls", normalize=False, max_seq_length=pooling.max_seq_length(source.path)
+            )
+        else:
+            pooling_config = pooling.pooling_config(
+                source.path, is_encoder=loader.is_encoder(config)
+            )
+        model = loader.load_model(source, dtype, device, task=self.task)
+        head = classifier_head(model) if classifies else None
+        offset = loader.position_offset(config)
+        positions = int(config.max_position_embeddings) - offset
         limit = min(args.max_model_len or pooling_config.max_seq_length or positions, positions)
         max_model_len = _max_model_len(
             msgspec.structs.replace(args, max_model_len=limit), config, positions
         )
         budget = max(args.max_num_pooled_tokens, max_model_len)
         num_blocks = -(-budget // args.block_size) + budget  # a partial block per input
+        runner = PoolingRunner(
+            model, pooling_config, self.device, head=head, position_offset=offset
+        )
         return _Parts(
-            runner=PoolingRunner(model, pooling_config, self.device),
+            runner=runner,
             dtype=dtype,
             num_blocks=num_blocks,
             kv_cache_bytes=0,
@@ -252,14 +314,20 @@ class EngineCore:
             max_num_batched_tokens=budget,
             max_num_seqs=budget,
             attention_backend="packed",
-            embedding_size=int(config.hidden_size),
-            normalized=pooling_config.normalize,
-            matryoshka_dimensions=_matryoshka(config),
+            embedding_size=runner.output_size,
+            normalized=pooling_config.normalize and head is None,
+            matryoshka_dimensions=None if classifies else _matryoshka(config),
+            labels=head.labels if head is not None else None,
         )
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, req: EngineCoreRequest) -> None:
+    def add_request(self, req: EngineCoreRequest | TranscriptionRequest | AudioChunk) -> None:
+        if isinstance(req, AudioChunk):
+            return  # its TranscriptionRequest was refused below
+        if isinstance(req, TranscriptionRequest):
+            self.reject(req.request_id, "this engine serves text models: it does not transcribe")
+            return
         try:
             seq = self._new_sequence(req)
         except Exception as exc:  # whatever is wrong with it, it fails alone
@@ -282,9 +350,9 @@ class EngineCore:
         params = req.sampling_params
         if req.pooling != self.pooling:
             raise RequestError(
-                "this engine serves embeddings, not generation"
+                f"this engine serves {TASK_WORDS[self.task]}, not generation"
                 if self.pooling
-                else "this engine serves generation, not embeddings"
+                else "this engine serves generation, not pooled outputs"
             )
         if not self.pooling:
             params.validate()
@@ -301,6 +369,11 @@ class EngineCore:
                 f"the input has {len(prompt)} tokens, but this model takes at most "
                 f"{self.max_model_len}"
             )
+        if not 0 <= req.token_type_start < len(prompt):
+            raise RequestError(
+                f"token_type_start {req.token_type_start} is outside the prompt's "
+                f"{len(prompt)} tokens"
+            )
         if not self.pooling and len(prompt) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(prompt)} tokens, but this model's context holds "
@@ -314,8 +387,15 @@ class EngineCore:
             max_tokens=room if params.max_tokens is None else min(params.max_tokens, room),
             priority=req.priority,
             arrival=next(self._arrivals),
+            cache_root=salt_root(params.cache_salt),
         )
+        if req.priority and self.args.scheduling_policy != "priority":
+            raise RequestError(
+                "priority is honoured only with scheduling_policy 'priority' "
+                "(--scheduling-policy priority); this engine schedules fcfs"
+            )
         if self.pooling:
+            seq.token_type_start = req.token_type_start
             return seq
         if params.seed is not None and not params.greedy:
             seq.generator = torch.Generator(device=self.device)
@@ -334,15 +414,17 @@ class EngineCore:
             self.scheduler.finish(seq, "abort")
             self._pending.append(EngineCoreOutput(request_id=request_id, finish_reason="abort"))
 
-    def reject(self, request_id: str, message: str) -> None:
+    def reject(self, request_id: str, message: str, *, param: str | None = None) -> None:
         """Finish a request with an 'error' output at the next step, whether it is running,
-        waiting, finished or was never read."""
+        waiting, finished or was never read; `param`: the request's parameter at fault."""
         seq = self.requests.pop(request_id, None)
         if seq is not None:
             self._forget_compile(request_id)
             self.scheduler.finish(seq, "error")
         self._pending.append(
-            EngineCoreOutput(request_id=request_id, finish_reason="error", error=message)
+            EngineCoreOutput(
+                request_id=request_id, finish_reason="error", error=message, error_param=param
+            )
         )
 
     # -- the loop body --------------------------------------------------------------------
@@ -367,7 +449,8 @@ class EngineCore:
             try:
                 seq.grammar = future.result()
             except Exception as exc:
-                self.reject(request_id, f"the constraint does not compile: {exc}")
+                message = f"the constraint does not compile: {exc}"
+                self.reject(request_id, message, param="constraint")
                 continue
             seq.awaiting_grammar = False
 
@@ -384,6 +467,8 @@ class EngineCore:
             batch = self.scheduler.schedule()
             if batch.seqs:
                 outputs.extend(self._run(batch))
+        if self.kv_events is not None:
+            self.kv_events.flush()
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(), stats=self.stats())
 
     def _run(self, batch: ScheduledBatch) -> list[EngineCoreOutput]:
@@ -404,9 +489,12 @@ class EngineCore:
             assert prompt_logprobs is not None
             prompt_logprobs.extend(lps)
         advanced = self.scheduler.update(batch, result.token_ids, result.draft_token_ids)
+        alone = len(self.scheduler.running) + len(self.scheduler.waiting)
         for seq, _ in advanced:
             if seq.grammar is not None and not seq.is_finished:
                 self.structured.propose_drafts(seq, self.max_model_len)
+            elif speculative.wants_drafts(self._ngram, seq, alone):
+                speculative.propose_drafts(seq, self.max_model_len)
         return self._outputs(batch, result, advanced)
 
     def _pool(self, batch: ScheduledBatch, runner: PoolingRunner) -> list[EngineCoreOutput]:
@@ -434,10 +522,11 @@ class EngineCore:
         for seq, num_new in advanced:
             out = EngineCoreOutput(
                 request_id=seq.request_id,
-                new_token_ids=seq.token_ids[-num_new:],
+                new_token_ids=seq.token_ids[len(seq.token_ids) - num_new :],
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
                 error=seq.error,
+                error_param=seq.error_param,
             )
             if result.logprobs is not None:
                 i = index[id(seq)]

@@ -210,9 +210,12 @@ def inspect(model: torch.nn.Module, name: str) -> list[AttentionLayer]:
     _grid = max([_GRID] + [2 * int(w) + 2 for w in windows if isinstance(w, int)])
     device = next(model.parameters()).device
     ids = torch.tensor([[1, 2, 3]], device=device)
+    # A model on the meta device (a GGUF's quantized weights live outside it) runs shapes only,
+    # and without a cache transformers would read its position ids to find packed sequences.
+    cache = device.type == "meta"
     try:
         with _implementation(model, INSPECT_IMPLEMENTATION), torch.inference_mode():
-            decoder_of(model)(input_ids=ids, position_ids=ids - 1, use_cache=False, trio_attn=None)
+            decoder_of(model)(input_ids=ids, position_ids=ids - 1, use_cache=cache, trio_attn=None)
         recording = _recording
     finally:
         _recording = None

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.attention import AttentionMetadata
+from trio_llm.engine.quant.weights import embedding, is_quantized
 
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
@@ -55,6 +56,9 @@ def unsupported(model: torch.nn.Module) -> str | None:
 
 @dataclass(slots=True)
 class _Layer:
+    """A layer's weights; the matrices may be quantized (`engine.quant`), which only `linear`
+    looks into."""
+
     input_norm: Tensor
     qkv: Tensor
     """[(Hq + 2 Hkv) * D, hidden]: q, k and v projections in one."""
@@ -66,6 +70,30 @@ class _Layer:
     down: Tensor
 
 
+@dataclass(slots=True)
+class Weights:
+    """Everything the forward multiplies by, fused: from a loaded model (`of`) or built
+    elsewhere (a GGUF file's quantized tensors, `engine.quant`)."""
+
+    embed: Tensor
+    norm: Tensor
+    lm_head: Tensor
+    layers: list[_Layer]
+    dtype: torch.dtype
+    """The activations' dtype."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> Weights:
+        decoder = model.model
+        return cls(
+            embed=decoder.embed_tokens.weight.detach(),
+            norm=decoder.norm.weight.detach(),
+            lm_head=model.lm_head.weight.detach(),
+            layers=[LlamaForward._fuse(layer) for layer in decoder.layers],
+            dtype=decoder.embed_tokens.weight.dtype,
+        )
+
+
 class LlamaForward:
     """A Llama-family model as plain tensors, computing hidden states for the packed row."""
 
@@ -74,9 +102,11 @@ class LlamaForward:
         model: torch.nn.Module,
         max_positions: int,
         linear: Linear,
+        weights: Weights | None = None,
         windows: Sequence[int | None] | None = None,
     ) -> None:
-        """`windows`: each layer's sliding window (as `generic.inspect` found it), if any."""
+        """`weights`: given, `model` only lends its config and rotary embedding. `windows`:
+        each layer's sliding window (as `generic.inspect` found it), if any."""
         config = model.config
         decoder = model.model
         self.linear = linear
@@ -86,14 +116,17 @@ class LlamaForward:
             getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         )
         self.eps = float(config.rms_norm_eps)
-        self.embed = decoder.embed_tokens.weight.detach()
-        self.norm = decoder.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
+        weights = weights or Weights.of(model)
+        self.embed = weights.embed
+        self.norm = weights.norm
+        self.lm_head = weights.lm_head
         self.scale = self.head_dim**-0.5
-        self.layers = [self._fuse(layer) for layer in decoder.layers]
+        self.layers = weights.layers
         self.windows = list(windows or [None] * len(self.layers))
         self.intermediate = self.layers[0].down.shape[1]
-        self.cos, self.sin = _rotary_table(decoder.rotary_emb, max_positions, self.embed)
+        self.cos, self.sin = _rotary_table(
+            decoder.rotary_emb, max_positions, self.norm, weights.dtype
+        )
 
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> _Layer:
@@ -127,7 +160,7 @@ class LlamaForward:
         q_end, k_end = hq * d, (hq + hkv) * d
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin.index_select(0, positions).unsqueeze(1)
-        x = F.embedding(input_ids, self.embed)
+        x = embedding(input_ids, self.embed)
         for layer, window, k_cache, v_cache in zip(
             self.layers, self.windows, k_caches, v_caches, strict=True
         ):
@@ -144,10 +177,19 @@ class LlamaForward:
             x = x + linear(act, layer.down, None)
         return _rms_norm(x, self.norm, self.eps)
 
-    def weight_shapes(self) -> list[tuple[int, int]]:
-        """(out_features, in_features) of every distinct matmul, the LM head's included."""
+    def _matrices(self) -> tuple[Tensor, ...]:
         layer = self.layers[0]
-        weights = (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+        return (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any matmul runs on quantized weights (which `linear` must dispatch)."""
+        return any(is_quantized(w) for w in self._matrices())
+
+    def weight_shapes(self) -> list[tuple[int, int]]:
+        """(out_features, in_features) of every distinct float matmul, the LM head's included
+        (quantized ones run on their own kernels, row-exact at any size)."""
+        weights = (w for w in self._matrices() if not is_quantized(w))
         return list(dict.fromkeys((int(w.shape[0]), int(w.shape[1])) for w in weights))
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -169,10 +211,10 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotary_table(
-    rotary: torch.nn.Module, max_positions: int, like: Tensor
+    rotary: torch.nn.Module, max_positions: int, like: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """cos and sin for every position, [max_positions, D], exactly as the model's own rotary
     module gives them (the frequencies, their scaling, the cast to the model's dtype)."""
     positions = torch.arange(max_positions, device=like.device).unsqueeze(0)
-    cos, sin = rotary(like, positions)
+    cos, sin = rotary(like.to(dtype), positions)
     return cos[0].contiguous(), sin[0].contiguous()

@@ -12,22 +12,39 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from trio_llm.model_files import TASKS, ModelSource, UnsupportedModelError
+from trio_llm.model_files import ModelSource, UnsupportedModelError
+from trio_llm.tasks import TASKS, is_pooling
 
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
 
-ENCODER_MODEL_TYPES = frozenset({"bert"})
+ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
 """Encoders the pooling engine runs (BERT family): their self-attention goes through
-transformers' AttentionInterface and their position ids are plain 0..n-1."""
+transformers' AttentionInterface (RoBERTa's position ids start past its padding index:
+`position_offset`)."""
+
+CLASSIFIER_ARCHITECTURES = frozenset(
+    {
+        "BertForSequenceClassification",
+        "RobertaForSequenceClassification",
+        "XLMRobertaForSequenceClassification",
+        "LlamaForSequenceClassification",
+        "MistralForSequenceClassification",
+        "Qwen2ForSequenceClassification",
+        "Qwen3ForSequenceClassification",
+    }
+)
+"""Sequence classifiers (cross-encoders with one label) whose head the pooling engine applies
+(`engine/classifier.py`): an encoder's on its first token, a decoder's on its last."""
 
 
 def load_config(source: ModelSource) -> PretrainedConfig:
     """Read the model's config and refuse what the engine cannot run: anything but a causal LM
-    that transformers implements (or an encoder, for embeddings). What a causal LM's layers ask
-    of attention is checked once it is loaded (`generic.inspect`)."""
+    that transformers implements, a classifier the pooling engine applies, or an encoder (for
+    embeddings). What a causal LM's layers ask of attention is checked once it is loaded
+    (`generic.inspect`)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -37,13 +54,14 @@ def load_config(source: ModelSource) -> PretrainedConfig:
     archs = list(getattr(config, "architectures", None) or [])
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     if not (
-        set(archs) & causal
+        set(archs) & (causal | CLASSIFIER_ARCHITECTURES)
         or (not archs and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     ):
         raise UnsupportedModelError(
             f"{source.name}: architecture {', '.join(archs) or '(none given)'} is not supported; "
             "the engine runs the causal language models transformers implements (no remote "
-            f"code) and, for embeddings, encoders of type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
+            f"code), the classifiers {', '.join(sorted(CLASSIFIER_ARCHITECTURES))} and, for "
+            f"embeddings, encoders of type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
         )
     return config
 
@@ -54,20 +72,61 @@ def is_encoder(config: PretrainedConfig) -> bool:
     )
 
 
+def classifier_architecture(config: PretrainedConfig) -> str | None:
+    """The checkpoint's sequence-classification architecture, when it has a head the engine
+    applies; None for a model without one."""
+    archs = getattr(config, "architectures", None) or []
+    return next((a for a in archs if a in CLASSIFIER_ARCHITECTURES), None)
+
+
 def resolve_task(task: str, source: ModelSource, config: PretrainedConfig) -> str:
-    """`auto`: embeddings for an encoder, generation for a decoder. A decoder may also serve
-    embeddings (`embed`, last-token pooling); an encoder cannot generate."""
+    """`auto` chooses from the checkpoint: a `*ForSequenceClassification` is a cross-encoder
+    (`score`) with one label and a classifier (`classify`) with several; another encoder
+    serves embeddings, a decoder generation. A decoder may also serve embeddings (`embed`,
+    last-token pooling) and a classifier embeddings of its base model; nothing else crosses
+    over."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; use {', '.join(TASKS)}")
     encoder = is_encoder(config)
+    head = classifier_architecture(config)
+    labels = int(getattr(config, "num_labels", 0) or 0)
     if task == "auto":
+        if head is not None:
+            return "score" if labels == 1 else "classify"
         return "embed" if encoder else "generate"
-    if task == "generate" and encoder:
+    if task == "transcribe":
         raise UnsupportedModelError(
-            f"{source.name} is an encoder ({config.model_type}): it serves embeddings only "
-            "(task embed), not generation"
+            f"{source.name} is not a Whisper model in CTranslate2's format: it cannot serve task "
+            "transcribe"
+        )
+    if task == "generate" and (encoder or head is not None):
+        what = f"a classifier ({head})" if head else f"an encoder ({config.model_type})"
+        raise UnsupportedModelError(
+            f"{source.name} is {what}: it does not generate; serve it with task "
+            + ("score or classify" if head else "embed")
+        )
+    if task in ("score", "classify") and head is None:
+        archs = ", ".join(getattr(config, "architectures", None) or []) or "(none given)"
+        raise UnsupportedModelError(
+            f"{source.name} has no sequence-classification head the engine runs "
+            f"(architecture {archs}; it runs {', '.join(sorted(CLASSIFIER_ARCHITECTURES))}), "
+            f"so it cannot serve task {task}"
+            + ("; an embedding model scores by cosine with task embed" if task == "score" else "")
+        )
+    if task == "score" and labels != 1:
+        raise UnsupportedModelError(
+            f"{source.name} has {labels} labels: a cross-encoder (task score) has one; "
+            "serve it with task classify"
         )
     return task
+
+
+def position_offset(config: PretrainedConfig) -> int:
+    """Where an encoder's position ids start: RoBERTa's (and XLM-R's) count from past its
+    padding index, BERT's from 0."""
+    if getattr(config, "model_type", None) in ("roberta", "xlm-roberta"):
+        return int(config.pad_token_id) + 1
+    return 0
 
 
 def cpu_flags() -> frozenset[str]:
@@ -137,20 +196,21 @@ def free_device_memory(device: str) -> int | None:
 
 
 def load_model(
-    source: ModelSource, dtype: torch.dtype, device: str, *, pooling: bool = False
+    source: ModelSource, dtype: torch.dtype, device: str, *, task: str = "generate"
 ) -> torch.nn.Module:
     """The model in eval mode on `device`: for generation with its LM head and the engine's
-    paged attention; for pooling its base model (no LM head) with the cacheless packed
-    attention."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    paged attention; for embeddings its base model (no head), for scores and classes the
+    whole `*ForSequenceClassification`, both with the cacheless packed attention."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from trio_llm.engine import attention
     from trio_llm.engine.attention import packed
 
     load_config(source)
-    if pooling:
+    if is_pooling(task):
         packed.register_packed()
-        auto, implementation = AutoModel, packed.PACKED_IMPLEMENTATION
+        auto = AutoModelForSequenceClassification if task in ("score", "classify") else AutoModel
+        implementation = packed.PACKED_IMPLEMENTATION
     else:
         attention.register()
         auto, implementation = AutoModelForCausalLM, attention.ATTN_IMPLEMENTATION

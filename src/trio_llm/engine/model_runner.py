@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trio_llm.engine import forwards, row_tiles
+from trio_llm.engine import forwards, llama, quant, row_tiles
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -36,6 +36,7 @@ from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StepMasks, apply_bitmask
 from trio_llm.engine.weight_sets import WeightSets
 from trio_llm.ipc.messages import TokenLogprobs
+from trio_llm.model_files import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,16 @@ class ModelRunner:
         single_token_dtype: torch.dtype | None = None,
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
+        weights: llama.Weights | None = None,
+        quantization: str = "none",
     ) -> None:
         """`layers`: the model's attention layers as `generic.inspect` found them (`spec` holds
         their cache shapes). `cuda_graphs`: capture decode-only steps (up to `max_num_seqs`
         sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the
         Triton kernels and the engine's own forward, without single-token weight sets.
-        Elsewhere it is ignored."""
+        Elsewhere it is ignored. `weights`: the own forward's weights when they do not come
+        from `model` (a GGUF file's, `engine.quant`); `quantization` int8, int4 or w8a8
+        quantizes the model's at start-up. Quantized weights run on the own forward only."""
         self.model = model
         self.spec = spec
         self.block_size = spec.block_size
@@ -130,6 +135,12 @@ class ModelRunner:
             model, model_impl, single_token_dtype=single_token_dtype is not None
         )
         """Which forward computes the steps, and why (`forwards`)."""
+        quantized = weights is not None or quantization in quant.AT_LOAD
+        if quantized and not self.choice.own:
+            raise UnsupportedModelError(
+                f"quantized weights (--quantization {quantization}) run on the engine's own "
+                f"forward only, and this model takes {self.choice.describe()}"
+            )
         self._attention = metadata_type(backend)
         self.vocab_size = model.config.vocab_size
         self.staging = Staging(device)
@@ -145,8 +156,20 @@ class ModelRunner:
         self.forward: LlamaForward | GenericForward
         if self.choice.own:
             windows = [layer.window for layer in layers]
-            self.own = self.forward = LlamaForward(model, max_model_len, F.linear, windows)
-            self.own.linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            self.own = self.forward = LlamaForward(model, max_model_len, F.linear, weights, windows)
+            if quantization in quant.AT_LOAD:
+                quant.quantize_forward(self.own, quantization)
+            if self.own.quantized and batch_invariant == "auto":
+                # Not free with quantized weights: prefill chunks would have to stay on the
+                # quantized kernels, 3x slower than dequantized at 512 rows (engine/quant).
+                batch_invariant = "off"
+            linear = self._invariant_linear(batch_invariant, self.own.weight_shapes())
+            if self.own.quantized:
+                linear = quant.dispatching(linear, dense=not self.row_tile)
+                # The embedding and LM head live in the forward now (quantized).
+                model.model.embed_tokens.to("meta")
+                model.lm_head.to("meta")
+            self.own.linear = linear
             # Its fused weights replace the layers' own: free them rather than hold both.
             decoder_of(model).layers = torch.nn.ModuleList()
         else:
@@ -335,7 +358,7 @@ class ModelRunner:
             st = SamplingTensors.build(
                 sample_seqs, eos_token_ids, self.vocab_size, self.device, inputs.sampling
             )
-            out = self.sampler(logits, st)
+            out = self.sampler(logits, st, masked=masks is not None)
             lps = out.logprobs
             if lps is not None:
                 logprobs = [None] * len(seqs)

@@ -48,11 +48,11 @@ class PoolingConfig:
 
 def pooling_config(path: Path, *, is_encoder: bool) -> PoolingConfig:
     """The pooling a model directory's sentence-transformers files describe, or the default."""
-    max_seq_length = _max_seq_length(path)
+    limit = max_seq_length(path)
     modules = _read_json(path / "modules.json")
     if not isinstance(modules, list):
         default: PoolingMode = "cls" if is_encoder else "last"
-        return PoolingConfig(default, normalize=True, max_seq_length=max_seq_length)
+        return PoolingConfig(default, normalize=True, max_seq_length=limit)
     types = [m.get("type", "") for m in modules if isinstance(m, dict)]
     pooling = next(
         (m for m in modules if isinstance(m, dict) and m.get("type") == _ST_POOLING), None
@@ -69,10 +69,12 @@ def pooling_config(path: Path, *, is_encoder: bool) -> PoolingConfig:
             f"{path}: pooling {', '.join(others + list(modes)) or '(none)'} is not supported; "
             "the engine pools by exactly one of mean, CLS token or last token"
         )
-    return PoolingConfig(modes[0], normalize=_ST_NORMALIZE in types, max_seq_length=max_seq_length)
+    return PoolingConfig(modes[0], normalize=_ST_NORMALIZE in types, max_seq_length=limit)
 
 
-def _max_seq_length(path: Path) -> int | None:
+def max_seq_length(path: Path) -> int | None:
+    """The input length a sentence-transformers model (embedding or cross-encoder) is cut to:
+    `sentence_bert_config.json`'s `max_seq_length`; None without one."""
     settings = _read_json(path / "sentence_bert_config.json")
     value = settings.get("max_seq_length") if isinstance(settings, dict) else None
     return int(value) if isinstance(value, int) and value > 0 else None
@@ -93,12 +95,10 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, config: PoolingConfig) 
 
     Mean pooling sums each sequence's rows in float32 (`index_add_`), so a long input loses no
     precision to the model's dtype."""
-    starts, ends = cu_seqlens[:-1], cu_seqlens[1:]
-    if config.mode == "cls":
-        pooled = hidden.index_select(0, starts).float()
-    elif config.mode == "last":
-        pooled = hidden.index_select(0, ends - 1).float()
+    if config.mode != "mean":
+        pooled = token_rows(hidden, cu_seqlens, config.mode).float()
     else:
+        starts, ends = cu_seqlens[:-1], cu_seqlens[1:]
         lengths = ends - starts
         rows = torch.repeat_interleave(torch.arange(len(lengths), device=hidden.device), lengths)
         sums = torch.zeros(len(lengths), hidden.shape[1], dtype=torch.float32, device=hidden.device)
@@ -107,3 +107,11 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, config: PoolingConfig) 
     if config.normalize:
         pooled = F.normalize(pooled, p=2.0, dim=-1)
     return pooled
+
+
+def token_rows(
+    hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: Literal["cls", "last"]
+) -> torch.Tensor:
+    """[T, H] -> [B, H]: each sequence's first (`cls`) or last token, in the model's dtype."""
+    index = cu_seqlens[:-1] if mode == "cls" else cu_seqlens[1:] - 1
+    return hidden.index_select(0, index)

@@ -22,10 +22,12 @@ before the process exits non-zero.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -42,16 +44,22 @@ from trio_llm.ipc import (
 from trio_llm.ipc.codec import DecodeError, decode_frontend_message, encode
 from trio_llm.ipc.messages import (
     AbortRequests,
+    AudioChunk,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineFailure,
     EngineLaunch,
     EngineLoading,
     Shutdown,
+    TranscriptionRequest,
 )
 
 if TYPE_CHECKING:
+    from trio_llm.config import EngineArgs
     from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.speech.core import SpeechCore
+
+    Core = EngineCore | SpeechCore
 
 log = logging.getLogger("trio_llm.engine")
 
@@ -75,15 +83,18 @@ def main() -> int:
     if os.getppid() != parent:
         return 1  # the parent died before the watch began
     try:
-        # Imported here so that a broken install (no torch, say) still reports EngineFailure.
-        from trio_llm.engine.core import EngineCore
-
-        core = EngineCore(
+        core = build_core(
             launch.args, on_stage=lambda stage: tx.send(encode(EngineLoading(stage=stage)))
         )
     except Exception as exc:
         _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
         return 1
+    if not core.pooling:
+        core.structured.prepare()  # now, not at the first constrained request
+    # The model and its libraries out of the collector's full passes, which would otherwise
+    # stall a step for the time it takes to visit them all.
+    gc.collect()
+    gc.freeze()
     try:
         tx.send(encode(core.ready))
         return EngineLoop(core, rx, tx, parent).run()
@@ -103,6 +114,23 @@ def main() -> int:
         outputs.close()
 
 
+def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:
+    """The engine kind the model's directory calls for: a speech engine for a Whisper model in
+    CTranslate2's format, EngineCore (torch) for everything else. Imported here so that a
+    broken install (no torch, say) still reports EngineFailure."""
+    from trio_llm.model_files import resolve_model
+    from trio_llm.speech.models import is_whisper_directory
+
+    source = resolve_model(args.model)
+    if is_whisper_directory(source.path):
+        from trio_llm.engine.speech.core import SpeechCore
+
+        return SpeechCore(args, source.path, source.name, on_stage)
+    from trio_llm.engine.core import EngineCore
+
+    return EngineCore(args, on_stage=on_stage)
+
+
 def _send_failure(tx: RingSender, message: str) -> None:
     """Best effort: with the traceback if it fits the ring, without it otherwise; nothing if
     the frontend is no longer listening."""
@@ -120,7 +148,7 @@ def _send_failure(tx: RingSender, message: str) -> None:
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, rx: RingReceiver, tx: RingSender, parent: int) -> None:
+    def __init__(self, core: Core, rx: RingReceiver, tx: RingSender, parent: int) -> None:
         self.core = core
         self.rx = rx
         self.tx = tx
@@ -144,8 +172,8 @@ class EngineLoop:
                 msg = self._decode(raw)
                 if isinstance(msg, Shutdown):
                     return 0
-                if isinstance(msg, EngineCoreRequest):
-                    core.add_request(msg)
+                if isinstance(msg, EngineCoreRequest | TranscriptionRequest | AudioChunk):
+                    core.add_request(msg)  # type: ignore[arg-type]  # each kind rejects the others
                 elif isinstance(msg, AbortRequests):
                     core.abort_requests(msg.request_ids)
                     aborted = True

@@ -9,7 +9,8 @@ for is skipped, so a batch of plain greedy requests costs one argmax.
 
 Invariant: a seeded request's draw uses only its own `torch.Generator`, advanced exactly once
 per step, so its tokens do not depend on what else is in the batch. Unseeded rows share the
-engine's generator.
+engine's generator. A row whose every logit is -inf after the masks (nothing may be sampled)
+gets `DEAD_END` instead of a token: never the argmax of nothing, token 0.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from trio_llm.engine.input_batch import SamplingColumns
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.sequence import DEAD_END, Sequence
 from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 
@@ -115,7 +116,7 @@ class SamplingTensors:
         rows, cols, values = zip(*pairs)
         self.bias_rows = torch.tensor(rows, device=device)
         self.bias_cols = torch.tensor(cols, device=device)
-        self.bias_values = torch.tensor(values, device=device)
+        self.bias_values = torch.tensor(values, dtype=torch.float32, device=device)
 
     def _set_banned(
         self, seqs: Seq[Sequence], eos_token_ids: frozenset[int], device: torch.device
@@ -189,29 +190,34 @@ class Sampler:
         self.generator.manual_seed(seed)
         self.to_host = to_host or torch.Tensor.tolist
 
-    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> SamplerOutput:
+    def __call__(
+        self, logits: torch.Tensor, st: SamplingTensors, *, masked: bool = False
+    ) -> SamplerOutput:
+        """`masked`: a grammar's bitmask has set some of `logits` to -inf already."""
         logits = logits.float()
         raw = logits
-        if (
-            st.bias_rows is not None
-            or st.banned_rows is not None
-            or st.penalty_rows is not None
-            or st.masks is not None
-        ):
+        banned = st.banned_rows is not None or st.masks is not None
+        if banned or st.bias_rows is not None or st.penalty_rows is not None:
             logits = logits.clone()
             apply_logit_bias(logits, st)
             apply_penalties(logits, st)
             apply_bans(logits, st)
-        tokens = logits.argmax(dim=-1) if st.all_greedy else self._sample(logits, st)
+        greedy = logits.argmax(dim=-1)
+        tokens = greedy if st.all_greedy else self._sample(logits, st, greedy)
+        if masked or banned:
+            # The argmax of an all -inf row is -inf: nothing may be sampled there.
+            dead = logits.gather(1, greedy.unsqueeze(1)).squeeze(1) == _NEG_INF
+            tokens = torch.where(dead, DEAD_END, tokens)
         token_list = self.to_host(tokens)
         logprobs = None
         if st.num_logprobs is not None:
-            logprobs = compute_logprobs(raw, tokens, st.num_logprobs)
+            logprobs = compute_logprobs(raw, tokens.clamp(min=0), st.num_logprobs)
         return SamplerOutput(token_list, logprobs)
 
-    def _sample(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    def _sample(
+        self, logits: torch.Tensor, st: SamplingTensors, greedy_tokens: torch.Tensor
+    ) -> torch.Tensor:
         assert st.greedy is not None and st.temperature is not None
-        greedy_tokens = logits.argmax(dim=-1)
         logits = logits / st.temperature
         if st.min_p is not None:
             apply_min_p(logits, st.min_p)

@@ -12,7 +12,8 @@ A waiting sequence whose grammar is still compiling is passed over (it keeps its
 running sequence with drafts (jump-forward) computes them with its new token, all in one chunk:
 when the budget is short, it drops the drafts that do not fit. After the step, `update` commits
 what the samples confirm of the drafts, one token at a time: each is checked for a finish (EOS,
-stop token, length) and fed to the sequence's grammar, whose end finishes it with 'stop'.
+stop token, length) and fed to the sequence's grammar, whose end finishes it with 'stop'. A
+`DEAD_END` (no token was allowed) finishes it with 'error', naming the parameter at fault.
 
 Without chunked prefill (a pooling engine, whose prompts run whole in one step since it keeps
 no K/V between steps), a waiting sequence is admitted only when its whole prompt fits the
@@ -29,7 +30,7 @@ from __future__ import annotations
 import heapq
 
 from trio_llm.engine.block_manager import BlockManager
-from trio_llm.engine.sequence import ScheduledBatch, Sequence, SequenceStatus
+from trio_llm.engine.sequence import DEAD_END, ScheduledBatch, Sequence, SequenceStatus
 from trio_llm.ipc.messages import SchedulerStats
 
 
@@ -205,6 +206,9 @@ class Scheduler:
             reason = None
             committed = 0
             for t in new:
+                if t == DEAD_END:
+                    reason = _dead_end(seq)
+                    break
                 seq.token_ids.append(t)
                 committed += 1
                 reason = self._finish_reason(seq, t)
@@ -250,6 +254,27 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_steps=self.num_steps,
         )
+
+
+def _dead_end(seq: Sequence) -> str:
+    """Fail `seq`, whose next token nothing allowed: say why and which parameter did it."""
+    params = seq.params
+    others = [
+        name
+        for name, given in (
+            ("allowed_token_ids", params.allowed_token_ids),
+            ("bad_words", params.bad_words_token_ids),
+            ("min_tokens", seq.num_output_tokens < params.min_tokens),
+        )
+        if given
+    ]
+    if seq.grammar is not None:
+        seq.error_param = "constraint"
+        seq.error = seq.grammar.dead_end(others)
+    else:
+        seq.error_param = others[0] if others else "logit_bias"
+        seq.error = f"no token may be generated here: {' and '.join(others)} exclude every token"
+    return "error"
 
 
 def accept_drafts(drafts: list[int], samples: list[int]) -> list[int]:

@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from trio_llm.grammar import Grammar
 
 
+DEAD_END = -1
+"""What the sampler returns, in place of a token, for a row where every token is masked (its
+grammar, allowed_token_ids, bad words and min_tokens together leave none): the scheduler then
+fails the request instead of committing a token nothing allowed."""
+
+
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
@@ -56,6 +62,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    cache_root: int = 0
+    """Where its chain of block hashes starts: 0, or a salt's root (`block_manager.salt_root`)
+    for a request with a `cache_salt`, so that its blocks match only requests with that salt."""
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of the full blocks, in order (kept across preemption: tokens stay)."""
     block_chain: list[int] = field(default_factory=list)
@@ -75,8 +84,12 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
     """With finish_reason 'error': why."""
+    error_param: str | None = None
+    """With an error the request's own parameters caused (a dead end): the one at fault."""
     bans: TokenBans | None = None
     """allowed_token_ids and bad_words, built once when the request arrived."""
+    token_type_start: int = 0
+    """A pooling request's pair of texts: where the second starts (0: one text)."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

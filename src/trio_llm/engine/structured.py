@@ -23,7 +23,15 @@ output so far, which the rows of one chunk do not each see.
 
 Invariants: a request whose grammar is compiling is never scheduled; an aborted one's compile
 result is dropped. The step's masks are filled before its sampling reads them and never while
-a matcher is being advanced (`StepMasks.wait` is called before the step's update).
+a matcher is being advanced (`StepMasks.wait` is called before the step's update). A mask
+never allows a token its grammar refuses: a matcher that has failed gets an empty row, and a
+grammar that forces a byte the model cannot produce gets a row with only a placeholder token
+past the logits (`trio_llm.grammar.GrammarVocabulary`); the sampler reports either as a dead end
+(`DEAD_END`) instead of sampling, and no placeholder is ever proposed as a draft.
+
+The grammar vocabulary (about a second of work that holds the GIL in places) is built in the
+compile thread as soon as the engine process starts (`prepare`), not by the first constrained
+request, which would stall the running streams' steps while it is built.
 """
 
 from __future__ import annotations
@@ -42,7 +50,16 @@ import torch
 from llguidance import LLMatcher
 
 from trio_llm.constraint import Constraint
-from trio_llm.grammar import ConstraintError, Grammar, grammar_text, llg_tokenizer
+from trio_llm.grammar import (
+    ConstraintError,
+    Grammar,
+    GrammarVocabulary,
+    clean_error,
+    grammar_text,
+    grammar_vocabulary,
+    limits,
+)
+from trio_llm.thinking_budget import ThinkingBudget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -87,8 +104,10 @@ class StructuredOutputs:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.jump_forward = jump_forward
-        self._tokenizer: llguidance.LLTokenizer | None = None
-        self._tokenizer_lock = threading.Lock()
+        self._hf: PreTrainedTokenizerBase | None = None
+        self._hf_lock = threading.Lock()
+        self._vocabulary: Future[GrammarVocabulary] | None = None
+        self._vocabulary_lock = threading.Lock()
         self._cache: OrderedDict[Constraint, LLMatcher] = OrderedDict()
         self._cache_lock = threading.Lock()
         # Two threads, so that a step's masks never wait behind a slow compile; both spend
@@ -96,38 +115,71 @@ class StructuredOutputs:
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         self._masker = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         self._executor: llguidance.LLExecutor | None = None
-        self.words = (vocab_size + 31) // 32
 
     # -- compile --------------------------------------------------------------------------
 
     def compile(self, constraint: Constraint) -> Future[Grammar]:
-        """The request's grammar, compiled in the compile thread (the first one also builds
-        llguidance's view of the vocabulary, about a second)."""
-        return self._compiler.submit(self._compile, constraint)
+        """The request's grammar, compiled in the compile thread (after the grammar vocabulary,
+        when that is not built yet)."""
+        # The vocabulary's build goes first in the one compile thread (where waiting for it
+        # inside a compile would wait for ever).
+        vocabulary = self.prepare()
+        return self._compiler.submit(self._compile, constraint, vocabulary)
 
-    def _compile(self, constraint: Constraint) -> Grammar:
+    def _compile(self, constraint: Constraint, pending: Future[GrammarVocabulary]) -> Grammar:
         with self._cache_lock:
             template = self._cache.get(constraint)
             if template is not None:
                 self._cache.move_to_end(constraint)
+        vocabulary = pending.result()
         if template is None:
             text = grammar_text(constraint)
-            template = LLMatcher(self.tokenizer(), text, log_level=0)
+            template = LLMatcher(vocabulary.tokenizer, text, log_level=0, limits=limits())
             if template.is_error():
-                raise ConstraintError(template.get_error().split("\n<state>", 1)[0])
+                raise ConstraintError(clean_error(template.get_error()))
             with self._cache_lock:
                 self._cache[constraint] = template
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return Grammar(template.deep_copy())
+        budget = None
+        if constraint.thinking is not None:
+            budget = ThinkingBudget.of(constraint.thinking, self._token_bytes, self._tokenize)
+        return Grammar(template.deep_copy(), vocabulary, budget)
 
-    def tokenizer(self) -> llguidance.LLTokenizer:
-        with self._tokenizer_lock:
-            if self._tokenizer is None:
-                self._tokenizer = llg_tokenizer(
-                    self._load_tokenizer(), self.vocab_size, sorted(self.eos_token_ids)
-                )
-            return self._tokenizer
+    def prepare(self) -> Future[GrammarVocabulary]:
+        """Start building the grammar vocabulary in the compile thread, if not yet started:
+        the engine process does it at start-up."""
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                self._vocabulary = self._compiler.submit(self._build_vocabulary)
+            return self._vocabulary
+
+    def _build_vocabulary(self) -> GrammarVocabulary:
+        eos = sorted(self.eos_token_ids)
+        return grammar_vocabulary(self._hf_tokenizer(), self.vocab_size, eos)
+
+    def vocabulary(self) -> GrammarVocabulary:
+        """The grammar vocabulary (built on first use unless `prepare` started it; waits while
+        the compile thread builds it)."""
+        return self.prepare().result()
+
+    def _token_bytes(self, token: int) -> bytes:
+        return self.vocabulary().tokenizer.decode_bytes([token])
+
+    def _tokenize(self, text: bytes) -> list[int]:
+        """`text` as the model's own tokenizer writes it (a tag that is one added token stays
+        one), or as llguidance does when it is not whole UTF-8."""
+        try:
+            decoded = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return self.vocabulary().tokenizer.tokenize_bytes(text)
+        return list(self._hf_tokenizer().encode(decoded, add_special_tokens=False))
+
+    def _hf_tokenizer(self) -> PreTrainedTokenizerBase:
+        with self._hf_lock:
+            if self._hf is None:
+                self._hf = self._load_tokenizer()
+            return self._hf
 
     # -- masks ----------------------------------------------------------------------------
 
@@ -136,17 +188,25 @@ class StructuredOutputs:
         `Sequence.sample_rows` says: each sampling sequence's draft rows, then its last row);
         None when no sampling sequence is constrained."""
         jobs: list[tuple[LLMatcher, int, list[int]]] = []
+        forced: list[tuple[int, int]] = []
+        """(mask row, token): a row that allows that one token (a thinking budget's tag)."""
         rows: list[int] = []
         row = 0
         for seq, n in zip(batch.seqs, batch.num_tokens):
             count = seq.num_sample_rows(n)
             if count and seq.grammar is not None:
-                jobs.append((seq.grammar.matcher, len(rows), list(seq.draft_token_ids)))
+                token = seq.grammar.forced_token()
+                if token is not None and count == 1:
+                    forced.append((len(rows), token))
+                else:
+                    jobs.append((seq.grammar.matcher, len(rows), list(seq.draft_token_ids)))
                 rows.extend(range(row, row + count))
             row += count
-        if not jobs:
+        if not rows:
             return None
-        bitmask = np.zeros((len(rows), self.words), dtype=np.int32)
+        bitmask = np.zeros((len(rows), self.vocabulary().mask_words), dtype=np.int32)
+        for at, token in forced:
+            bitmask[at, token // 32] = np.uint32(1 << (token % 32)).view(np.int32)
         done = self._masker.submit(self._fill, jobs, bitmask)
         return StepMasks(bitmask, np.asarray(rows, dtype=np.int64), done)
 
@@ -155,13 +215,18 @@ class StructuredOutputs:
             self._executor = llguidance.LLExecutor()
         # llguidance spreads the matchers over its own threads and, for a sequence with
         # drafts, fills the mask after each draft too (that call refuses empty draft lists).
-        pointer, size, rows = bitmask.ctypes.data, self.words * 4, bitmask.shape[0]
+        pointer, size, rows = bitmask.ctypes.data, bitmask.shape[1] * 4, bitmask.shape[0]
         plain = [(matcher, row) for matcher, row, drafts in jobs if not drafts]
         drafting = [job for job in jobs if job[2]]
         if plain:
             self._executor.unsafe_compute_mask_ptr(plain, pointer, size, rows)
         if drafting:
             self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, pointer, size, rows)
+        for matcher, row, drafts in jobs:
+            if matcher.is_error():
+                # A failed matcher's mask allows EOS; its rows allow nothing instead, so the
+                # sampler reports the dead end and the request fails with the matcher's error.
+                bitmask[row : row + len(drafts) + 1] = 0
 
     # -- after the step -------------------------------------------------------------------
 

@@ -22,6 +22,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from trio_llm.http.anthropic import endpoint as anthropic
+from trio_llm.http.anthropic.protocol import error_body
+from trio_llm.http.audio import endpoint as audio
 from trio_llm.http.chat import endpoint as chat
 from trio_llm.http.completions import endpoint as completions
 from trio_llm.http.config import ServerConfig, config_from_env
@@ -31,8 +34,9 @@ from trio_llm.http.invocations import endpoint as invocations
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.models import endpoint as models
 from trio_llm.http.ops import endpoint as ops
+from trio_llm.http.pooling import endpoint as pooling
 from trio_llm.http.responses import endpoint as responses
-from trio_llm.http.runtime.bodies import error_response
+from trio_llm.http.runtime.bodies import JSON_LIMIT_KEY, error_response
 from trio_llm.http.runtime.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
 from trio_llm.http.runtime.middleware import install_middleware
 from trio_llm.http.runtime.state import AppState, install_state
@@ -43,11 +47,25 @@ if TYPE_CHECKING:
 
 _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/chat/completions", chat.chat_completions),
+    ("POST", "/v1/chat/completions/render", chat.render_chat_completion),
     ("POST", "/v1/completions", completions.completions),
+    ("POST", "/v1/completions/render", completions.render_completion),
     ("POST", "/v1/embeddings", embeddings.embeddings),
+    ("POST", "/v1/audio/transcriptions", audio.transcriptions),
+    ("POST", "/v1/audio/translations", audio.translations),
     ("POST", "/v1/responses", responses.create_response),
+    ("POST", "/v1/responses/render", responses.render_response),
     ("GET", "/v1/responses/<response_id>", responses.retrieve_response),
     ("DELETE", "/v1/responses/<response_id>", responses.delete_response),
+    ("POST", "/v1/messages", anthropic.create_message),
+    ("POST", "/v1/messages/count_tokens", anthropic.count_tokens),
+    ("POST", "/pooling", pooling.pooling),
+    ("POST", "/classify", pooling.classify),
+    ("POST", "/score", pooling.score),
+    ("POST", "/v1/score", pooling.score),
+    ("POST", "/rerank", pooling.rerank),
+    ("POST", "/v1/rerank", pooling.rerank),
+    ("POST", "/v2/rerank", pooling.rerank),
     ("POST", "/invocations", invocations.invocations),
     ("GET", "/v1/models", models.list_models),
     ("GET", "/v1/models/<path:model_id>", models.model_card),
@@ -57,6 +75,7 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/ping", ops.health),
     ("POST", "/ping", ops.health),
     ("GET", "/version", ops.version),
+    ("GET", "/get_load", ops.get_load),
     ("GET", "/metrics", ops.metrics),
     ("GET", "/openapi.json", ops.openapi_json),
     ("GET", "/", ui.chat_page),
@@ -68,7 +87,12 @@ def _make_app(state: AppState) -> QuartTrio:
     config = state.config
     app = QuartTrio(__name__)
     install_state(app, state)
-    app.config["MAX_CONTENT_LENGTH"] = config.max_body_size
+    # The audio routes' forms may be larger than a JSON body; read_body holds JSON bodies to
+    # max_body_size itself.
+    app.config["MAX_CONTENT_LENGTH"] = max(
+        config.max_body_size, config.max_audio_size + audio.FORM_SLACK
+    )
+    app.config[JSON_LIMIT_KEY] = config.max_body_size
     app = install_middleware(app, config, state.metrics)
     _handle_errors(app, config)
     for method, path, handler in _ROUTES:
@@ -77,14 +101,29 @@ def _make_app(state: AppState) -> QuartTrio:
     return app
 
 
+_ANTHROPIC_PATHS = "/v1/messages"
+"""Errors under this path take Anthropic's shape (its SDKs read no other)."""
+
+
+def _error(error: ProtocolError) -> Response:
+    if request.path.startswith(_ANTHROPIC_PATHS):
+        return Response(
+            error_body(error),
+            status=error.status,
+            headers=error.headers,
+            mimetype="application/json",
+        )
+    return error_response(error)
+
+
 def _handle_errors(app: QuartTrio, config: ServerConfig) -> None:
     @app.errorhandler(ProtocolError)
     async def protocol_error(error: ProtocolError) -> Response:
-        return error_response(error)
+        return _error(error)
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        return error_response(
+        return _error(
             from_http_exception(
                 error,
                 method=request.method,
@@ -95,7 +134,7 @@ def _handle_errors(app: QuartTrio, config: ServerConfig) -> None:
 
     @app.errorhandler(Exception)
     async def other_error(error: Exception) -> Response:
-        return error_response(translate_error(error))
+        return _error(translate_error(error))
 
 
 def build_app(*engine_clients: EngineClient, config: ServerConfig | None = None) -> QuartTrio:

@@ -10,14 +10,29 @@ chunk, deltas, usage chunk) is tested with plain values, without a server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from msgspec import UNSET, UnsetType
 
 from trio_llm.http.errors import ProtocolError
+from trio_llm.http.ids import ResponseHead
 from trio_llm.http.sse import SSE_DONE
 from trio_llm.http.usage import Usage, UsageCounter
 from trio_llm.outputs import CompletionOutput
+
+
+class ChoicesRequest(Protocol):
+    """What a chat or text completion request says about its answer's shape (its n, vLLM's
+    prompt_logprobs and return_token_ids, and `stream_options`: `sampling.SamplingFields`)."""
+
+    n: int
+    prompt_logprobs: int | None
+    return_token_ids: bool
+
+    @property
+    def include_usage(self) -> bool: ...
+    @property
+    def continuous_usage(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +51,22 @@ class Shape:
     return_token_ids: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+
+    @classmethod
+    def of(cls, head: ResponseHead, request: ChoicesRequest, *, logprobs: int | None) -> Shape:
+        """`logprobs`: alternatives per generated token (None: no logprobs)."""
+        return cls(
+            response_id=head.response_id,
+            model=head.model,
+            created=head.created,
+            system_fingerprint=head.system_fingerprint,
+            n=request.n,
+            logprobs=logprobs,
+            prompt_logprobs=request.prompt_logprobs,
+            return_token_ids=request.return_token_ids,
+            include_usage=request.include_usage,
+            continuous_usage=request.continuous_usage,
+        )
 
     def head(self) -> dict[str, Any]:
         """The fields every response and chunk of the request repeats."""

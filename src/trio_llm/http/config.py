@@ -6,11 +6,15 @@ also reads its default from the environment as `TRIO_LLM_<FLAG>` (e.g. TRIO_LLM_
 TRIO_LLM_MAX_QUEUED_REQUESTS). The models to serve are the positional arguments (or
 TRIO_LLM_MODEL, whitespace-separated), each with its own options (model_specs.py). Invariant:
 a ServerConfig is complete and checked; nothing downstream reads the environment again.
+
+Why over 400 lines: the argparse definition of every flag is here, in one place, on purpose
+(the CLI, `create_app()` and the TRIO_LLM_* environment all read that one definition).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +22,10 @@ from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
 from trio_llm.http.model_specs import DTYPES, ModelSpec, ModelSpecError, model_specs
+from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
-from trio_llm.model_files import TASKS
+from trio_llm.tasks import TASKS
 
 ENV_PREFIX = "TRIO_LLM_"
 GENERATION_CONFIG_MODES = ("auto", "none", "vllm")
@@ -42,8 +47,14 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     """CORS origins ('*' for any); empty: no CORS headers at all."""
     max_queued_requests: int | None = None
-    """Sequences that may wait beyond --max-num-seqs before new requests get 503; None: no cap."""
+    """Sequences each replica may queue beyond its --max-num-seqs before new requests for its
+    model get 503; None: as many as it runs (admission is on by default)."""
     max_body_size: int = 16 << 20
+    """Largest JSON body."""
+    max_audio_size: int = 25 << 20
+    """Largest audio file of a transcription or translation (OpenAI's own limit)."""
+    max_audio_seconds: float = 1800.0
+    """Longest audio a transcription or translation may hold, in seconds."""
     shutdown_timeout: float = 30.0
     """Seconds in-flight requests get to finish on SIGINT/SIGTERM before they are aborted."""
     log_level: str = "info"
@@ -58,24 +69,34 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     """The format tool calls are prompted, constrained and parsed in (http/tools/formats.py):
     `hermes`, `llama3_json`, or `auto` (picked from each model's chat template)."""
+    reasoning_parser: str = "auto"
+    """How a model's thinking is split from its answer (http/reasoning/formats.py):
+    `deepseek_r1`, `qwen3`, `none`, or `auto` (from each model's chat template: a template that
+    writes `<think>` and `</think>`)."""
     ui: bool = True
-    """Serve the chat page at / (http/serving_ui.py)."""
+    """Serve the chat page at / (http/ui/endpoint.py)."""
     responses_store_size: int = 1024
     """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
     recently used evicted first; 0 keeps none."""
+    responses_store: str | None = None
+    """Where stored responses live: None (memory, this process) or a redis:// URL that several
+    frontends share behind a router."""
+    responses_store_ttl: float = 0.0
+    """Seconds a stored response is kept after its last use; 0: until evicted."""
+    prefix_routing: bool = True
+    """A model's replicas are chosen cache-aware (client/prefix_index.py); False: the least
+    loaded."""
 
     @property
     def model_specs(self) -> tuple[ModelSpec, ...]:
         return self.models or (ModelSpec(self.engine),)
 
-    @property
-    def capacity(self) -> int | None:
-        """Sequences admitted at once (running plus queued, over every engine) before requests
-        get 503."""
-        if self.max_queued_requests is None:
-            return None
-        running = sum(s.args.max_num_seqs * s.replicas for s in self.model_specs)
-        return running + self.max_queued_requests
+    def replica_capacity(self, spec: ModelSpec) -> int:
+        """Sequences one live replica of `spec`'s model admits (running plus queued) before
+        requests for that model get 503: a model's capacity is this times its live replicas."""
+        queued = self.max_queued_requests
+        running = spec.args.max_num_seqs
+        return running + (running if queued is None else queued)
 
     @property
     def tls(self) -> bool:
@@ -150,10 +171,11 @@ def add_serve_arguments(
         metavar="MODEL[:OPTION=VALUE,...]",
         default=(_env("model", env) or DEFAULT_MODEL).split(),
         help=f"models to serve, each its own engine: {DEFAULT_MODEL} (default), "
-        "all-MiniLM-L6-v2 (embeddings), a Hugging Face directory, a .gguf file, or a hub id "
+        "all-MiniLM-L6-v2 (embeddings), whisper-tiny.en or whisper-base (speech to text), a "
+        "Hugging Face directory, a CTranslate2 Whisper directory, a .gguf file, or a hub id "
         "already in the local cache; options after a colon apply to that model only: name, "
-        "task, dtype, device, kv, max-len, seqs, threads, dp (e.g. "
-        "all-MiniLM-L6-v2:dtype=float32,dp=2)",
+        "task, dtype, device, kv, max-len, seqs, threads, compute, dp (e.g. "
+        "all-MiniLM-L6-v2:dtype=float32,dp=2, whisper-tiny.en:compute=int8,threads=2)",
     )
     add("--host", default=defaults.host, help="address to listen on (default %(default)s)")
     add("--port", default=defaults.port, type=int, help="port (default %(default)s)")
@@ -225,6 +247,23 @@ def add_serve_arguments(
         "%(default)s)",
     )
     add(
+        "--quantization",
+        choices=["auto", "none", "int8", "int4", "w8a8"],
+        default=engine.quantization,
+        help="auto: a quantized GGUF runs in its own formats (int4/int8 kernels, bfloat16 "
+        "activations), anything else in its float dtype; none: dequantize a GGUF to --dtype; "
+        "int8 / int4: quantize a float checkpoint at load, weight-only; w8a8: int8 weights "
+        "and int8 activations, fastest for batches and prefills (default %(default)s)",
+    )
+    add(
+        "--ngram-speculation",
+        choices=["auto", "on", "off"],
+        default=engine.ngram_speculation,
+        help="draft tokens by n-gram prompt lookup, verified in the next step: on drafts for "
+        "every stream without a seed, penalties or a grammar; auto is off, as measured on a "
+        "CPU it made streams slower (default %(default)s)",
+    )
+    add(
         "--model-impl",
         choices=["auto", "own", "transformers"],
         default=engine.model_impl,
@@ -232,6 +271,27 @@ def add_serve_arguments(
         "transformers' modules with the paged attention for any other causal LM; own: refuse "
         "a model no own forward covers; transformers: transformers' modules for every model. "
         "The engine says at start-up which it took and why (default %(default)s)",
+    )
+    add(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default=engine.scheduling_policy,
+        help="fcfs: requests run in arrival order and a request's `priority` must be 0 (a 400 "
+        "otherwise); priority: a lower `priority` runs first (default %(default)s)",
+    )
+    add(
+        "--kv-events-config",
+        help="publish KV-cache events for a KV-aware router, as vLLM does: JSON such as "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\' '
+        "(each further engine of the server takes the next port)",
+    )
+    add(
+        "--data-parallel-routing",
+        choices=["prefix", "least-loaded"],
+        default="prefix",
+        help="which replica of a model takes a request: prefix (the one holding the longest "
+        "cached prefix of its prompt, unless its load exceeds the others' by SGLang's bounds) "
+        "or least-loaded (default %(default)s)",
     )
     add(
         "--enforce-eager",
@@ -265,8 +325,9 @@ def add_serve_arguments(
     add(
         "--max-queued-requests",
         type=_non_negative_int,
-        help="sequences that may wait beyond --max-num-seqs; past that, 503 with Retry-After "
-        "(default: no limit)",
+        help="sequences each replica may queue beyond --max-num-seqs; past that (times the "
+        "model's live replicas), requests for that model get 503 with Retry-After "
+        "(default: --max-num-seqs)",
     )
     add(
         "--max-embedding-inputs",
@@ -282,10 +343,36 @@ def add_serve_arguments(
         "past that the least recently used is evicted; 0 keeps none (default %(default)s)",
     )
     add(
+        "--responses-store",
+        help="where stored responses live: memory (default, this process) or a redis:// URL "
+        "shared by several servers behind a router, so previous_response_id works on any",
+    )
+    add(
+        "--responses-store-ttl",
+        default=defaults.responses_store_ttl,
+        type=_seconds,
+        help="seconds a stored response is kept after its last use; 0 keeps it until evicted "
+        "(default %(default)s)",
+    )
+    add(
         "--max-body-size",
         default=defaults.max_body_size,
         type=_size,
         help="largest request body, e.g. 16MiB; bigger ones get 413 (default 16MiB)",
+    )
+    add(
+        "--max-audio-size",
+        default=defaults.max_audio_size,
+        type=_size,
+        help="largest audio file of /v1/audio/transcriptions and /translations, e.g. 25MiB; "
+        "bigger ones get 413 naming `file` (default 25MiB)",
+    )
+    add(
+        "--max-audio-seconds",
+        default=defaults.max_audio_seconds,
+        type=_seconds,
+        help="longest audio one transcription or translation may hold; longer gets 413 "
+        "naming `file` (default %(default)s)",
     )
     add(
         "--shutdown-timeout",
@@ -314,6 +401,15 @@ def add_serve_arguments(
         choices=list(PARSER_NAMES),
         help="the format of tool calls: 'hermes' (<tool_call> tags, SmolLM2, Qwen, Hermes), "
         "'llama3_json' (Llama 3.x JSON calls), or 'auto' (from the model's chat template) "
+        "(default %(default)s)",
+    )
+    add(
+        "--reasoning-parser",
+        default=defaults.reasoning_parser,
+        choices=list(REASONING_PARSERS),
+        help="how a model's thinking is split from its answer (reasoning_content, reasoning "
+        "items, thinking blocks): 'deepseek_r1' (the output thinks until </think>), 'qwen3' "
+        "(it opens <think> itself), 'none', or 'auto' (from the model's chat template) "
         "(default %(default)s)",
     )
     add(
@@ -352,13 +448,20 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         jump_forward=not args.no_jump_forward,
         batch_invariant=args.batch_invariant,
         model_impl=args.model_impl,
+        quantization=args.quantization,
+        ngram_speculation=args.ngram_speculation,
         enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy,
+        **kv_events_fields(args.kv_events_config),
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     try:
         specs = model_specs(args.model or [DEFAULT_MODEL], engine, replicas=args.data_parallel_size)
     except ModelSpecError as error:
         raise ValueError(str(error)) from None
+    store = args.responses_store or None
+    if store not in (None, "memory") and not store.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"--responses-store {store!r}: give memory or a redis:// URL")
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     generation_config = args.generation_config
     if (
@@ -381,15 +484,55 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allowed_origins=origins,
         max_queued_requests=args.max_queued_requests,
         max_body_size=args.max_body_size,
+        max_audio_size=args.max_audio_size,
+        max_audio_seconds=args.max_audio_seconds,
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
         restart_engine=not args.no_engine_restart,
         limits=RequestLimits(max_embedding_inputs=args.max_embedding_inputs),
         generation_config=generation_config,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         ui=not args.no_ui,
         responses_store_size=args.responses_store_size,
+        responses_store=args.responses_store or None,
+        responses_store_ttl=args.responses_store_ttl,
+        prefix_routing=args.data_parallel_routing == "prefix",
     )
+
+
+_KV_EVENTS_KEYS = frozenset(
+    {"enable_kv_cache_events", "publisher", "endpoint", "topic", "buffer_steps", "hwm"}
+)
+
+
+def kv_events_fields(text: str | None) -> dict[str, object]:
+    """The engine fields vLLM's `--kv-events-config` JSON sets (its keys; the tuning ones
+    our publisher does not need are accepted and ignored, the replay endpoint is refused: a
+    router told to replay from it would wait on nothing)."""
+    if not text:
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--kv-events-config is not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError("--kv-events-config must be a JSON object")
+    unknown = sorted(set(config) - _KV_EVENTS_KEYS)
+    if unknown:
+        raise ValueError(
+            f"--kv-events-config: {', '.join(unknown)} not supported (known: "
+            f"{', '.join(sorted(_KV_EVENTS_KEYS))})"
+        )
+    if not config.get("enable_kv_cache_events", False) or config.get("publisher") == "null":
+        return {}
+    if config.get("publisher", "zmq") != "zmq":
+        raise ValueError("--kv-events-config: publisher must be zmq (or null)")
+    endpoint = config.get("endpoint", "tcp://*:5557")
+    topic = config.get("topic", "")
+    if not isinstance(endpoint, str) or not isinstance(topic, str):
+        raise ValueError("--kv-events-config: endpoint and topic must be strings")
+    return {"kv_events_endpoint": endpoint, "kv_events_topic": topic}
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:

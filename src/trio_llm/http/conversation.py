@@ -4,18 +4,22 @@ Shared by /v1/chat/completions and /tokenize (which render the same `messages`);
 API builds the same rendered shape from its items (responses/plan.py). Owns the message and
 content-part wire types, the conversation's shape checks (roles, tool calls and results, no
 legacy function messages, text-only content), and the `chat_template_kwargs` a request may not
-set. Invariant: every malformed conversation ends in a `ProtocolError` naming where it is, and
-nothing here touches Quart or the engine; tool calls and results are rendered for the template
-by http/tools.
+set. `Conversation` is what an endpoint's plan asks of the prompt (generate/prompt.py renders
+it): chat, the Responses API and the Messages API each build one. Invariant: every malformed
+conversation ends in a `ProtocolError` naming where it is, and nothing here touches Quart or
+the engine; tool calls and results are rendered for the template by http/tools.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request, not_supported
+from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue
 
 # ---------------------------------------------------------------------------------------------
 # On the wire
@@ -164,3 +168,33 @@ def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
             raise bad_request(
                 f"chat_template_kwargs may not set {key!r}", param="chat_template_kwargs"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """What an endpoint's plan asks of the prompt."""
+
+    messages: list[dict[str, Any]]
+    """In OpenAI's chat shape (what http/tools renders)."""
+    tools: list[FunctionTool] = field(default_factory=list)
+    tool_choice: ToolChoiceValue | None = None
+    """None: OpenAI's default (auto with tools)."""
+    parallel_tool_calls: bool | None = None
+    constraint: Constraint | None = None
+    """The answer's (response_format, text.format, output_config.format), already checked."""
+    constraint_param: str | None = None
+    template_kwargs: dict[str, Any] | None = None
+    """The request's own chat_template_kwargs."""
+    thinking: bool | None = None
+    """Turn thinking on or off where the template can; None: its default."""
+    effort: str | None = None
+    budget: int | None = None
+    """Tokens the thinking may take; None: no limit."""
+    budget_param: str = "thinking_token_budget"
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+
+    @property
+    def forced(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedFunction)

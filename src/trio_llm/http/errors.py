@@ -22,9 +22,11 @@ from trio_llm.client.errors import (
     EngineRequestError,
     InvalidPromptError,
     PromptTooLongError,
+    UnservableRequestError,
     UnsupportedTaskError,
 )
 from trio_llm.sampling_params import SamplingParamsError
+from trio_llm.speech.audio import AudioError
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,8 @@ def translate_error(error: BaseException) -> ProtocolError:
         return bad_request(str(error), param=error.param)
     if isinstance(error, PromptTooLongError):
         return bad_request(str(error), param=error.param, code="context_length_exceeded")
+    if isinstance(error, AudioError):
+        return ProtocolError(error.status, str(error), param=error.param)
     if isinstance(error, InvalidPromptError):
         return bad_request(str(error), param=error.param)
     if isinstance(error, ChatTemplateError):
@@ -118,6 +122,8 @@ def translate_error(error: BaseException) -> ProtocolError:
         return bad_request(str(error), param="model", code="wrong_model_task")
     if isinstance(error, EngineDeadError):
         return ProtocolError(500, f"The engine died: {error}", code="engine_dead")
+    if isinstance(error, UnservableRequestError):
+        return bad_request(str(error), param=error.param, code="unservable_request")
     if isinstance(error, EngineRequestError):
         return ProtocolError(500, f"The engine failed this request: {error}", code="engine_error")
     log.error("unexpected error", exc_info=error)

@@ -1,5 +1,5 @@
-"""The ids and stamps of a response: its id, the engine requests' ids, its creation time, and
-OpenAI's `system_fingerprint`.
+"""The ids and stamps of a response: its id, the engine requests' ids, its creation time,
+OpenAI's `system_fingerprint`, and the `ResponseHead` that carries them to the builders.
 
 Invariant: engine request ids are unique even when clients reuse a `request_id`.
 """
@@ -9,6 +9,17 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """What every response and chunk of one request repeats."""
+
+    response_id: str
+    model: str
+    created: int
+    system_fingerprint: str | None = None
 
 
 def new_response_id(prefix: str, request_id: str | None = None) -> str:

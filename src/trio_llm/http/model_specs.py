@@ -5,11 +5,13 @@ A model on the command line (or in TRIO_LLM_MODEL, whitespace-separated) may car
 options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
 `/models/qwen:name=qwen,kv=2GiB`. They override the server-wide flags for that model only:
 
-    name     the served name (--served-model-name)     task     auto, generate or embed
+    name     the served name (--served-model-name)     task     auto, generate, embed, score,
+                                                                classify
     dtype    auto, float32, bfloat16, float16          device   auto, cpu, cuda, cuda:N
     kv       KV cache size (--kv-cache-memory)         max-len  context length
-    seqs     sequences at once (--max-num-seqs)        threads  torch threads of each engine
-    dp       replicas (--data-parallel-size)
+    seqs     sequences at once (--max-num-seqs)        threads  torch (or CTranslate2) threads
+    compute  a speech model's CTranslate2 compute      dp       replicas (--data-parallel-size)
+             type (int8, float32, ...)
 
 Only a tail that reads as `key=value` pairs is taken for options, so a path with a colon in it
 still names a model. Invariant: every spec is checked here (keys, values, unique names where
@@ -27,7 +29,7 @@ from typing import Any
 import msgspec
 
 from trio_llm.config import EngineArgs, parse_size
-from trio_llm.model_files import TASKS
+from trio_llm.tasks import TASKS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -40,6 +42,7 @@ _OPTIONS = {
     "max_len": "max_model_len",
     "seqs": "max_num_seqs",
     "threads": "num_threads",
+    "compute": "compute_type",
     "dp": "replicas",
 }
 _INT_OPTIONS = frozenset({"max_model_len", "max_num_seqs", "num_threads", "replicas"})
@@ -134,3 +137,24 @@ def _spec(entry: str, base: EngineArgs, replicas: int) -> ModelSpec:
         fields[field] = value
     count = fields.pop("replicas", replicas)
     return ModelSpec(msgspec.structs.replace(base, **fields), count)
+
+
+def engine_args(spec: ModelSpec, replica: int, engine_index: int) -> EngineArgs:
+    """One engine's arguments: its model's, with its replica's rank, and its own KV-event
+    endpoint when events are on: the configured port plus `engine_index` (the engine's place
+    among all of the server's engines, models in order, then replicas), as vLLM offsets the
+    port by data-parallel rank."""
+    args = spec.args
+    updates: dict[str, Any] = {}
+    if spec.replicas > 1:
+        updates["data_parallel_rank"] = replica
+    endpoint = args.kv_events_endpoint
+    if endpoint is not None and engine_index:
+        host, sep, port = endpoint.rpartition(":")
+        if not (sep and port.isdigit()):
+            raise ModelSpecError(
+                f"KV events endpoint {endpoint!r} has no port to offset for engine "
+                f"{engine_index}; give a tcp://HOST:PORT endpoint"
+            )
+        updates["kv_events_endpoint"] = f"{host}:{int(port) + engine_index}"
+    return msgspec.structs.replace(args, **updates) if updates else args

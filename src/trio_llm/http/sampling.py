@@ -83,6 +83,9 @@ class SamplingFields(StructuredFields, kw_only=True):
     return_token_ids: bool = False
     priority: Int32 = 0
     request_id: RequestId | None = None
+    cache_salt: str | None = None
+    """vLLM's per-tenant prefix-cache isolation: prompts match cached blocks only of
+    requests with the same salt."""
 
     @property
     def include_usage(self) -> bool:
@@ -96,6 +99,17 @@ class SamplingFields(StructuredFields, kw_only=True):
 
 # ---------------------------------------------------------------------------------------------
 # What they mean
+
+
+class OneSequence:
+    """What admission counts of a plan (`GenerationPlan.sequences`) for an API that answers
+    with one sequence (Responses, Messages). A mixin of the plan's dataclass."""
+
+    __slots__ = ()
+
+    @property
+    def sequences(self) -> int:
+        return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +159,26 @@ class SamplingDefaults:
                 continue
             given[name] = value
         return cls(**given)
+
+    def fill(
+        self,
+        *,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        min_p: float | None,
+        repetition_penalty: float | None,
+    ) -> dict[str, Any]:
+        """These fields as a request gave them, each one it left unset (None) taking its
+        default: `SamplingParams` keyword arguments."""
+        given = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "repetition_penalty": repetition_penalty,
+        }
+        return {k: getattr(self, k) if v is None else v for k, v in given.items()}
 
     def overrides(self) -> dict[str, float]:
         """The fields that differ from OpenAI's defaults."""
@@ -296,26 +330,25 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     renames: dict[str, str],
-) -> SamplingParams:
+) -> tuple[SamplingParams, str | None]:
+    """The request's `SamplingParams` (its structured-output constraint worked out here, once)
+    and the field that constraint came from (None without one)."""
     check_fields(request, limits)
-
-    def given(value: float | None, default: float) -> float:
-        return default if value is None else value
-
     constraint = constraint_of(request)
-
     params = SamplingParams(
         n=request.n,
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,
-        temperature=given(request.temperature, defaults.temperature),
-        top_p=given(request.top_p, defaults.top_p),
-        top_k=defaults.top_k if request.top_k is None else request.top_k,
-        min_p=given(request.min_p, defaults.min_p),
+        **defaults.fill(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+        ),
         seed=request.seed,
-        presence_penalty=given(request.presence_penalty, 0.0),
-        frequency_penalty=given(request.frequency_penalty, 0.0),
-        repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
+        presence_penalty=0.0 if request.presence_penalty is None else request.presence_penalty,
+        frequency_penalty=0.0 if request.frequency_penalty is None else request.frequency_penalty,
         logit_bias=dict(request.logit_bias) if request.logit_bias else None,
         stop=stop_list(request.stop, limits),
         stop_token_ids=list(request.stop_token_ids or ()),
@@ -330,9 +363,10 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         constraint=None if constraint is None else constraint[0],
+        cache_salt=request.cache_salt,
     )
     try:
         params.validate()
     except SamplingParamsError as error:
         raise bad_request(str(error), param=renames.get(error.param, error.param)) from None
-    return params
+    return params, None if constraint is None else constraint[1]

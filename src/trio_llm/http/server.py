@@ -102,7 +102,7 @@ async def serve(
             _log_serving(state, config, binds)
             task_status.started(binds)
     if state.engine_failed.is_set():
-        log.error("exiting: the engine died and was not restarted")
+        log.error("exiting: every replica of a model died and was not restarted")
         return 1
     log.info("shut down")
     return 0
@@ -118,6 +118,10 @@ def _log_serving(state: AppState, config: ServerConfig, binds: list[str]) -> Non
         details = [mc.dtype, mc.device, f"max_model_len={mc.max_model_len}"]
         if mc.task == "embed":
             details.insert(0, f"embeddings of {mc.embedding_size}")
+        elif mc.task == "score":
+            details.insert(0, "a cross-encoder")
+        elif mc.task == "classify":
+            details.insert(0, f"a classifier of {len(mc.labels or ())} labels")
         if len(served.replicas) > 1:
             details.append(f"{len(served.replicas)} replicas")
         models.append(f"{mc.model} ({', '.join(details)})")

@@ -35,7 +35,7 @@ class ResponseFormat(Struct, kw_only=True):
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(Struct, kw_only=True):
+class StructuredOutputsParams(Struct, kw_only=True):
     """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object."""
 
     json: str | dict[str, Any] | None = None
@@ -53,7 +53,7 @@ class StructuredFields(Struct, kw_only=True):
     """The request fields /v1/chat/completions and /v1/completions share for structured output."""
 
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -64,11 +64,19 @@ class StructuredFields(Struct, kw_only=True):
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-def _schema(value: str | dict[str, Any], ws: str | None) -> Constraint:
-    return Constraint.json_schema(value, whitespace_pattern=ws)
+def schema_constraint(
+    value: str | dict[str, Any], param: str, ws: str | None = None
+) -> tuple[Constraint, str]:
+    """A JSON schema field as a constraint and its parameter, or a 400 naming it (a schema
+    nested too deeply to encode is refused before anything recurses through it)."""
+    try:
+        constraint = Constraint.json_schema(value, whitespace_pattern=ws)
+    except ValueError as error:
+        raise bad_request(f"Invalid {param}: {error}", param=param) from None
+    return validated(constraint, param)
 
 
-def _of_structured_outputs(so: StructuredOutputs) -> tuple[Constraint, str]:
+def _of_structured_outputs(so: StructuredOutputsParams) -> tuple[Constraint, str]:
     given = [k for k in _KINDS if getattr(so, k) not in (None, False)]
     if len(given) != 1:
         found = ", ".join(given) if given else "none"
@@ -81,7 +89,7 @@ def _of_structured_outputs(so: StructuredOutputs) -> tuple[Constraint, str]:
     param = f"structured_outputs.{kind}"
     if kind == "json":
         assert so.json is not None
-        return _schema(so.json, ws), param
+        return schema_constraint(so.json, param, ws)
     if kind == "json_object":
         return Constraint.json_object(whitespace_pattern=ws), param
     if kind == "regex":
@@ -108,12 +116,12 @@ def constraint_of(request: StructuredFields) -> tuple[Constraint, str] | None:
                 param="response_format.json_schema",
             )
         schema = rf.json_schema.schema if rf.json_schema.schema is not None else {}
-        found.append((_schema(schema, None), "response_format.json_schema.schema"))
+        found.append(schema_constraint(schema, "response_format.json_schema.schema"))
     if request.structured_outputs is not None:
         found.append(_of_structured_outputs(request.structured_outputs))
     ws = request.guided_whitespace_pattern
     if request.guided_json is not None:
-        found.append((_schema(request.guided_json, ws), "guided_json"))
+        found.append(schema_constraint(request.guided_json, "guided_json", ws))
     if request.guided_regex is not None:
         found.append((Constraint.regex(request.guided_regex), "guided_regex"))
     if request.guided_choice is not None:

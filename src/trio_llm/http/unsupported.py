@@ -1,6 +1,6 @@
 """The request fields this server knows but does not build yet: the one list of refusals.
 
-Each field here would change the output (beam search, legacy functions, reasoning, ...), so a
+Each field here would change the output (beam search, legacy functions, documents, ...), so a
 request that asks for it gets a 400 naming the field rather than a 200 with the wrong behaviour.
 When an issue builds one of these features, it removes the field's row here and gives the field
 its real type in protocol.py. Fields in neither place are unknown and stay ignored, as OpenAI's
@@ -62,9 +62,6 @@ UNBUILT: tuple[Unbuilt, ...] = (
     # The legacy function-calling fields (tools and tool_choice replace them).
     Unbuilt("functions", "Function calling (the legacy functions; use tools)", _non_empty),
     Unbuilt("function_call", "Function calling (function_call; use tool_choice)", _tool_choice),
-    # Reasoning.
-    Unbuilt("reasoning_effort", "reasoning_effort", _given),
-    Unbuilt("thinking_token_budget", "thinking_token_budget", _given),
     # Prompts and templates.
     Unbuilt("chat_template", "A chat template given in the request", _given),
     Unbuilt("documents", "Documents for the chat template", _non_empty),

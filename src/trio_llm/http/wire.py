@@ -10,9 +10,12 @@ touches Quart or the engine, so all of it is tested with plain values.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
-from typing import Annotated, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -42,23 +45,52 @@ _KEYS_ARE = {"logit_bias": "token ids"}
 """What the keys of a mapping field must be, for its error message."""
 
 
-def _validation_error(message: str) -> ProtocolError:
+def _validation_error(message: str, body: bytes) -> ProtocolError:
     """msgspec's message names the path at its end (`- at `$.messages[0].role``); the 400
-    names it first, as `param` and at the start of the message."""
+    names it first, as `param` and at the start of the message. A bad key or value of a
+    top-level mapping (logit_bias) is named too: msgspec does not say which it was."""
     if match := _KEY_IN.search(message):
         param = match.group(1) or None
         detail = message[: match.start()]
         what = _KEYS_ARE.get(param or "")
         detail = f"keys must be {what} ({detail})" if what else f"invalid key ({detail})"
+        key = _first_key(body, param, lambda k, _: not _is_token_id(k)) if what else None
+        if key is not None:
+            detail = f"the key {json.dumps(key)} is not a token id; {detail}"
     elif match := _AT_PATH.search(message):
         param = match.group(1) or None
         detail = message[: match.start()]
+        if param is not None and param.endswith("[...]"):
+            mapping = param.removesuffix("[...]")
+            key = _first_key(body, mapping, lambda _, v: not _is_number(v))
+            if key is not None:
+                param, detail = mapping, f"the value for {json.dumps(key)}: {detail}"
     elif match := _MISSING.search(message):
         param, detail = match.group(1), "this field is required"
     else:
         param, detail = None, message
     named = f"{param}: {detail}" if param else detail
     return bad_request(f"Invalid request: {named}", param=param)
+
+
+def _first_key(body: bytes, field: str | None, bad: Callable[[str, Any], bool]) -> str | None:
+    """The first key of the body's top-level mapping `field` for which `bad(key, value)`."""
+    try:
+        raw = json.loads(body)  # the standard library's reads 1e400 (as inf), msgspec's not
+    except (ValueError, RecursionError):
+        return None
+    mapping = raw.get(field) if isinstance(raw, dict) and field else None
+    if not isinstance(mapping, dict):
+        return None
+    return next((k for k, v in mapping.items() if bad(k, v)), None)
+
+
+def _is_token_id(key: str) -> bool:
+    return key.isascii() and key.isdigit() and int(key) <= 2**31 - 1
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def decode_request(body: bytes, kind: type[R]) -> R:
@@ -68,7 +100,7 @@ def decode_request(body: bytes, kind: type[R]) -> R:
     try:
         request = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as error:
-        raise _validation_error(str(error)) from None
+        raise _validation_error(str(error), body) from None
     except msgspec.DecodeError as error:
         raise bad_request(f"Invalid JSON body: {error}") from None
     except RecursionError:
@@ -78,6 +110,15 @@ def decode_request(body: bytes, kind: type[R]) -> R:
     if log.isEnabledFor(logging.DEBUG):
         _log_unknown_fields(body, kind)
     return request
+
+
+def convert_request(fields: dict[str, Any], kind: type[R]) -> R:
+    """Type-check fields that arrived as text (a multipart form's): numbers and booleans are
+    read from their text; a field that does not fit is a 400 naming it, as for JSON bodies."""
+    try:
+        return msgspec.convert(fields, type=kind, strict=False)
+    except msgspec.ValidationError as error:
+        raise _validation_error(str(error)) from None
 
 
 def _log_unknown_fields(body: bytes, kind: type[Struct]) -> None:

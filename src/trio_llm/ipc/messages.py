@@ -1,13 +1,16 @@
 """The engine protocol: every message that crosses the frontend/engine boundary.
 
 Each message is a msgspec Struct, array_like with defaults omitted, tagged so that one decoder
-reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and `Shutdown`; the
-output ring carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`. Before either ring
-is read, the engine process reads one `EngineLaunch` on its stdin.
+reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and `Shutdown`, and
+for a speech engine `TranscriptionRequest` followed by its `AudioChunk`s; the output ring
+carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`. Before either ring is read, the
+engine process reads one `EngineLaunch` on its stdin.
 
 Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
 frontend needs them as Python ints anyway. Embeddings travel as raw little-endian float32 bytes
-(msgpack bin): what the HTTP edge sends on as base64 as it is.
+(msgpack bin): what the HTTP edge sends on as base64 as it is. Audio travels as raw
+little-endian int16 samples at 16 kHz, cut into chunks that each fit the ring whatever the
+file's length.
 """
 
 from __future__ import annotations
@@ -49,8 +52,41 @@ class EngineCoreRequest(_Msg, tag="add"):
     priority: int = 0
     """Lower runs first; FCFS among equals."""
     pooling: bool = False
-    """An embedding request: the engine pools the prompt's hidden states instead of generating
-    (only a pooling engine serves it; `sampling_params` is then unused)."""
+    """A pooling request (embeddings, scores, classes): the engine pools the prompt's hidden
+    states instead of generating (only a pooling engine serves it; `sampling_params` is then
+    unused)."""
+    token_type_start: int = 0
+    """A pooling request that is a pair of texts (a cross-encoder's input): the index of the
+    second text's first token, from which a model with token types gives type 1; 0: one
+    text."""
+
+
+class TranscriptionRequest(_Msg, tag="transcribe"):
+    """A speech engine's request. Its audio follows in `AudioChunk`s, `num_samples` in all; the
+    engine starts on it once the last chunk has arrived, and sends its segments window by
+    window."""
+
+    request_id: str
+    num_samples: int
+    task: str = "transcribe"
+    """transcribe | translate (into English)."""
+    language: str | None = None
+    """The spoken language's code; None: detected from the first window."""
+    prompt: str | None = None
+    """Text the first window is conditioned on (OpenAI's `prompt`)."""
+    temperature: float = 0.0
+    """The first temperature tried; a window that fails the thresholds is decoded again at
+    hotter ones, up to 1.0 (Whisper's fallback)."""
+    word_timestamps: bool = False
+    arrival_time: float = 0.0
+    priority: int = 0
+    """Lower runs first; FCFS among equals."""
+
+
+class AudioChunk(_Msg, tag="audio"):
+    request_id: str
+    samples: bytes
+    """Little-endian int16 at 16 kHz mono."""
 
 
 class AbortRequests(_Msg, tag="abort"):
@@ -78,7 +114,7 @@ class EngineReady(_Msg, tag="ready"):
     attention_backend: str = "torch"
     pid: int = 0
     task: str = "generate"
-    """generate | embed: what the engine serves."""
+    """generate | embed | score | classify: what the engine serves (trio_llm.tasks)."""
     embedding_size: int = 0
     """With task embed: the length of each embedding."""
     normalized: bool = False
@@ -86,6 +122,14 @@ class EngineReady(_Msg, tag="ready"):
     matryoshka_dimensions: list[int] | None = None
     """With task embed, for a model trained to be cut shorter: the sizes it may be cut to
     ([]: any); None when it may not be."""
+    languages: list[str] | None = None
+    """With task transcribe: the language codes the model knows (["en"]: English only, so it
+    cannot translate)."""
+    labels: list[str] | None = None
+    """With task score or classify: the label of each output, in order (the model's
+    `id2label`); its outputs are the activated scores (probabilities over several labels)."""
+    priority_scheduling: bool = False
+    """Requests may carry a non-zero priority (scheduling_policy 'priority')."""
 
 
 class EngineLoading(_Msg, tag="loading"):
@@ -110,6 +154,43 @@ class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True):
     """Rank of the chosen token among all (1 = most likely)."""
 
 
+class SpeechWord(msgspec.Struct, array_like=True):
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+class SpeechSegment(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """One segment of a transcription, with Whisper's own figures (what OpenAI's verbose_json
+    reports)."""
+
+    id: int
+    seek: int
+    """The window's start, in mel frames (100 per second)."""
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[SpeechWord] | None = None
+    """With word timestamps."""
+
+
+class SpeechOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """What one window of a transcription produced."""
+
+    segments: list[SpeechSegment] = msgspec.field(default_factory=list)
+    language: str = ""
+    """The spoken language's code (given or detected)."""
+    language_probability: float = 0.0
+    position: float = 0.0
+    """Seconds of audio transcribed so far."""
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     request_id: str
     new_token_ids: list[int] = msgspec.field(default_factory=list)
@@ -125,7 +206,13 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     error: str | None = None
     """With finish_reason 'error': what went wrong with this request."""
     pooled: bytes | None = None
-    """A pooling request's embedding (raw float32), with finish_reason 'stop'."""
+    """A pooling request's output (raw float32: the embedding, or one score per label), with
+    finish_reason 'stop'."""
+    speech: SpeechOutput | None = None
+    """A transcription's new segments (one output per window)."""
+    error_param: str | None = None
+    """With an error the request's own parameters caused ('constraint', 'allowed_token_ids',
+    ...: nothing they allow could be generated): that parameter. None: the engine failed."""
 
 
 class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
@@ -153,5 +240,5 @@ class EngineCoreOutputs(_Msg, tag="outputs"):
     stats: SchedulerStats
 
 
-FrontendMessage = EngineCoreRequest | AbortRequests | Shutdown
+FrontendMessage = EngineCoreRequest | TranscriptionRequest | AudioChunk | AbortRequests | Shutdown
 EngineMessage = EngineReady | EngineLoading | EngineCoreOutputs | EngineFailure

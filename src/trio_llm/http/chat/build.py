@@ -1,11 +1,13 @@
 """The answers of a chat completion, from `RequestOutput`s: the complete chat.completion and
-the chunks of a stream, with tool calls read out of each choice's text.
+the chunks of a stream, with the thinking and the tool calls read out of each choice's text
+(one `AnswerReader` per choice, shared with the Responses and Messages APIs).
 
 Owns chat's side of the answer: the message (content, or tool_calls with OpenAI's
-`finish_reason: tool_calls`), the role chunk and echo chunks a stream starts with, the deltas
-(content and tool-call deltas, a call's start merged with its first fragment). What chat and
-completions share (Shape, usage chunks, token ids) is http/choices.py's. Invariant: nothing
-here awaits anything or touches Quart.
+`finish_reason: tool_calls`; `reasoning_content` and vLLM's `reasoning` when the model's
+thinking is split out), the role chunk and echo chunks a stream starts with, the deltas
+(thinking, content and tool-call deltas, a call's start merged with its first fragment).
+What chat and completions share (Shape, usage chunks, token ids) is http/choices.py's.
+Invariant: nothing here awaits anything or touches Quart.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from msgspec import UNSET
 
+from trio_llm.http.answer import AnswerReader
 from trio_llm.http.chat.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -29,12 +32,12 @@ from trio_llm.http.chat.protocol import (
 )
 from trio_llm.http.choices import ChoiceStream, Shape, ids_to_send, returned_ids
 from trio_llm.http.logprobs import chat_logprobs, prompt_logprobs
-from trio_llm.http.tools import ToolCallDelta, ToolCallParser
+from trio_llm.http.tools import ToolCallDelta
 from trio_llm.http.usage import UsageCounter
 from trio_llm.outputs import CompletionOutput, RequestOutput
 
-NewParser = Callable[[], ToolCallParser | None]
-"""A fresh tool-call parser for one choice (None: its calls are not read)."""
+NewReader = Callable[[], AnswerReader]
+"""A fresh reader for one choice's text (its thinking, its answer, its calls)."""
 
 
 def _finish_reason(reason: str | None, calls: bool) -> str | None:
@@ -42,16 +45,20 @@ def _finish_reason(reason: str | None, calls: bool) -> str | None:
     return "tool_calls" if calls and reason == "stop" else reason
 
 
-def _message(text: str, new_parser: NewParser | None) -> tuple[ChatMessageOut, bool]:
-    parser = new_parser() if new_parser is not None else None
-    if parser is None:
-        return ChatMessageOut("assistant", text), False
-    parser.feed(text)
-    content, calls = parser.finish()
-    if not calls:
-        return ChatMessageOut("assistant", content), False
-    out = [ToolCallOut(id=c.id, function=FunctionCallOut(c.name, c.arguments)) for c in calls]
-    return ChatMessageOut("assistant", content if content.strip() else None, tool_calls=out), True
+def _message(
+    text: str, reader: AnswerReader, *, echo_text: str | None, reasoning: bool
+) -> tuple[ChatMessageOut, bool]:
+    reader.feed(text)
+    thought, content, calls = reader.finish()
+    content = (echo_text or "") + content
+    message = ChatMessageOut("assistant", content)
+    if reasoning:
+        message.reasoning_content = message.reasoning = thought
+    if calls:
+        message.content = content if content.strip() else None
+        out = [ToolCallOut(id=c.id, function=FunctionCallOut(c.name, c.arguments)) for c in calls]
+        message.tool_calls = out
+    return message, bool(calls)
 
 
 def chat_response(
@@ -59,15 +66,17 @@ def chat_response(
     output: RequestOutput,
     *,
     echo_text: str | None = None,
-    new_parser: NewParser | None = None,
+    new_reader: NewReader = AnswerReader,
+    reasoning: bool = False,
 ) -> ChatCompletionResponse:
-    """`echo_text` (chat echo) starts every choice's content; `new_parser`: read each
-    choice's tool calls into `message.tool_calls`."""
+    """`echo_text` (chat echo) starts every choice's content; `new_reader` reads each choice's
+    thinking and tool calls (`message.tool_calls`); `reasoning`: the message carries its
+    thinking (`reasoning_content`, null when there was none)."""
     usage = UsageCounter()
     usage.add(0, output)
     choices = []
     for o in sorted(output.outputs, key=lambda o: o.index):
-        message, calls = _message((echo_text or "") + o.text, new_parser)
+        message, calls = _message(o.text, new_reader(), echo_text=echo_text, reasoning=reasoning)
         choices.append(
             ChatChoice(
                 index=o.index,
@@ -102,29 +111,31 @@ class ChatStream(ChoiceStream[ChatCompletionChunk]):
     """Sent on the first chunk with return_token_ids."""
     echo_text: str | None = None
     """Chat echo: sent as each choice's first content."""
-    new_parser: NewParser | None = None
-    """Read each choice's tool calls: their text becomes `tool_calls` deltas."""
-    _parsers: dict[int, ToolCallParser | None] = field(default_factory=dict, init=False)
+    new_reader: NewReader = AnswerReader
+    """Reads each choice's thinking and tool calls: they become their own deltas."""
+    reasoning: bool = False
+    """Send the thinking (`reasoning_content` and `reasoning` deltas)."""
+    _readers: dict[int, AnswerReader] = field(default_factory=dict, init=False)
     _called: set[int] = field(default_factory=set, init=False)
     """The choices that have called a tool."""
 
     def _delta(self, o: CompletionOutput) -> ChatDelta:
-        """The choice's delta: its text, or with a parser the content and the call deltas."""
-        if self.new_parser is None:
-            return ChatDelta(content=o.text) if o.text else ChatDelta()
-        if o.index not in self._parsers:
-            self._parsers[o.index] = self.new_parser()
-        parser = self._parsers[o.index]
-        if parser is None:
-            return ChatDelta(content=o.text) if o.text else ChatDelta()
-        content, deltas = parser.feed(o.text)
+        """The choice's delta: its thinking, its content and its call deltas."""
+        reader = self._readers.get(o.index)
+        if reader is None:
+            reader = self._readers[o.index] = self.new_reader()
+        piece = reader.feed(o.text)
         if o.finished:
-            more, last = parser.end()
-            content, deltas = content + more, deltas + last
-        delta = ChatDelta(content=content) if content else ChatDelta()
-        if deltas:
+            last = reader.end()
+            piece.reasoning += last.reasoning
+            piece.content += last.content
+            piece.calls += last.calls
+        delta = ChatDelta(content=piece.content) if piece.content else ChatDelta()
+        if piece.reasoning and self.reasoning:
+            delta.reasoning_content = delta.reasoning = piece.reasoning
+        if piece.calls:
             self._called.add(o.index)
-            delta.tool_calls = [_call_delta(d) for d in _merged(deltas)]
+            delta.tool_calls = [_call_delta(d) for d in _merged(piece.calls)]
         return delta
 
     def begin(self) -> list[ChatCompletionChunk]:
@@ -155,7 +166,11 @@ class ChatStream(ChoiceStream[ChatCompletionChunk]):
             if not o.text and not o.finished and not o.logprobs and not ids_to_send(shape, o):
                 continue
             delta = self._delta(o)
-            held = delta.content is UNSET and delta.tool_calls is UNSET
+            held = (
+                delta.content is UNSET
+                and delta.tool_calls is UNSET
+                and delta.reasoning_content is UNSET
+            )
             if held and not o.finished and not o.logprobs and not ids_to_send(shape, o):
                 continue  # all of it held back (the start of a tag, perhaps)
             lp = chat_logprobs(o.logprobs, top) if top is not None and o.logprobs else None

@@ -1,103 +1,116 @@
 """POST /v1/chat/completions: one conversation, rendered with the model's chat template, and n
 choices of an assistant's answer (streamed as chat.completion.chunk, or one chat.completion).
-With tools, http/tools renders the conversation for the template, adds the grammar that makes
-the calls well-formed (known only once the model's template is: the prompts step), and reads
-each choice's calls back into tool_calls."""
+The prepare step renders it (generate/prompt.py): with tools, http/tools renders the
+conversation for the template and adds the grammar that makes the calls well-formed (known only
+once the model's template is); with a thinking model, http/reasoning sets the template's
+switch, and the answer's constraint waits for the thinking to end. Each choice's thinking and
+calls are read back into reasoning_content and tool_calls.
+
+The request's path, top to bottom: `plan_chat` (plan.py) -> the skeleton's constraint check and
+routing (generate/endpoint.py) -> `ChatCompletion.prepare` (`render_conversation`: tools,
+thinking, template; then truncation) -> `ChatStream` or `chat_response` (build.py).
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-import msgspec
 from quart import Response
 
-from trio_llm.http.chat.build import ChatStream, NewParser, chat_response
+from trio_llm.http.chat.build import ChatStream, NewReader, chat_response
 from trio_llm.http.chat.plan import ChatPlan, plan_chat
 from trio_llm.http.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
-from trio_llm.http.conversation import check_template_kwargs
-from trio_llm.http.generate.endpoint import (
-    GenerationEndpoint,
-    Prompt,
-    ResponseHead,
-    check_constraint,
-    serve_generation,
-)
+from trio_llm.http.choices import Shape
+from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
+from trio_llm.http.generate.prompt import OutputFormats, render_conversation
+from trio_llm.http.ids import ResponseHead
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.tools import plan_tools
 from trio_llm.outputs import RequestOutput
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
 
 
-class ChatCompletion(GenerationEndpoint[ChatCompletionRequest]):
-    request_type = ChatCompletionRequest
-    id_prefix = "chatcmpl-"
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
     plan: ChatPlan
+    prompts: list[Prompt]
+    params: SamplingParams
+    """The plan's, with the constraint of the whole output: the tools' grammar when they
+    constrain the answer, after the thinking when the model thinks."""
+    new_reader: NewReader
+    """Reads each choice's thinking, answer and calls."""
+    reasoning: bool
+    """Whether the thinking is split out and sent."""
 
-    def __init__(
+    def shape(self, request: ChatCompletionRequest, head: ResponseHead) -> Shape:
+        return Shape.of(head, request, logprobs=self.plan.top_logprobs)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCompletion:
+    """The chat endpoint's steps (`GenerationEndpoint`)."""
+
+    formats: OutputFormats
+    """--tool-call-parser and --reasoning-parser."""
+    request_type: ClassVar = ChatCompletionRequest
+    id_prefix: ClassVar = "chatcmpl-"
+
+    def plan(
         self, request: ChatCompletionRequest, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> None:
-        super().__init__(request, limits, defaults)
-        self.plan = plan_chat(request, limits, defaults)
-        check_template_kwargs(request.chat_template_kwargs)
-        self._prompt_token_ids: list[int] = []
-        self._new_parser: NewParser | None = None
-        """Set with tools: reads each choice's calls."""
+    ) -> ChatPlan:
+        return plan_chat(request, limits, defaults)
 
-    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        req, plan = self.request, self.plan
-        messages, template_kwargs = plan.messages, req.chat_template_kwargs
-        if plan.with_tools:
-            tools = plan_tools(
-                plan.tools,
-                plan.tool_choice,
-                plan.parallel_tool_calls,
-                plan.messages,
-                chat_template=engine.chat_template,
-                parser=current_state().config.tool_call_parser,
-                constrain=plan.params.constraint is None,
-            )
-            messages = tools.messages
-            template_kwargs = {**(template_kwargs or {}), **tools.template_kwargs}
-            self._new_parser = tools.new_parser
-            if tools.constraint is not None:
-                await check_constraint(tools.constraint, "tools")
-                params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
-                self.plan = plan = dataclasses.replace(plan, params=params)
-        token_ids = await engine.apply_chat_template(
-            messages,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            chat_template_kwargs=template_kwargs,
-            add_special_tokens=req.add_special_tokens,
-        )
+    async def prepare(
+        self, request: ChatCompletionRequest, plan: ChatPlan, engine: EngineClient, model: ModelInfo
+    ) -> PreparedChat:
+        rendered = await render_conversation(engine, plan.conversation, self.formats)
+        params = rendered.params(plan.params)
+        token_ids = rendered.token_ids
         if plan.truncation is not None:
-            token_ids = plan.truncation.apply(
-                token_ids, model.max_model_len, plan.params.max_tokens
-            )
-        self._prompt_token_ids = token_ids
-        return [Prompt(token_ids, "messages")]
+            token_ids = plan.truncation.apply(token_ids, model.max_model_len, params.max_tokens)
+        reasoning = rendered.reasoning.format is not None and plan.include_reasoning
+        prompts = [Prompt(token_ids, "messages")]
+        return PreparedChat(plan, prompts, params, rendered.new_reader, reasoning)
 
-    def stream(self, head: ResponseHead) -> ChatStream:
+    def stream(
+        self, request: ChatCompletionRequest, prepared: PreparedChat, head: ResponseHead
+    ) -> ChatStream:
         return ChatStream(
-            self.shape(head, logprobs=self.plan.top_logprobs),
-            prompt_token_ids=self._prompt_token_ids,
-            echo_text=self.plan.echo_text,
-            new_parser=self._new_parser,
+            prepared.shape(request, head),
+            prompt_token_ids=prepared.prompts[0].token_ids,
+            echo_text=prepared.plan.echo_text,
+            new_reader=prepared.new_reader,
+            reasoning=prepared.reasoning,
         )
 
-    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ChatCompletionResponse:
+    def response(
+        self,
+        request: ChatCompletionRequest,
+        prepared: PreparedChat,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> ChatCompletionResponse:
         [output] = outputs
         return chat_response(
-            self.shape(head, logprobs=self.plan.top_logprobs),
+            prepared.shape(request, head),
             output,
-            echo_text=self.plan.echo_text,
-            new_parser=self._new_parser,
+            echo_text=prepared.plan.echo_text,
+            new_reader=prepared.new_reader,
+            reasoning=prepared.reasoning,
         )
 
 
-async def chat_completions() -> Response:
-    return await serve_generation(ChatCompletion)
+async def chat_completions(raw: bytes | None = None) -> Response:
+    """`raw`: the body, when the caller has read it already (/invocations)."""
+    formats = OutputFormats.of(current_state().config)
+    return await serve_generation(ChatCompletion(formats), raw)
+
+
+async def render_chat_completion() -> Response:
+    """POST /v1/chat/completions/render: the conversation's token ids, not generated."""
+    formats = OutputFormats.of(current_state().config)
+    return await serve_render(ChatCompletion(formats), one=True)

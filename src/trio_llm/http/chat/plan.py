@@ -3,19 +3,20 @@ and the `SamplingParams`.
 
 Owns what chat's own fields mean (max_completion_tokens over max_tokens, logprobs and
 top_logprobs, vLLM's echo and continue_final_message, the tools and tool_choice, checked by
-http/tools); the conversation's checks are http/conversation.py's, the sampling fields'
-http/sampling.py's. Invariant: every way a request can be wrong ends in a `ProtocolError`
-naming the parameter, and nothing here touches Quart or the engine.
+http/tools, reasoning_effort and vLLM's thinking_token_budget for http/reasoning); the
+conversation's checks are http/conversation.py's, the sampling fields' http/sampling.py's.
+Invariant: every way a request can be wrong ends in a `ProtocolError` naming the parameter,
+and nothing here touches Quart or the engine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from trio_llm.http.chat.protocol import ChatCompletionRequest, NamedToolChoice
-from trio_llm.http.conversation import chat_messages, uses_tools
+from trio_llm.http.conversation import Conversation, chat_messages, check_template_kwargs
 from trio_llm.http.errors import bad_request
+from trio_llm.http.reasoning import effort_enables
 from trio_llm.http.sampling import (
     OPENAI_DEFAULTS,
     RequestLimits,
@@ -24,7 +25,6 @@ from trio_llm.http.sampling import (
     sampling_params,
     truncation,
 )
-from trio_llm.http.structured import constraint_of
 from trio_llm.http.tools import FunctionTool, NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import SamplingParams
 
@@ -33,7 +33,8 @@ from trio_llm.sampling_params import SamplingParams
 class ChatPlan:
     """A validated chat request: the conversation to render and how to sample the answer."""
 
-    messages: list[dict[str, Any]]
+    conversation: Conversation
+    """The messages, tools and thinking switches to render."""
     params: SamplingParams
     max_tokens_param: str
     top_logprobs: int | None
@@ -43,10 +44,8 @@ class ChatPlan:
     echo_text: str | None = None
     """vLLM's chat echo: the last message's content, when it is the assistant's."""
     truncation: Truncation | None = None
-    tools: list[FunctionTool] = field(default_factory=list)
-    tool_choice: ToolChoiceValue = "none"
-    """In force (OpenAI's default applied)."""
-    parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True
+    """vLLM's include_reasoning: false leaves the thinking out of the response."""
 
     @property
     def sequences(self) -> int:
@@ -54,12 +53,16 @@ class ChatPlan:
         return self.params.n
 
     @property
-    def with_tools(self) -> bool:
-        """Whether http/tools renders the conversation (tools given, or calls in it)."""
-        return bool(self.tools) or uses_tools(self.messages)
+    def constraint_param(self) -> str | None:
+        """The field the structured-output constraint came from (`response_format`, ...)."""
+        return self.conversation.constraint_param
 
 
-def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoiceValue]:
+def _tools(
+    request: ChatCompletionRequest, constrained: bool
+) -> tuple[list[FunctionTool], ToolChoiceValue]:
+    """The tools and the choice in force; `constrained`: the request asks for a
+    structured-output constraint, which a forced call cannot be combined with."""
     tools = [
         FunctionTool(t.function.name, t.function.description, t.function.parameters)
         for t in request.tools or ()
@@ -68,7 +71,7 @@ def _tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoi
     choice = NamedFunction(given.function.name) if isinstance(given, NamedToolChoice) else given
     choice = check_tools(tools, choice)
     forced = choice not in ("none", "auto")
-    if forced and constraint_of(request) is not None:
+    if forced and constrained:
         raise bad_request(
             "tool_choice: a forced call cannot be combined with a structured-output constraint "
             "(response_format, structured_outputs, guided_*)",
@@ -89,6 +92,7 @@ def plan_chat(
             "continue_final_message and add_generation_prompt cannot both be true",
             param="continue_final_message",
         )
+    check_template_kwargs(request.chat_template_kwargs)
     messages = chat_messages(request.messages)
     if request.continue_final_message and messages[-1]["role"] != "assistant":
         raise bad_request(
@@ -100,7 +104,7 @@ def plan_chat(
     if max_tokens is None:
         max_tokens_param, max_tokens = "max_tokens", request.max_tokens
     top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-    params = sampling_params(
+    params, constraint_param = sampling_params(
         request,
         limits,
         defaults,
@@ -112,16 +116,29 @@ def plan_chat(
     echo_text = None
     if request.echo and messages[-1]["role"] == "assistant":
         echo_text = messages[-1]["content"]
-    tools, tool_choice = _tools(request)
-    return ChatPlan(
+    tools, tool_choice = _tools(request, params.constraint is not None)
+    conversation = Conversation(
         messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=request.parallel_tool_calls,
+        constraint=params.constraint,
+        constraint_param=constraint_param,
+        template_kwargs=request.chat_template_kwargs,
+        thinking=effort_enables(request.reasoning_effort),
+        effort=request.reasoning_effort,
+        budget=request.thinking_token_budget,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        add_special_tokens=request.add_special_tokens,
+    )
+    return ChatPlan(
+        conversation,
         params,
         max_tokens_param,
         top_logprobs,
         prompt_logprobs=request.prompt_logprobs,
         echo_text=echo_text,
         truncation=truncation(request),
-        tools=tools,
-        tool_choice=tool_choice,
-        parallel_tool_calls=request.parallel_tool_calls,
+        include_reasoning=request.include_reasoning,
     )

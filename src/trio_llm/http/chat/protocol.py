@@ -70,6 +70,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     """Default: `auto` with tools, `none` without."""
     parallel_tool_calls: bool | None = None
     """False: at most one call per answer (default: as many as the model writes)."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """`none` turns a thinking model's thinking off, any other level on, where its template
+    has the switch (`enable_thinking`); a template that reads `reasoning_effort` gets it."""
+    thinking_token_budget: PositiveInt | None = None
+    """vLLM's: at most this many tokens of thinking, then the closing tag is forced."""
+    include_reasoning: bool = True
+    """vLLM's: false leaves the thinking out of the response (it is still split off)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +101,11 @@ class ChatMessageOut(Struct):
     refusal: None = None
     tool_calls: list[ToolCallOut] | UnsetType = UNSET
     """Present when the answer calls tools."""
+    reasoning_content: str | UnsetType | None = UNSET
+    """A thinking model's thinking (null: it did not think); present when the model's thinking
+    is split out (--reasoning-parser)."""
+    reasoning: str | UnsetType | None = UNSET
+    """The same, under vLLM's newer name."""
 
 
 class FunctionDeltaOut(Struct, omit_defaults=True):
@@ -129,8 +141,11 @@ class ChatCompletionResponse(Struct, kw_only=True):
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
+    service_tier: str | None = None
+    """OpenAI's (always null here), present as its SDK's model has it."""
     system_fingerprint: str | None = None
-    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
+    prompt_logprobs: PromptLogprobs | None = None
+    """vLLM's: always present (null unless asked for), as its clients read it."""
     prompt_token_ids: list[int] | UnsetType = UNSET
 
 
@@ -138,6 +153,8 @@ class ChatDelta(Struct):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
     tool_calls: list[ToolCallDeltaOut] | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
 
 
 class ChatChunkChoice(Struct, kw_only=True):

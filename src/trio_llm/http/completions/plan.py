@@ -43,6 +43,8 @@ class CompletionPlan:
     prompt_logprobs: int | None = None
     """vLLM's prompt_logprobs field; None: not returned."""
     truncation: Truncation | None = None
+    constraint_param: str | None = None
+    """The field the structured-output constraint came from (`response_format`, ...)."""
 
     @property
     def max_tokens_param(self) -> str:
@@ -65,7 +67,7 @@ def plan_completion(
     # Echoed logprobs need the prompt's, as many alternatives as the generated tokens get.
     wanted = [request.prompt_logprobs, request.logprobs if request.echo else None]
     scored = [k for k in wanted if k is not None]
-    params = sampling_params(
+    params, constraint_param = sampling_params(
         request,
         limits,
         defaults,
@@ -81,4 +83,5 @@ def plan_completion(
         request.echo,
         prompt_logprobs=request.prompt_logprobs,
         truncation=truncation(request),
+        constraint_param=constraint_param,
     )

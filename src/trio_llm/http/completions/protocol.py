@@ -29,7 +29,8 @@ class CompletionChoice(Struct, kw_only=True):
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None = None
-    prompt_logprobs: PromptLogprobs | UnsetType = UNSET
+    prompt_logprobs: PromptLogprobs | None = None
+    """vLLM's: always present (null unless asked for), as its clients read it."""
     prompt_token_ids: list[int] | UnsetType = UNSET
     token_ids: list[int] | UnsetType = UNSET
 

@@ -6,15 +6,19 @@ Invariant: nothing here touches Quart or the engine.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from trio_llm.http.conversation import ChatMessage
 from trio_llm.http.wire import Int32, PositiveInt, RequestId, TokenId
 
 
 class EmbeddingRequest(Struct, kw_only=True):
-    input: str | list[str | TokenId | list[TokenId]]
+    input: str | list[str | TokenId | list[TokenId]] | None = None
+    """The texts or token ids to embed; or, instead, `messages`."""
+    messages: list[ChatMessage] | None = None
+    """vLLM's: one conversation, rendered by the model's chat template and embedded whole."""
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: PositiveInt | None = None
@@ -22,7 +26,12 @@ class EmbeddingRequest(Struct, kw_only=True):
     # vLLM's extensions, same names and meaning.
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     """Cut longer inputs to this many tokens (-1: the model's length) instead of a 400."""
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
+    """Default: true for `input`, false for `messages` (the template writes them)."""
+    add_generation_prompt: bool = False
+    """With `messages`: end the rendering with the assistant's turn opened."""
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     priority: Int32 = 0
     request_id: RequestId | None = None
 

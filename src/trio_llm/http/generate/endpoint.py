@@ -1,24 +1,31 @@
-"""The request skeleton every endpoint shares, written once.
+"""The skeleton every generating endpoint shares, written once: `serve_generation`.
 
-An endpoint that generates is a `GenerationEndpoint`: it plans the request (its constructor),
-builds the prompts' token ids, and shapes the stream or the response. `serve_generation` does
-the rest, in this order: decode the body, check the model, plan, admit, route to the model's
-least-loaded engine, build the prompts, make the ids, generate, then stream or collect.
+An endpoint that generates is a `GenerationEndpoint`: its request type, its response id's
+prefix, and four steps, each a function of values that returns the value the next one reads
+(nothing is set on the side): `plan` (the decoded body -> a frozen plan, pure but for what the
+endpoint was given, such as the stored responses), `prepare` (the plan and the model's engine ->
+the prompts' token ids, the `SamplingParams` to generate with, and what the answer needs), then
+`stream` (the SSE chunks' builder) or `response` (the complete response from the outputs).
+`serve_generation` does the rest, in this order: decode the body, check the model, plan, check
+the plan's constraint with the grammar library, admit, prepare (any replica tokenizes: they
+share the tokenizer), route to the model's replica for that prompt (cache-aware), make the ids,
+generate, then stream or collect, and settle (an endpoint's optional last step, awaited before
+the response's last bytes go out: the Responses API stores the response there).
 Endpoints that do not generate (models, tokenization, embeddings) use the same pieces:
 `decode_body` and `json_response` (runtime/bodies.py), `AppState.admit` and `lease`.
 
 Invariants:
 - Nothing reaches the engine before every check has passed. A structured-output constraint is
-  validated with the grammar library (off the event loop) right after planning. Admission
-  counts the request before anything is tokenized. `generate()` checks a token-id prompt
-  before it returns (the client's `check_request`: does it fit the context, are its ids and
-  the params' in the vocabulary), and its errors, which name the client's fields (`prompt`,
-  `max_tokens`), are renamed to the request's own (`messages`, `prompt[1]`,
+  worked out once, by the plan, and validated with the grammar library (off the event loop)
+  right after planning; the tools' grammar, known once the model's template is, when it is
+  prepared. Admission counts the request before anything is tokenized. `generate()` checks a
+  token-id prompt before it returns (the client's `check_request`: does it fit the context,
+  are its ids and the params' in the vocabulary), and its errors, which name the client's
+  fields (`prompt`, `max_tokens`), are renamed to the request's own (`messages`, `prompt[1]`,
   `max_completion_tokens`); they then reach the client through `translate_error` like any
-  other. No generation is iterated until
-  every prompt of the request has been checked.
-- What a request holds (its admission ticket) is released when its ASGI call ends, however it
-  ends, even if the response body was never started.
+  other. No generation is iterated until every prompt of the request has been checked.
+- What a request holds (its admission ticket, its lease on a replica) is released when its
+  ASGI call ends, however it ends, even if the response body was never started.
 - A client that goes away cancels the request's task, and the cancellation unwinding through
   `generate()` is what aborts the request in the engine; nothing polls for disconnects, for
   streaming and non-streaming requests alike.
@@ -26,25 +33,24 @@ Invariants:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+import trio
 from msgspec import Struct
 from quart import Response
 
-from trio_llm.client.errors import InvalidPromptError
-from trio_llm.client.input_processor import InputProcessor
+from trio_llm.client.errors import InvalidPromptError, UnservableRequestError
+from trio_llm.client.input_processor import check_constraint as client_check_constraint
 from trio_llm.constraint import Constraint
-from trio_llm.http.choices import Shape
 from trio_llm.http.errors import bad_request
+from trio_llm.http.generate.protocol import RenderedPrompt
 from trio_llm.http.generate.streams import Builder, collect, sse_response
-from trio_llm.http.ids import engine_request_ids, new_response_id, now
-from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.ids import ResponseHead, engine_request_ids, new_response_id, now
+from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
+from trio_llm.http.runtime.middleware import header_request_id
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.structured import StructuredFields, constraint_of
 from trio_llm.outputs import RequestOutput
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 
@@ -52,29 +58,7 @@ if TYPE_CHECKING:
     from trio_llm.client import EngineClient, Lease
 
 # ---------------------------------------------------------------------------------------------
-# The constraint's check
-
-
-async def check_constraint(constraint: Constraint | None, param: str | None) -> None:
-    """A 400 naming `param` unless the grammar engine can enforce `constraint` (validated in a
-    worker thread the first time: a large schema takes a while)."""
-    if constraint is None:
-        return
-    try:
-        await InputProcessor.check_constraint(constraint)
-    except SamplingParamsError as error:
-        raise bad_request(f"Invalid {param}: {error}", param=param) from None
-
-
-async def check_request(request: StructuredFields) -> None:
-    """`check_constraint` for the constraint `request` asks for, if any."""
-    found = constraint_of(request)
-    if found is not None:
-        await check_constraint(*found)
-
-
-# ---------------------------------------------------------------------------------------------
-# The skeleton
+# What an endpoint gives the skeleton
 
 
 class Prompt(NamedTuple):
@@ -84,16 +68,6 @@ class Prompt(NamedTuple):
     the prompt name."""
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHead:
-    """What every response and chunk of one request repeats."""
-
-    response_id: str
-    model: str
-    created: int
-    system_fingerprint: str | None = None
-
-
 class GenerationRequest(Protocol):
     """The fields of a decoded body the skeleton reads."""
 
@@ -101,120 +75,221 @@ class GenerationRequest(Protocol):
     stream: bool
     request_id: str | None
     priority: int
-    return_token_ids: bool
-
-    @property
-    def include_usage(self) -> bool: ...
-    @property
-    def continuous_usage(self) -> bool: ...
 
 
 class GenerationPlan(Protocol):
-    """What the skeleton reads of an endpoint's plan (plans.py)."""
+    """What the skeleton reads of an endpoint's plan (its plan.py)."""
 
     @property
-    def params(self) -> SamplingParams: ...
+    def params(self) -> SamplingParams:
+        """With the request's structured-output constraint, if it asks for one."""
+        ...
+
+    @property
+    def constraint_param(self) -> str | None:
+        """The field the constraint came from, which its errors name."""
+        ...
+
     @property
     def max_tokens_param(self) -> str: ...
     @property
-    def sequences(self) -> int: ...
+    def sequences(self) -> int:
+        """What admission counts and the lease holds: every choice of every prompt."""
+        ...
+
+
+class Prepared(Protocol):
+    """What the skeleton reads of a prepared request."""
+
     @property
-    def prompt_logprobs(self) -> int | None: ...
+    def prompts(self) -> list[Prompt]:
+        """The token ids of each prompt, in order."""
+        ...
+
+    @property
+    def params(self) -> SamplingParams:
+        """What every prompt generates with: the plan's, with the tools' grammar when they
+        constrain the answer."""
+        ...
 
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
+PlanT = TypeVar("PlanT", bound=GenerationPlan)
+PreparedT = TypeVar("PreparedT", bound=Prepared)
 
 
-class GenerationEndpoint(ABC, Generic[RequestT]):
-    """One request to an endpoint that generates. A subclass names its request type and its
-    response id's prefix, plans in its constructor (setting `plan`), and fills the three steps
-    that differ between endpoints: the prompts, the stream, the response."""
+class GenerationEndpoint(Protocol[RequestT, PlanT, PreparedT]):
+    """One generating endpoint's own steps, which `serve_generation` calls in order."""
 
-    request_type: ClassVar[type[Any]]
-    """A msgspec Struct with the fields of `GenerationRequest`."""
-    id_prefix: ClassVar[str]
-    """Of the response id, with its separator: `chatcmpl-`, `cmpl-`, `resp_`."""
-    plan: GenerationPlan
+    @property
+    def request_type(self) -> type[RequestT]:
+        """A msgspec Struct with the fields of `GenerationRequest`."""
+        ...
 
-    def __init__(
-        self, request: RequestT, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> None:
-        """Plan `request` within `limits`, unset sampling fields taking `defaults`: a subclass
-        sets `plan`, or raises `ProtocolError`."""
-        self.request = request
+    @property
+    def id_prefix(self) -> str:
+        """Of the response id, with its separator: `chatcmpl-`, `cmpl-`, `resp_`."""
+        ...
 
-    def shape(self, head: ResponseHead, *, logprobs: int | None) -> Shape:
-        """What the responses and chunks carry beyond the text; `logprobs`: alternatives per
-        generated token (None: no logprobs)."""
-        req, plan = self.request, self.plan
-        return Shape(
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
-            system_fingerprint=head.system_fingerprint,
-            n=plan.params.n,
-            logprobs=logprobs,
-            prompt_logprobs=plan.prompt_logprobs,
-            return_token_ids=req.return_token_ids,
-            include_usage=req.include_usage,
-            continuous_usage=req.continuous_usage,
-        )
+    def plan(self, request: RequestT, limits: RequestLimits, defaults: SamplingDefaults) -> PlanT:
+        """`request` within `limits`, unset sampling fields taking `defaults`, or a
+        `ProtocolError`."""
+        ...
 
-    async def check(self) -> None:
-        """The checks that need the grammar library, off the event loop: a 400 unless the
-        engine can enforce the request's structured-output constraint."""
-        await check_request(self.request)
+    async def prepare(
+        self, request: RequestT, plan: PlanT, engine: EngineClient, model: ModelInfo
+    ) -> PreparedT:
+        """The prompts' token ids (one per prompt the plan holds) and what the answer needs."""
+        ...
 
-    @abstractmethod
-    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        """The token ids of each prompt, in order (one per prompt the plan holds)."""
-
-    @abstractmethod
-    def stream(self, head: ResponseHead) -> Builder:
+    def stream(self, request: RequestT, prepared: PreparedT, head: ResponseHead) -> Builder:
         """The builder of the SSE chunks, when the request streams."""
+        ...
 
-    @abstractmethod
-    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> Struct:
+    def response(
+        self,
+        request: RequestT,
+        prepared: PreparedT,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> Struct:
         """The complete response from each prompt's finished output, when it does not."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The constraint's check
+
+
+async def check_constraint(
+    constraint: Constraint | None, param: str | None, unproducible: frozenset[int] = frozenset()
+) -> None:
+    """A 400 naming `param` unless the grammar engine can enforce `constraint` for a model whose
+    vocabulary writes none of the bytes `unproducible` (a constraint may force one); validated
+    in a worker thread the first time: a large schema takes a while."""
+    if constraint is None:
+        return
+    try:
+        await client_check_constraint(constraint, unproducible)
+    except SamplingParamsError as error:
+        raise bad_request(f"Invalid {param}: {error}", param=param) from None
+
+
+async def check_plan(plan: GenerationPlan, model: ModelInfo) -> None:
+    """`check_constraint` for the constraint the plan carries, if any, for `model`."""
+    await check_constraint(plan.params.constraint, plan.constraint_param, model.unproducible_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The skeleton
 
 
 async def serve_generation(
-    endpoint_type: type[GenerationEndpoint[Any]], raw: bytes | None = None
+    endpoint: GenerationEndpoint[Any, Any, Any], raw: bytes | None = None
 ) -> Response:
     """The whole of a generating request, around the endpoint's own steps. `raw`: the body,
     when the caller has read it already."""
     state = current_state()
-    body = await decode_body(endpoint_type.request_type, raw)
-    _, card = state.model_for(body.model, task="generate")  # 404 or 400 before planning
-    endpoint = endpoint_type(body, state.config.limits, card.sampling_defaults)
-    req, plan = endpoint.request, endpoint.plan
-    await endpoint.check()
-    state.admit(plan.sequences)
-    lease, model = state.lease(body.model, sequences=plan.sequences)
-    prompts = await endpoint.prompts(lease.client, model)
-    plan = endpoint.plan  # building the prompts may have added a constraint (tools)
-    response_id = new_response_id(endpoint_type.id_prefix, req.request_id)
-    ids = engine_request_ids(response_id, len(prompts), req.request_id is not None)
+    if raw is None:
+        raw = await read_body()
+    request = await decode_body(endpoint.request_type, raw)
+    served, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
+    limits, defaults = state.config.limits, card.sampling_defaults
+    plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)
+    await check_plan(plan, card)
+    state.admit(served, plan.sequences)
+    prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
+    lease, model = state.lease(
+        request.model,
+        sequences=plan.sequences,
+        prompt=prepared.prompts[0].token_ids if prepared.prompts else (),
+        cache_salt=prepared.params.cache_salt,
+    )
+    given_id = request.request_id or header_request_id()
+    response_id = new_response_id(endpoint.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), given_id is not None)
     generations = [
-        _generate(lease, prompt, plan, engine_id, req.priority)
-        for prompt, engine_id in zip(prompts, ids, strict=True)
+        _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request)
+        for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
     ]
     head = ResponseHead(response_id, model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
-    if req.stream:
-        return sse_response(generations, endpoint.stream(head), metrics)
-    outputs = await collect(generations, metrics)
-    return json_response(endpoint.response(head, outputs))
+    settle = _settle_step(endpoint, prepared)
+    if request.stream:
+        builder = endpoint.stream(request, prepared, head)
+        return sse_response(generations, builder, metrics, settle)
+    try:
+        outputs = await collect(generations, metrics)
+    except UnservableRequestError as error:
+        if error.param == "constraint":  # the engine's name: the request's own, here
+            own = prepared.params.constraint is plan.params.constraint
+            error.param = plan.constraint_param if own else "tools"
+        raise
+    response = endpoint.response(request, prepared, head, outputs)
+    await settle()
+    return json_response(response)
+
+
+def _settle_step(endpoint: Any, prepared: Any) -> Callable[[], Awaitable[None]]:
+    """The endpoint's optional `settle(prepared)` step, or nothing to do."""
+    settle = getattr(endpoint, "settle", None)
+    if settle is None:
+        return trio.lowlevel.checkpoint
+    return lambda: settle(prepared)
 
 
 def _generate(
-    lease: Lease, prompt: Prompt, plan: GenerationPlan, request_id: str, priority: int
+    lease: Lease,
+    prompt: Prompt,
+    params: SamplingParams,
+    max_tokens_param: str,
+    request_id: str,
+    request: GenerationRequest,
 ) -> AsyncGenerator[RequestOutput, None]:
     try:
         return lease.generate(
-            prompt.token_ids, plan.params, request_id=request_id, priority=priority
+            prompt.token_ids, params, request_id=request_id, priority=request.priority
         )
     except (InvalidPromptError, SamplingParamsError) as error:
-        renames = {"prompt": prompt.param, "max_tokens": plan.max_tokens_param}
+        renames = {"prompt": prompt.param, "max_tokens": max_tokens_param}
         error.param = renames.get(error.param, error.param)
         raise
+
+
+_RENDERED_SAMPLING = ("n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")
+
+
+async def serve_render(
+    endpoint: GenerationEndpoint[Any, Any, Any], raw: bytes | None = None, *, one: bool
+) -> Response:
+    """A generating request rendered, not run: its prompts' token ids as the engine would get
+    them (chat template, tools and truncation applied), checked as the request would be, but
+    neither admitted nor generated. `one`: answer the first prompt as an object (chat), else
+    the list of every prompt's (completions, vLLM's shape)."""
+    state = current_state()
+    if raw is None:
+        raw = await read_body()
+    request = await decode_body(endpoint.request_type, raw)
+    served, card = state.model_for(request.model, task="generate")
+    limits, defaults = state.config.limits, card.sampling_defaults
+    plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)
+    await check_plan(plan, card)
+    prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
+    params = prepared.params
+    sampling = {name: getattr(params, name) for name in _RENDERED_SAMPLING}
+    given_id = request.request_id or header_request_id()
+    response_id = new_response_id(endpoint.id_prefix, given_id)
+    ids = engine_request_ids(response_id, len(prepared.prompts), False)
+    rendered = [
+        RenderedPrompt(
+            request_id=engine_id,
+            token_ids=prompt.token_ids,
+            model=card.name,
+            sampling_params=sampling,
+            stream=request.stream,
+            cache_salt=params.cache_salt,
+            priority=request.priority,
+        )
+        for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
+    ]
+    return json_response(rendered[0] if one else rendered)

@@ -16,7 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from types import TracebackType
 from typing import Any, Protocol
@@ -149,8 +149,17 @@ class _ContextBody(ResponseBody):
         return await self._context.__aexit__(exc_type, exc, tb)
 
 
+Settle = Callable[[], Awaitable[None]]
+"""What must be done after a request's last output and before its response ends (storing a
+response that a next request may continue)."""
+
+
+async def _nothing_to_settle() -> None:
+    await trio.lowlevel.checkpoint()
+
+
 async def _sse_events(
-    outputs: AsyncIterator[tuple[int, RequestOutput]], builder: Builder
+    outputs: AsyncIterator[tuple[int, RequestOutput]], builder: Builder, settle: Settle
 ) -> AsyncIterator[bytes]:
     try:
         for chunk in builder.begin():
@@ -158,7 +167,9 @@ async def _sse_events(
         async for index, output in outputs:
             for chunk in builder.feed(index, output):
                 yield sse_event(chunk)
-        for chunk in builder.end():
+        last = builder.end()
+        await settle()
+        for chunk in last:
             yield sse_event(chunk)
     except Exception as error:  # the 200 is out: the error becomes an event
         for chunk in builder.fail(translate_error(error)):
@@ -169,19 +180,25 @@ async def _sse_events(
 
 @asynccontextmanager
 async def _sse_stream(
-    generations: Generations, builder: Builder, metrics: ModelMetrics
+    generations: Generations, builder: Builder, metrics: ModelMetrics, settle: Settle
 ) -> AsyncIterator[AsyncIterator[bytes]]:
     async with (
         merged(generations, metrics) as outputs,
-        aclosing(_sse_events(outputs, builder)) as events,
+        aclosing(_sse_events(outputs, builder, settle)) as events,
     ):
         yield events
 
 
-def sse_response(generations: Generations, builder: Builder, metrics: ModelMetrics) -> Response:
-    """The generations as one SSE stream of `builder`'s chunks."""
+def sse_response(
+    generations: Generations,
+    builder: Builder,
+    metrics: ModelMetrics,
+    settle: Settle = _nothing_to_settle,
+) -> Response:
+    """The generations as one SSE stream of `builder`'s chunks; `settle` runs between the
+    builder's last chunks being made and their going out."""
     response = Response(
-        _ContextBody(_sse_stream(generations, builder, metrics)),
+        _ContextBody(_sse_stream(generations, builder, metrics, settle)),
         mimetype="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

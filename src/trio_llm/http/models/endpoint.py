@@ -22,7 +22,7 @@ from trio_llm.http.models.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import check_token_ids
 from trio_llm.http.tools import plan_tools
@@ -43,15 +43,16 @@ async def model_card(model_id: str) -> Response:
     return json_response(_card(current_state().card(model_id)))
 
 
-def _engine_for(model: str | None) -> tuple[EngineClient, ModelInfo]:
+def _engine(model: str | None) -> tuple[EngineClient, ModelInfo]:
     """Any model tokenizes, whatever endpoint it serves."""
     lease, info = current_state().lease(model, task=None)
     return lease.client, info
 
 
 async def tokenize() -> Response:
-    req = await decode_body(TokenizeRequest)
-    engine, model = _engine_for(req.model)
+    raw = await read_body()
+    req = await decode_body(TokenizeRequest, raw)
+    engine, model = _engine(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if req.prompt is not None:
@@ -60,7 +61,7 @@ async def tokenize() -> Response:
     else:
         assert req.messages is not None
         check_template_kwargs(req.chat_template_kwargs)
-        messages = chat_messages(req.messages)
+        messages = await by_body_size(len(raw), chat_messages, req.messages)
         if uses_tools(messages):  # written out as chat renders them
             parser = current_state().config.tool_call_parser
             messages = plan_tools(
@@ -74,12 +75,12 @@ async def tokenize() -> Response:
         )
     response = TokenizeResponse(len(ids), model.max_model_len, ids)
     if req.return_token_strs:
-        response.token_strs = await engine.token_strings(ids)
+        response.token_strs = await engine.vocab_tokens(ids)
     return json_response(response)
 
 
 async def detokenize() -> Response:
     req = await decode_body(DetokenizeRequest)
-    engine, model = _engine_for(req.model)
+    engine, model = _engine(req.model)
     check_token_ids(req.tokens, model.vocab_size, "tokens")
     return json_response(DetokenizeResponse(await engine.decode(req.tokens)))

@@ -4,11 +4,13 @@ Owns how a generation becomes what a client reads: the response echoing the requ
 parameters (`initial_response`), its status (`completed`; `incomplete` with
 `incomplete_details.reason` when max_output_tokens cut it; `failed` with its error), its
 output items and usage, and the event sequence of a stream: response.created,
-response.in_progress, then per message output_item.added, content_part.added,
-output_text.delta..., output_text.done, content_part.done, output_item.done, per function
-call (read by a tool parser, `ToolParser`) output_item.added,
-function_call_arguments.delta..., function_call_arguments.done, output_item.done, and
-response.completed / .incomplete / .failed, each with the next sequence_number.
+response.in_progress, then per reasoning item (a thinking model's thinking) output_item.added,
+content_part.added, reasoning_text.delta..., reasoning_text.done, content_part.done,
+output_item.done, per message the same with output_text, per function call
+output_item.added, function_call_arguments.delta..., function_call_arguments.done,
+output_item.done, and response.completed / .incomplete / .failed, each with the next
+sequence_number. One `AnswerReader` per response splits the text into thinking, message text
+and calls (shared with chat and the Messages API).
 
 Invariants: nothing here awaits anything or touches Quart, so a whole stream is tested with
 plain values. A finished response (completed or incomplete, never failed) is handed to
@@ -21,10 +23,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
+from trio_llm.http.answer import AnswerReader, Piece
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.logprobs import ChatTokenLogprob, chat_logprobs
 from trio_llm.http.responses.plan import ResponsesPlan
@@ -40,10 +43,14 @@ from trio_llm.http.responses.protocol import (
     OutputItemAdded,
     OutputItemDone,
     OutputMessage,
-    OutputText,
     OutputTextDelta,
     OutputTextDone,
+    OutputTextPart,
     OutputTokensDetails,
+    ReasoningOut,
+    ReasoningText,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     ResponseCompleted,
     ResponseCreated,
     ResponseError,
@@ -55,37 +62,15 @@ from trio_llm.http.responses.protocol import (
     ResponseUsage,
     TextConfig,
 )
+from trio_llm.http.tools import ToolCallDelta
 from trio_llm.outputs import CompletionOutput, RequestOutput
 
 OnFinished = Callable[[ResponseObject], None]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
-class ToolCallDelta(Protocol):
-    """A piece of a streamed call (http/tools' parser): the first has `id` and `name`."""
-
-    index: int
-    id: str | None
-    name: str | None
-    arguments: str
-
-
-class ToolCall(Protocol):
-    id: str
-    name: str
-    arguments: str
-
-
-class ToolParser(Protocol):
-    """What reads function calls out of a model's text (http/tools' `ToolCallParser`)."""
-
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]: ...
-    def end(self) -> tuple[str, list[ToolCallDelta]]: ...
-    def finish(self) -> tuple[str, list[ToolCall]]: ...
-
-
 def item_id(prefix: str) -> str:
-    """An output item's id: `msg_...`, `fc_...`."""
+    """An output item's id: `msg_...`, `fc_...`, `rs_...`."""
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
@@ -189,23 +174,24 @@ def complete_response(
     output: RequestOutput,
     on_finished: OnFinished,
     top_logprobs: int | None = None,
-    parser: ToolParser | None = None,
+    reader: AnswerReader | None = None,
 ) -> ResponseObject:
     """The response of a request that does not stream, from its finished output;
-    `top_logprobs`: alternatives per token in the text's logprobs (None: none); `parser`:
-    reads the function calls out of the text (None: the text is all message)."""
+    `top_logprobs`: alternatives per token in the text's logprobs (None: none); `reader`:
+    reads the thinking and the function calls out of the text (None: the text is all
+    message)."""
     tokens = _Tokens()
     tokens.add(output)
     [o] = output.outputs
-    content, calls = o.text, []
-    if parser is not None:
-        parser.feed(o.text)
-        parser.end()
-        content, calls = parser.finish()
+    reader = reader or AnswerReader()
+    reader.feed(o.text)
+    reasoning, content, calls = reader.finish()
     response = finished(base, tokens, [])
     items: list[OutputItem] = []
+    if reasoning:
+        items.append(_reasoning(reasoning, "completed"))
     if content or not calls:
-        part = OutputText(text=content, logprobs=_logprobs(o, top_logprobs))
+        part = OutputTextPart(text=content, logprobs=_logprobs(o, top_logprobs))
         items.append(OutputMessage(id=item_id("msg"), status="completed", content=[part]))
     items += [_function_call(c.id, c.name, c.arguments, "completed") for c in calls]
     items[-1].status = _last_item_status(response)
@@ -213,6 +199,11 @@ def complete_response(
     if response.status != "failed":
         on_finished(response)
     return response
+
+
+def _reasoning(text: str, status: ItemStatus, item: str | None = None) -> ReasoningOut:
+    content = [ReasoningText(text)] if text or item is not None else []
+    return ReasoningOut(id=item or item_id("rs"), status=status, content=content)
 
 
 @dataclass
@@ -228,8 +219,8 @@ class ResponsesStream:
     on_finished: OnFinished
     top_logprobs: int | None = None
     """Alternatives per token in the deltas' and the text's logprobs; None: none."""
-    parser: ToolParser | None = None
-    """Reads function calls out of the text; None: the text is all message."""
+    reader: AnswerReader = field(default_factory=AnswerReader)
+    """Reads the thinking and the function calls out of the text."""
     _sequence: int = field(default=0, init=False)
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
     _output: list[OutputItem] = field(default_factory=list, init=False)
@@ -262,8 +253,8 @@ class ResponsesStream:
         self._open = True
         self._text, self._logprobs = [], []
         events.append(self._event(OutputItemAdded, output_index=len(self._output) - 1, item=item))
-        if isinstance(item, OutputMessage):
-            part = OutputText(text="")
+        if isinstance(item, OutputMessage | ReasoningOut):
+            part = OutputTextPart(text="") if isinstance(item, OutputMessage) else ReasoningText("")
             events.append(
                 self._event(ContentPartAdded, **self._in_item(), content_index=0, part=part)
             )
@@ -273,8 +264,10 @@ class ResponsesStream:
         """The open item as it stands, with `status`."""
         item, text = self._output[-1], "".join(self._text)
         if isinstance(item, OutputMessage):
-            part = OutputText(text=text, logprobs=self._logprobs)
+            part = OutputTextPart(text=text, logprobs=self._logprobs)
             return OutputMessage(id=item.id, status=status, content=[part])
+        if isinstance(item, ReasoningOut):
+            return _reasoning(text, status, item.id)
         return FunctionCall(
             id=item.id, call_id=item.call_id, name=item.name, arguments=text, status=status
         )
@@ -291,6 +284,13 @@ class ResponsesStream:
                     OutputTextDone, **where, content_index=0, text=part.text, logprobs=part.logprobs
                 ),
                 self._event(ContentPartDone, **where, content_index=0, part=part),
+                self._event(OutputItemDone, output_index=where["output_index"], item=done),
+            ]
+        if isinstance(done, ReasoningOut):
+            [thought] = done.content
+            return [
+                self._event(ReasoningTextDone, **where, content_index=0, text=thought.text),
+                self._event(ContentPartDone, **where, content_index=0, part=thought),
                 self._event(OutputItemDone, output_index=where["output_index"], item=done),
             ]
         return [
@@ -311,6 +311,14 @@ class ResponsesStream:
         )
         return [*events, delta]
 
+    def _thought(self, text: str) -> list[Any]:
+        events = []
+        if not (self._open and isinstance(self._output[-1], ReasoningOut)):
+            events += self._start(_reasoning("", "in_progress"))
+        self._text.append(text)
+        delta = self._event(ReasoningTextDelta, **self._in_item(), content_index=0, delta=text)
+        return [*events, delta]
+
     def _call(self, delta: ToolCallDelta) -> list[Any]:
         events = []
         if delta.name is not None:  # a new call
@@ -322,18 +330,23 @@ class ResponsesStream:
             )
         return events
 
-    def _read(self, text: str, deltas: list[ToolCallDelta], logprobs: list[Any]) -> list[Any]:
-        """Events for what the output (or the parser) gave: message text, call deltas."""
+    def _read(self, piece: Piece, logprobs: list[Any]) -> list[Any]:
+        """Events for what the reader gave: thinking, message text, call deltas. A token's
+        logprobs go with the message text it ends up in (none with the thinking)."""
         events = []
-        if self.parser is None:
-            if text or logprobs:
-                events += self._content(text, logprobs)
+        if piece.reasoning:
+            events += self._thought(piece.reasoning)
+        if self.reader.plain:
+            if piece.content or logprobs:
+                events += self._content(piece.content, logprobs)
         else:
             self._pending += logprobs
-            if text:
-                events += self._content(text, self._pending)
+            if piece.content:
+                events += self._content(piece.content, self._pending)
                 self._pending = []
-        for delta in deltas:
+            elif piece.reasoning:
+                self._pending = []
+        for delta in piece.calls:
             events += self._call(delta)
         return events
 
@@ -341,16 +354,11 @@ class ResponsesStream:
         self._tokens.add(output)
         events = []
         for o in output.outputs:
-            text, deltas = o.text, []
-            if self.parser is not None:
-                text, deltas = self.parser.feed(o.text)
-            events += self._read(text, deltas, _logprobs(o, self.top_logprobs))
+            events += self._read(self.reader.feed(o.text), _logprobs(o, self.top_logprobs))
         return events
 
     def end(self) -> list[Any]:
-        events = []
-        if self.parser is not None:
-            events += self._read(*self.parser.end(), [])
+        events = self._read(self.reader.end(), [])
         response = finished(self.base, self._tokens, [])
         if not self._output:  # nothing at all: an empty message
             events += self._start(OutputMessage(id=item_id("msg"), status="in_progress"))

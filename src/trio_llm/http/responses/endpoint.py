@@ -3,128 +3,179 @@ chat path.
 
 A Responses request is a chat request in other clothes: its instructions, the history of its
 previous response and its input items become chat messages rendered with the model's chat
-template, and its sampling fields and text.format a `SamplingParams` (plan.py); its
-function tools go through http/tools as chat's do (rendered for the template, the calls'
-grammar added once the template is known: the prompts step, a parser reading the calls back
-into function_call items); the request skeleton (generate/endpoint.py) does the rest, disconnects
-included. What differs is the answer
-(build.py) and the memory: a finished response is stored (store.py) unless
-the request says `store: false`.
+template, and its sampling fields and text.format a `SamplingParams` (plan.py); the prepare
+step renders them as chat's does (generate/prompt.py: function tools through http/tools, the
+calls' grammar added once the template is known, the thinking switch and the
+think-then-constrain grammar through http/reasoning, a reader taking the thinking and the calls
+back out as reasoning and function_call items); the request skeleton (generate/endpoint.py)
+does the rest, disconnects included. What differs is the answer (build.py) and the memory: a
+finished response is stored (store.py) unless the request says `store: false`.
+
+The request's path, top to bottom: `plan_responses` (plan.py) -> the skeleton's constraint
+check -> `ResponsesEndpoint.prepare` (the previous response's history from the store, the
+conversation, then `render_conversation`: tools, thinking, template) -> routing ->
+`ResponsesStream` or `complete_response` (build.py), which hand the finished response to the
+request's outbox -> `settle`, which stores it (the store may be a Redis server: awaited, and
+before the last bytes go out).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-import msgspec
+import trio
 from quart import Response
 
-from trio_llm.http.generate.endpoint import (
-    GenerationEndpoint,
-    Prompt,
-    ResponseHead,
-    check_constraint,
-    serve_generation,
+from trio_llm.http.answer import AnswerReader
+from trio_llm.http.conversation import Conversation
+from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
+from trio_llm.http.generate.prompt import OutputFormats, render_conversation
+from trio_llm.http.ids import ResponseHead
+from trio_llm.http.reasoning import effort_enables
+from trio_llm.http.responses.build import (
+    OnFinished,
+    ResponsesStream,
+    complete_response,
+    initial_response,
 )
-from trio_llm.http.responses.build import ResponsesStream, complete_response, initial_response
 from trio_llm.http.responses.plan import ResponsesPlan, conversation_messages, plan_responses
-from trio_llm.http.responses.protocol import (
-    DeletedResponse,
-    InputItem,
-    ResponseObject,
-    ResponsesRequest,
-)
-from trio_llm.http.responses.store import StoredResponse
+from trio_llm.http.responses.protocol import DeletedResponse, ResponseObject, ResponsesRequest
+from trio_llm.http.responses.store import ResponseStore, StoredResponse
 from trio_llm.http.runtime.bodies import json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.tools import NamedFunction, ToolCallParser, plan_tools
 from trio_llm.outputs import RequestOutput
+from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from trio_llm.client import EngineClient
 
 
-class ResponsesEndpoint(GenerationEndpoint[ResponsesRequest]):
-    request_type = ResponsesRequest
-    id_prefix = "resp_"
+@dataclass(frozen=True, slots=True)
+class PreparedResponse:
     plan: ResponsesPlan
+    prompts: list[Prompt]
+    params: SamplingParams
+    """The plan's, with the constraint of the whole output: the tools' grammar when they
+    constrain the answer (a forced call's wins over text.format), after the thinking when the
+    model thinks."""
+    new_reader: Callable[[], AnswerReader]
+    """Reads the thinking and the function calls out of the answer."""
+    outbox: list[StoredResponse] = dataclasses.field(default_factory=list)
+    """The finished response to store, from the builder until `settle` stores it."""
 
-    def __init__(
+
+@dataclass(frozen=True, slots=True)
+class ResponsesEndpoint:
+    """The Responses endpoint's steps (`GenerationEndpoint`), over the server's stored
+    responses."""
+
+    store: ResponseStore
+    formats: OutputFormats
+    """--tool-call-parser and --reasoning-parser."""
+    request_type: ClassVar = ResponsesRequest
+    id_prefix: ClassVar = "resp_"
+
+    def plan(
         self, request: ResponsesRequest, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> None:
-        super().__init__(request, limits, defaults)
-        self.plan = plan_responses(request, limits, defaults)
-        self._store = current_state().responses
-        self._history: tuple[InputItem, ...] = ()
-        self._parser: ToolCallParser | None = None
-        """Reads the function calls out of the answer (set with the prompt)."""
+    ) -> ResponsesPlan:
+        return plan_responses(request, limits, defaults)
+
+    async def prepare(
+        self, request: ResponsesRequest, plan: ResponsesPlan, engine: EngineClient, model: ModelInfo
+    ) -> PreparedResponse:
         if request.previous_response_id is not None:
-            previous = self._store.get(request.previous_response_id, "previous_response_id")
-            self._history = previous.continued()
-
-    async def check(self) -> None:
-        await check_constraint(self.plan.params.constraint, self.plan.constraint_param)
-
-    async def prompts(self, engine: EngineClient, model: ModelInfo) -> list[Prompt]:
-        req, plan = self.request, self.plan
-        messages = conversation_messages(req.instructions, self._history, plan.items)
-        choice = plan.tool_choice
-        forced = choice == "required" or isinstance(choice, NamedFunction)
-        tools = plan_tools(
-            [t.as_tool() for t in plan.tools],
-            choice,
-            req.parallel_tool_calls,
-            messages,
-            chat_template=engine.chat_template,
-            parser=current_state().config.tool_call_parser,
-            constrain=forced or plan.params.constraint is None,
+            previous = await self.store.get(request.previous_response_id, "previous_response_id")
+            plan = dataclasses.replace(plan, history=previous.continued())
+        conversation = Conversation(
+            conversation_messages(request.instructions, plan.history, plan.items),
+            tools=[t.as_tool() for t in plan.tools],
+            tool_choice=plan.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            constraint=plan.params.constraint,
+            constraint_param=plan.constraint_param,
+            thinking=effort_enables(plan.effort),
+            effort=plan.effort,
         )
-        self._parser = tools.new_parser()
-        if tools.constraint is not None:  # the calls' grammar (a forced one wins text.format)
-            await check_constraint(tools.constraint, "tools")
-            params = msgspec.structs.replace(plan.params, constraint=tools.constraint)
-            self.plan = dataclasses.replace(plan, params=params)
-        token_ids = await engine.apply_chat_template(
-            tools.messages, chat_template_kwargs=tools.template_kwargs or None
-        )
-        return [Prompt(token_ids, "input")]
+        rendered = await render_conversation(engine, conversation, self.formats)
+        prompts = [Prompt(rendered.token_ids, "input")]
+        return PreparedResponse(plan, prompts, rendered.params(plan.params), rendered.new_reader)
 
-    def _base(self, head: ResponseHead) -> ResponseObject:
+    def _base(
+        self, request: ResponsesRequest, plan: ResponsesPlan, head: ResponseHead
+    ) -> ResponseObject:
         return initial_response(
-            self.request,
-            self.plan,
-            response_id=head.response_id,
-            model=head.model,
-            created=head.created,
+            request, plan, response_id=head.response_id, model=head.model, created=head.created
         )
 
-    def _finished(self, response: ResponseObject) -> None:
-        if self.request.store:
-            conversation = (*self._history, *self.plan.items)
-            self._store.put(StoredResponse(response, conversation))
+    def _on_finished(self, request: ResponsesRequest, prepared: PreparedResponse) -> OnFinished:
+        """What keeps a finished response: the request's outbox, for `settle` to store, unless
+        the request says `store: false`."""
+        plan = prepared.plan
 
-    def stream(self, head: ResponseHead) -> ResponsesStream:
+        def store(response: ResponseObject) -> None:
+            if request.store:
+                prepared.outbox.append(StoredResponse(response, (*plan.history, *plan.items)))
+
+        return store
+
+    async def settle(self, prepared: PreparedResponse) -> None:
+        """Store the finished response (the skeleton awaits this before the last bytes)."""
+        await trio.lowlevel.checkpoint()
+        while prepared.outbox:
+            await self.store.put(prepared.outbox.pop())
+
+    def stream(
+        self, request: ResponsesRequest, prepared: PreparedResponse, head: ResponseHead
+    ) -> ResponsesStream:
+        plan = prepared.plan
         return ResponsesStream(
-            self._base(head), self._finished, self.plan.top_logprobs, self._parser
+            self._base(request, plan, head),
+            self._on_finished(request, prepared),
+            plan.top_logprobs,
+            prepared.new_reader(),
         )
 
-    def response(self, head: ResponseHead, outputs: list[RequestOutput]) -> ResponseObject:
+    def response(
+        self,
+        request: ResponsesRequest,
+        prepared: PreparedResponse,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> ResponseObject:
         [output] = outputs
+        plan = prepared.plan
         return complete_response(
-            self._base(head), output, self._finished, self.plan.top_logprobs, self._parser
+            self._base(request, plan, head),
+            output,
+            self._on_finished(request, prepared),
+            plan.top_logprobs,
+            prepared.new_reader(),
         )
 
 
-async def create_response() -> Response:
-    return await serve_generation(ResponsesEndpoint)
+async def create_response(raw: bytes | None = None) -> Response:
+    state = current_state()
+    endpoint = ResponsesEndpoint(state.responses, OutputFormats.of(state.config))
+    return await serve_generation(endpoint, raw)
+
+
+async def render_response(raw: bytes | None = None) -> Response:
+    """POST /v1/responses/render (vLLM's): the conversation's token ids, not generated; what
+    a cache-aware router asks before it routes a Responses request."""
+    state = current_state()
+    endpoint = ResponsesEndpoint(state.responses, OutputFormats.of(state.config))
+    return await serve_render(endpoint, raw, one=True)
 
 
 async def retrieve_response(response_id: str) -> Response:
-    return json_response(current_state().responses.get(response_id).response)
+    stored = await current_state().responses.get(response_id)
+    return json_response(stored.response)
 
 
 async def delete_response(response_id: str) -> Response:
-    current_state().responses.delete(response_id)
+    await current_state().responses.delete(response_id)
     return json_response(DeletedResponse(response_id))

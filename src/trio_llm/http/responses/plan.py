@@ -6,10 +6,10 @@ previous response) as chat messages (function calls as an assistant's tool_calls
 outputs as tool messages), the function tools and tool_choice (checked by http/tools, which
 renders and constrains them once the model's template is known), `max_output_tokens`, the
 sampling fields with the model's defaults, `text.format` as a structured-output constraint
-(http/structured.py validates it), and the refusals of what this server does not build
-(background responses, stored prompts, conversations, reasoning effort). Invariant: every way
-a request can be wrong ends in a `ProtocolError` naming the parameter, and nothing here
-touches Quart or the engine.
+(http/structured.py validates it), `reasoning.effort` as the template's thinking switch
+(http/reasoning), and the refusals of what this server does not build (background responses,
+stored prompts, conversations). Invariant: every way a request can be wrong ends in a
+`ProtocolError` naming the parameter, and nothing here touches Quart or the engine.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.responses.protocol import (
     FunctionCallItem,
-    FunctionTool,
+    FunctionCallOutputItem,
     InputItem,
     MessageItem,
+    ResponsesFunctionTool,
     ResponsesRequest,
     TextConfig,
     function_tools,
     input_items,
 )
-from trio_llm.http.sampling import RequestLimits, SamplingDefaults
-from trio_llm.http.structured import validated
+from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults
+from trio_llm.http.structured import schema_constraint, validated
 from trio_llm.http.tools import NamedFunction, ToolChoiceValue, check_tools
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
@@ -39,31 +40,28 @@ _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass(frozen=True, slots=True)
-class ResponsesPlan:
+class ResponsesPlan(OneSequence):
     """A validated Responses request."""
 
     items: list[InputItem]
     """This request's input, as items (a string input is one user message)."""
     params: SamplingParams
-    tools: list[FunctionTool]
+    tools: list[ResponsesFunctionTool]
     tool_choice: ToolChoiceValue | None = None
     """As http/tools takes it; None: OpenAI's default (auto with tools)."""
     top_logprobs: int | None = None
     """Alternatives per output token; None: no logprobs in the response."""
     constraint_param: str | None = None
     """The field the constraint came from (`text.format.schema`), which its errors name."""
+    effort: str | None = None
+    """`reasoning.effort`: `none` turns thinking off where the template can, a level on."""
+    history: tuple[InputItem, ...] = ()
+    """What `previous_response_id` continues: the stored response's conversation and output
+    (the endpoint looks it up in the store once the request is planned)."""
 
     @property
     def max_tokens_param(self) -> str:
         return "max_output_tokens"
-
-    @property
-    def sequences(self) -> int:
-        return 1
-
-    @property
-    def prompt_logprobs(self) -> int | None:
-        return None
 
 
 def _refuse_unbuilt(request: ResponsesRequest) -> None:
@@ -73,8 +71,6 @@ def _refuse_unbuilt(request: ResponsesRequest) -> None:
         raise not_supported("conversation", "The Conversations API")
     if request.prompt is not None:
         raise not_supported("prompt", "Stored prompt templates")
-    if request.reasoning is not None and request.reasoning.effort not in (None, "none"):
-        raise not_supported("reasoning.effort", "Reasoning")
 
 
 def text_constraint(text: TextConfig | None) -> tuple[Constraint, str] | None:
@@ -92,10 +88,12 @@ def text_constraint(text: TextConfig | None) -> tuple[Constraint, str] | None:
         raise bad_request(
             "text.format.schema is required when its type is json_schema", "text.format.schema"
         )
-    return validated(Constraint.json_schema(format.schema), "text.format.schema")
+    return schema_constraint(format.schema, "text.format.schema")
 
 
-def tool_choice(choice: str | dict[str, Any], given: list[FunctionTool]) -> ToolChoiceValue | None:
+def tool_choice(
+    choice: str | dict[str, Any], given: list[ResponsesFunctionTool]
+) -> ToolChoiceValue | None:
     """`tool_choice` as http/tools takes it (None: OpenAI's default), checked against the
     tools (`check_tools`: a 400 for `required` without tools, a name not among them)."""
     value: ToolChoiceValue | None
@@ -131,16 +129,15 @@ def plan_responses(
     if _LOGPROBS_INCLUDE in (request.include or ()):
         top_logprobs = request.top_logprobs or 0
 
-    def given(value: float | None, default: float) -> float:
-        return default if value is None else value
-
     params = SamplingParams(
         max_tokens=request.max_output_tokens,
-        temperature=given(request.temperature, defaults.temperature),
-        top_p=given(request.top_p, defaults.top_p),
-        top_k=defaults.top_k if request.top_k is None else request.top_k,
-        min_p=given(request.min_p, defaults.min_p),
-        repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
+        **defaults.fill(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+        ),
         seed=request.seed,
         logprobs=top_logprobs,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
@@ -158,6 +155,7 @@ def plan_responses(
         tool_choice=choice,
         top_logprobs=top_logprobs,
         constraint_param=None if constraint is None else constraint[1],
+        effort=None if request.reasoning is None else request.reasoning.effort,
     )
 
 
@@ -168,7 +166,7 @@ def conversation_messages(
     for the template): the instructions as a system message, then the history (a previous
     response's input and output) and this request's items, in order. Function calls join the
     assistant message before them (one turn: its text, then its calls); a call's output is a
-    `tool` message."""
+    `tool` message; earlier thinking is left out, as chat templates leave it."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
@@ -185,6 +183,6 @@ def conversation_messages(
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": None})
             messages[-1].setdefault("tool_calls", []).append(call)
-        else:
+        elif isinstance(item, FunctionCallOutputItem):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text})
     return messages

@@ -8,6 +8,10 @@ read item by item (`input_items`, `function_tools`): a message item may leave ou
 which a tagged union cannot, and an item or tool this server cannot use gets a 400 naming
 where it is and what it is, never a generic decode error. Invariant: nothing here touches
 Quart or the engine; every malformed item ends in a `ProtocolError` naming its parameter.
+
+Why over 400 lines: it is the whole wire format of one API (request, items, response object,
+stream events), each a short Struct in OpenAI's shape; split, one shape would be read across
+files.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import msgspec
 from msgspec import Struct
 
 from trio_llm.http import tools
+from trio_llm.http.conversation import RefusalPart
 from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.logprobs import ChatTokenLogprob
 from trio_llm.http.wire import FunctionName, Int32, Int64, PositiveInt, RequestId, TopLogprobs
@@ -95,33 +100,16 @@ class ResponsesRequest(Struct, kw_only=True):
     priority: Int32 = 0
     request_id: RequestId | None = None
 
-    # What the request skeleton reads (GenerationRequest) and this API has not.
-    @property
-    def return_token_ids(self) -> bool:
-        return False
 
-    @property
-    def include_usage(self) -> bool:
-        return False
-
-    @property
-    def continuous_usage(self) -> bool:
-        return False
-
-
-class InputText(Struct, tag="input_text", tag_field="type"):
+class InputTextPart(Struct, tag="input_text", tag_field="type"):
     text: str
 
 
-class OutputText(Struct, tag="output_text", tag_field="type", kw_only=True):
+class OutputTextPart(Struct, tag="output_text", tag_field="type", kw_only=True):
     text: str
     annotations: list[dict[str, Any]] = msgspec.field(default_factory=list)
     logprobs: list[ChatTokenLogprob] = msgspec.field(default_factory=list)
     """Chat's shape: token, logprob, bytes, top_logprobs."""
-
-
-class Refusal(Struct, tag="refusal", tag_field="type"):
-    refusal: str
 
 
 class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
@@ -129,7 +117,7 @@ class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
     response."""
 
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText | OutputText | Refusal]
+    content: str | list[InputTextPart | OutputTextPart | RefusalPart]
     id: str | None = None
     status: str | None = None
 
@@ -137,7 +125,7 @@ class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(p.refusal if isinstance(p, Refusal) else p.text for p in self.content)
+        return "\n".join(p.refusal if isinstance(p, RefusalPart) else p.text for p in self.content)
 
 
 class FunctionCallItem(Struct, tag="function_call", tag_field="type", kw_only=True):
@@ -154,7 +142,7 @@ class FunctionCallOutputItem(Struct, tag="function_call_output", tag_field="type
     """What the caller's function returned for `call_id`."""
 
     call_id: str
-    output: str | list[InputText]
+    output: str | list[InputTextPart]
     id: str | None = None
     status: str | None = None
 
@@ -165,12 +153,24 @@ class FunctionCallOutputItem(Struct, tag="function_call_output", tag_field="type
         return "\n".join(p.text for p in self.output)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+class ReasoningItem(Struct, tag="reasoning", tag_field="type", kw_only=True):
+    """An earlier response's thinking, sent back (as the Agents SDK does): accepted and not
+    shown to the model again, as chat templates drop earlier turns' thinking."""
+
+    id: str | None = None
+    summary: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 _ITEM_TYPES: dict[str, type[InputItem]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
 }
 _PART_TYPES = ("input_text", "output_text", "refusal")
 
@@ -211,7 +211,7 @@ def input_items(given: str | list[dict[str, Any]], param: str = "input") -> list
     return items
 
 
-class FunctionTool(Struct, tag="function", tag_field="type", kw_only=True):
+class ResponsesFunctionTool(Struct, tag="function", tag_field="type", kw_only=True):
     """A function tool in the flat Responses shape (chat nests these under `function`)."""
 
     name: FunctionName
@@ -225,7 +225,7 @@ class FunctionTool(Struct, tag="function", tag_field="type", kw_only=True):
         return tools.FunctionTool(self.name, self.description, self.parameters)
 
 
-def function_tools(given: list[dict[str, Any]] | None) -> list[FunctionTool]:
+def function_tools(given: list[dict[str, Any]] | None) -> list[ResponsesFunctionTool]:
     """The request's tools: function tools only (web search, file search, computer use,
     image generation, MCP, ... are a 400 naming the tool)."""
     found = []
@@ -234,7 +234,7 @@ def function_tools(given: list[dict[str, Any]] | None) -> list[FunctionTool]:
         kind = raw.get("type")
         if kind != "function":
             raise not_supported(f"{where}.type", f"The tool type {kind!r}")
-        found.append(_convert(raw, FunctionTool, where))
+        found.append(_convert(raw, ResponsesFunctionTool, where))
     return found
 
 
@@ -242,11 +242,26 @@ def function_tools(given: list[dict[str, Any]] | None) -> list[FunctionTool]:
 # Response
 
 
+class ReasoningText(Struct, tag="reasoning_text", tag_field="type"):
+    text: str
+
+
+class ReasoningOut(Struct, tag="reasoning", tag_field="type", kw_only=True):
+    """A thinking model's thinking (split out by --reasoning-parser), as its own item before
+    the message."""
+
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    summary: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] = msgspec.field(default_factory=list)
+    encrypted_content: None = None
+
+
 class OutputMessage(Struct, tag="message", tag_field="type", kw_only=True):
     id: str
     status: Literal["in_progress", "completed", "incomplete"]
     role: str = "assistant"
-    content: list[OutputText] = msgspec.field(default_factory=list)
+    content: list[OutputTextPart] = msgspec.field(default_factory=list)
 
 
 class FunctionCall(Struct, tag="function_call", tag_field="type", kw_only=True):
@@ -257,7 +272,7 @@ class FunctionCall(Struct, tag="function_call", tag_field="type", kw_only=True):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-OutputItem = OutputMessage | FunctionCall
+OutputItem = OutputMessage | FunctionCall | ReasoningOut
 
 
 class InputTokensDetails(Struct):
@@ -310,7 +325,7 @@ class ResponseObject(Struct, kw_only=True):
     temperature: float | None = None
     text: TextConfig = msgspec.field(default_factory=TextConfig)
     tool_choice: str | dict[str, Any] = "auto"
-    tools: list[FunctionTool] = msgspec.field(default_factory=list)
+    tools: list[ResponsesFunctionTool] = msgspec.field(default_factory=list)
     top_logprobs: int | None = None
     top_p: float | None = None
     truncation: str = "disabled"
@@ -386,11 +401,11 @@ class _InPart(_InItem):
 
 
 class ContentPartAdded(_InPart, tag="response.content_part.added"):
-    part: OutputText
+    part: OutputTextPart | ReasoningText
 
 
 class ContentPartDone(_InPart, tag="response.content_part.done"):
-    part: OutputText
+    part: OutputTextPart | ReasoningText
 
 
 class OutputTextDelta(_InPart, tag="response.output_text.delta"):
@@ -401,6 +416,14 @@ class OutputTextDelta(_InPart, tag="response.output_text.delta"):
 class OutputTextDone(_InPart, tag="response.output_text.done"):
     text: str
     logprobs: list[ChatTokenLogprob] = msgspec.field(default_factory=list)
+
+
+class ReasoningTextDelta(_InPart, tag="response.reasoning_text.delta"):
+    delta: str
+
+
+class ReasoningTextDone(_InPart, tag="response.reasoning_text.done"):
+    text: str
 
 
 class FunctionCallArgumentsDelta(_InItem, tag="response.function_call_arguments.delta"):
@@ -424,6 +447,8 @@ ResponseEvent = (
     | ContentPartDone
     | OutputTextDelta
     | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
 )
@@ -436,7 +461,8 @@ WIRE_TYPES: tuple[type[Struct], ...] = (
     MessageItem,
     FunctionCallItem,
     FunctionCallOutputItem,
-    FunctionTool,
+    ReasoningItem,
+    ResponsesFunctionTool,
     *ResponseEvent.__args__,  # type: ignore[attr-defined]
 )
 """What /openapi.json shows: the request, the response, the items, the tools and the events."""

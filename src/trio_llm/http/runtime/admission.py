@@ -1,6 +1,8 @@
 """Admission control: how many sequences may be in the server at once before new work gets 503.
 
-The capacity is --max-num-seqs (running) plus --max-queued-requests (waiting). Counting happens
+One admission per served model. Its capacity is, per live replica, --max-num-seqs (running)
+plus --max-queued-requests (waiting, by default as many), so it shrinks while a replica is
+down and one model's overload never refuses another's requests. Counting happens
 at the HTTP edge, before any tokenizing, so a refused request costs almost nothing and memory
 stays bounded under overload. Invariant: every admitted ticket is released exactly once, when
 its request's ASGI call ends (however it ends), so the count never leaks.
@@ -38,7 +40,8 @@ class Ticket:
 
 class Admission:
     def __init__(self, capacity: int | None, *, retry_after_s: int = 1) -> None:
-        self._capacity = capacity
+        self.capacity = capacity
+        """None: no limit. The app sets it before each admission (it follows live replicas)."""
         self._retry_after = str(retry_after_s)
         self._admitted = 0
         self._rejected = 0
@@ -47,14 +50,14 @@ class Admission:
         """Admit `sequences` or raise a 503. A request bigger than the whole capacity is still
         admitted when nothing else is in, so no valid request is refused forever."""
         if (
-            self._capacity is not None
-            and self._admitted + sequences > self._capacity
+            self.capacity is not None
+            and self._admitted + sequences > self.capacity
             and self._admitted > 0
         ):
             self._rejected += 1
             raise ProtocolError(
                 503,
-                f"The server is at capacity ({self._capacity} sequences running or queued); "
+                f"The model is at capacity ({self.capacity} sequences running or queued); "
                 "retry later",
                 code="server_overloaded",
                 headers={"Retry-After": self._retry_after},
@@ -63,4 +66,4 @@ class Admission:
         return Ticket(self, sequences)
 
     def statistics(self) -> AdmissionStatistics:
-        return AdmissionStatistics(self._admitted, self._capacity, self._rejected)
+        return AdmissionStatistics(self._admitted, self.capacity, self._rejected)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from functools import partial
 
@@ -19,8 +20,9 @@ from quart_trio import QuartTrio
 
 from trio_llm.client.errors import start_error_in
 from trio_llm.client.router import replica_label
+from trio_llm.config import EngineArgs
 from trio_llm.http import hypercorn_fixes
-from trio_llm.http.model_specs import ModelSpec
+from trio_llm.http.model_specs import engine_args
 from trio_llm.http.runtime.state import AppState
 from trio_llm.http.runtime.supervisor import EngineGaveUpError, supervise_engine
 
@@ -54,12 +56,21 @@ def fix_hypercorn_when_serving(app: QuartTrio) -> None:
         hypercorn_fixes.apply()
 
 
+def freeze_the_heap() -> None:
+    """Leave what start-up built (modules, tokenizers: some 300,000 objects) out of the
+    garbage collector's full passes: one of those, which any allocation may trigger, held the
+    event loop for 0.4 s, stalling every stream; after this it visits what requests create."""
+    gc.collect()
+    gc.freeze()
+
+
 def own_engines(app: QuartTrio, state: AppState) -> None:
     """Run one supervisor per engine (each model's each replica) for as long as `app` serves.
 
     All engines start at once, each logging its progress; the app takes requests once every
     one is up, and one that fails to start fails the start with its own error (the others are
-    stopped). A replica that dies restarts alone; one that gives up ends the server."""
+    stopped). A replica that dies restarts alone; one that gives up is retired, and the server
+    ends only when a model has no replica left."""
     config = state.config
     scopes: list[trio.CancelScope] = []
     done = trio.Event()
@@ -70,7 +81,7 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
             scope.cancel()
 
     async def run_supervisor(
-        group: int, index: int, spec: ModelSpec, task_status: trio.TaskStatus[None]
+        group: int, index: int, args: EngineArgs, task_status: trio.TaskStatus[None]
     ) -> None:
         nonlocal running
         running += 1
@@ -79,16 +90,16 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
         try:
             with scope:
                 await supervise_engine(
-                    spec.args,
+                    args,
                     partial(state.attach, group, index),
                     restart=config.restart_engine,
                     max_restarts_per_minute=config.max_restarts_per_minute,
-                    label=replica_label(spec.args, index),
+                    label=replica_label(args, index),
                     task_status=task_status,
                 )
         except EngineGaveUpError as error:
-            log.critical("%s", error)
-            state.engine_failed.set()
+            log.critical("%s; replica out of rotation", error)
+            state.retire(group, index)
         finally:
             running -= 1
             if not running:
@@ -98,17 +109,23 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
     async def start_engines() -> None:
         try:
             async with trio.open_nursery() as starters:
-                for group, spec in enumerate(config.model_specs):
-                    for index in range(spec.replicas):
-                        starters.start_soon(
-                            partial(app.nursery.start, run_supervisor, group, index, spec)
-                        )
+                engines = [
+                    (group, index, spec)
+                    for group, spec in enumerate(config.model_specs)
+                    for index in range(spec.replicas)
+                ]
+                for engine_index, (group, index, spec) in enumerate(engines):
+                    args = engine_args(spec, index, engine_index)
+                    starters.start_soon(
+                        partial(app.nursery.start, run_supervisor, group, index, args)
+                    )
         except BaseExceptionGroup as group:
             cancel_all()
             error = start_error_in(group)
             if error is None:
                 raise
             raise error from None
+        freeze_the_heap()
 
     @app.after_serving
     async def stop_engines() -> None:

@@ -52,6 +52,7 @@ _ENGINE_GAUGES = (
     ("kv_cache_usage_perc", "Fraction of KV cache blocks in use", "kv_usage"),
     ("kv_cache_free_blocks", "KV cache blocks free", "num_free_blocks"),
     ("kv_cache_total_blocks", "KV cache blocks in all", "num_total_blocks"),
+    ("num_steps", "Engine steps run (a speech engine's: 30-second windows)", "num_steps"),
 )
 
 
@@ -258,6 +259,12 @@ class Metrics:
         self.embedding_inputs = Counter(
             "trio_llm_embedding_inputs",
             "Inputs embedded (each counts its tokens as prompt tokens)",
+            registry=r,
+        )
+        self.audio_seconds = Counter(
+            "trio_llm_audio_seconds",
+            "Seconds of audio sent for transcription or translation",
+            ["model"],
             registry=r,
         )
         # Counted per model (ModelMetrics), exposed through _PerModel, not registered alone.

@@ -1,5 +1,5 @@
-"""What runs around every route: the per-request cleanup stack, CORS, the API key, and the
-request counter.
+"""What runs around every route: the per-request cleanup stack, CORS, the API key, the
+request counter, and the `X-Request-Id` echo.
 
 Invariants:
 - A request's cleanups (`on_request_end`) run when its ASGI call ends, which is the only point
@@ -9,13 +9,19 @@ Invariants:
   needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's
   static files never do (a browser cannot send the key when it opens a page; the page sends it
   on its API calls).
+- The key is read from `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>`
+  (Anthropic's), whichever the client sends.
 - CORS, when origins are configured, allows any header a preflight asks for: the openai-node
   SDK sends its own (`X-Stainless-*`), and the API key decides who may call, not CORS.
+- A request's `X-Request-Id` (a router's or a proxy's id) is echoed on its response and, when
+  it is a valid id and the body names none, becomes the response's id (`header_request_id`),
+  so one id follows the request through the router's logs and this server's.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -29,6 +35,8 @@ from trio_llm.http.runtime.metrics import Metrics
 
 _CLEANUP = "trio_llm.cleanup"
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
+REQUEST_ID_HEADER = "X-Request-Id"
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class _CleanupMiddleware:
@@ -49,6 +57,15 @@ class _CleanupMiddleware:
 def on_request_end(callback: Callable[[], object]) -> None:
     """Call `callback` when the current request's ASGI call ends, however it ends."""
     request.scope[_CLEANUP].callback(callback)
+
+
+def header_request_id() -> str | None:
+    """The current request's `X-Request-Id`, if it is usable as an id (what `request_id`
+    accepts in a body); None otherwise."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is None or not _VALID_REQUEST_ID.match(given):
+        return None
+    return given
 
 
 def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -> QuartTrio:
@@ -77,12 +94,14 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
         if path == "/" or path.startswith("/ui/"):
             return
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        given = token.strip().encode("latin-1")
+        given = [token.strip()] if scheme.lower() == "bearer" else []
+        given += request.headers.getlist("x-api-key")
         # compare_digest runs in time independent of where the strings differ.
-        if not (scheme.lower() == "bearer" and hmac.compare_digest(given, key)):
+        if not any(hmac.compare_digest(g.strip().encode("latin-1"), key) for g in given):
             raise ProtocolError(
                 401,
-                "Missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                "Missing or incorrect API key: send it as `Authorization: Bearer <key>` "
+                "or `x-api-key: <key>`",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -93,6 +112,9 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
         metrics.http_requests.labels(
             request.method, rule.rule if rule is not None else "unmatched", response.status_code
         ).inc()
+        given = request.headers.get(REQUEST_ID_HEADER)
+        if given is not None and REQUEST_ID_HEADER not in response.headers:
+            response.headers[REQUEST_ID_HEADER] = given
         return response
 
     return app

@@ -4,9 +4,16 @@ serves, behind one `Router` (client/router.py): each model, each with its replic
 Invariants:
 - A handler gets its engine only from `lease`, which routes by the request's `model`
   (404 naming the served models when none has that name, 400 naming which models serve which
-  endpoint when the model does not serve this one) to the least-loaded live replica (503,
-  `engine_unavailable`, while none is up), and holds that replica for the request's
-  sequences until the request ends, so the next request sees the load.
+  endpoint when the model does not serve this one) to a live replica (503,
+  `engine_unavailable`, while none is up): the one holding the longest cached prefix of the
+  request's prompt unless load says otherwise, else the least loaded (client/prefix_index.py),
+  and holds that replica for the request's sequences until the request ends, so the next
+  request sees the load.
+- Admission is per model: a model admits `replica_capacity` sequences per live replica
+  (ServerConfig), so one model's overload never refuses another's requests, and a model that
+  lost a replica admits less.
+- A replica whose supervisor gave up is retired (out of rotation, /health degraded); the server
+  stops only when every replica of some model is retired.
 - A model's card outlives its engines (a replica's slot is emptied while it restarts), so
   /v1/models still answers while a dead engine restarts.
 """
@@ -14,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +30,7 @@ import trio
 from quart import current_app
 
 from trio_llm import __version__
+from trio_llm.client.prefix_index import PrefixPolicy
 from trio_llm.client.router import (
     Lease,
     ModelNotServedError,
@@ -33,12 +42,13 @@ from trio_llm.client.router import (
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.ids import now, system_fingerprint
-from trio_llm.http.responses.store import ResponseStore
+from trio_llm.http.responses.store import ResponseStore, open_response_store
 from trio_llm.http.runtime.admission import Admission
 from trio_llm.http.runtime.metrics import Metrics
 from trio_llm.http.runtime.middleware import on_request_end
 from trio_llm.http.sampling import SamplingDefaults
 from trio_llm.model_files import read_generation_config
+from trio_llm.tasks import TASK_WORDS, USE_WORDS, serves
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -49,10 +59,16 @@ log = logging.getLogger(__name__)
 
 _EXTENSION = "trio_llm"
 
-TASK_ENDPOINTS = {
+USE_ENDPOINTS = {
     "generate": "/v1/chat/completions, /v1/completions and /v1/responses",
     "embed": "/v1/embeddings",
+    "score": "/score and /rerank",
+    "classify": "/classify",
+    "pooling": "/pooling",
+    "transcribe": "/v1/audio/transcriptions and /v1/audio/translations",
 }
+"""Where each use of a model (`trio_llm.tasks`) is served, for the 400 of a model that does
+not serve the endpoint asked."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +83,8 @@ class ModelInfo:
     """What requests that leave sampling fields unset get (`--generation-config`)."""
     fingerprint: str | None = None
     """`system_fingerprint` of every response."""
+    unproducible_bytes: frozenset[int] = frozenset()
+    """The bytes no token of the model writes: a constraint that forces one is refused."""
 
 
 @dataclass
@@ -76,7 +94,8 @@ class AppState:
     config: ServerConfig
     router: Router = field(init=False)
     metrics: Metrics = field(init=False)
-    admission: Admission = field(init=False)
+    admissions: list[Admission] = field(init=False)
+    """One per served model, in order."""
     responses: ResponseStore = field(init=False)
     """The Responses API's stored responses (--responses-store-size)."""
     engine_failed: trio.Event = field(default_factory=trio.Event)
@@ -85,9 +104,14 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.router = Router.with_replicas([s.replicas for s in self.config.model_specs])
+        self.router.policy = PrefixPolicy(enabled=self.config.prefix_routing)
         self.metrics = Metrics(self.router.stats, aggregate)
-        self.admission = Admission(self.config.capacity)
-        self.responses = ResponseStore(self.config.responses_store_size)
+        self.admissions = [Admission(0) for _ in self.config.model_specs]
+        self.responses = open_response_store(
+            self.config.responses_store,
+            self.config.responses_store_size,
+            self.config.responses_store_ttl,
+        )
 
     def attach(self, group: int, replica: int, engine: EngineClient | None) -> None:
         """Called by the supervisors (or build_app) as an engine comes up or goes down."""
@@ -103,6 +127,7 @@ class AppState:
                 mc.embedding_size,
                 self._sampling_defaults(engine) if mc.task == "generate" else SamplingDefaults(),
                 system_fingerprint(mc.model, mc.dtype, __version__),
+                engine.unproducible_bytes,
             )
             self.metrics.for_model(mc.model)  # its figures exist, at zero, from now on
 
@@ -137,28 +162,53 @@ class AppState:
 
     # -- what handlers ask --------------------------------------------------------------
 
-    def admit(self, sequences: int) -> None:
-        """Count `sequences` against the server's capacity until the request ends, or 503."""
+    def admit(self, served: ServedModel, sequences: int) -> None:
+        """Count `sequences` against `served`'s capacity until the request ends, or 503."""
+        group = self.router.models.index(served)
+        admission = self.admissions[group]
+        spec = self.config.model_specs[group]
+        admission.capacity = len(served.live()) * self.config.replica_capacity(spec)
         try:
-            ticket = self.admission.admit_nowait(sequences)
+            ticket = admission.admit_nowait(sequences)
         except ProtocolError:
             self.metrics.rejected.inc()
             raise
         on_request_end(ticket.release)
 
     def lease(
-        self, requested_model: str | None, *, task: str | None = "generate", sequences: int = 0
+        self,
+        requested_model: str | None,
+        *,
+        task: str | None = "generate",
+        sequences: int = 0,
+        prompt: Sequence[int] = (),
+        cache_salt: str | None = None,
     ) -> tuple[Lease, ModelInfo]:
-        """The least-loaded live replica serving `requested_model` (None: the first model) for
-        `task` (None: whatever it serves), held for `sequences` until the request ends: the
-        request generates (or embeds) through the lease, so `Router.abort` sees it."""
+        """A live replica serving `requested_model` (None: the first model) for `task`, a use
+        of `trio_llm.tasks` (None: whatever it serves), chosen for `prompt` (its token ids,
+        when known: cache-aware) and held for `sequences` until the request ends: the request
+        generates (embeds, scores) through the lease, so `Router.abort` sees it."""
         served, info = self.model_for(requested_model, task=task)
         try:
-            lease = self.router.lease(served, sequences)
+            lease = self.router.lease(served, sequences, prompt=prompt, cache_salt=cache_salt)
         except NoLiveReplicaError:
             raise engine_unavailable() from None
         on_request_end(lease.release)
         return lease, info
+
+    def engine_for(self, served: ServedModel) -> EngineClient:
+        """A live replica's engine, for what needs only the model's tokenizer (every replica
+        has the same); 503 while none is up."""
+        live = served.live()
+        if not live or live[0].client is None:
+            raise engine_unavailable()
+        return live[0].client
+
+    def retire(self, group: int, replica: int) -> None:
+        """A replica's supervisor gave up: out of rotation for good; the server fails (and
+        `trio-llm serve` exits) once a model has no replica left that may come back."""
+        if self.router.retire(group, replica):
+            self.engine_failed.set()
 
     def model_for(
         self, requested_model: str | None, *, task: str | None
@@ -171,9 +221,14 @@ class AppState:
         info = self._cards.get(self.router.models.index(served))
         if info is None:
             raise engine_unavailable()
-        if task is not None and info.task != task:
+        if task is not None and not serves(info.task, task):
             raise bad_request(self._wrong_task(info, task), param="model", code="wrong_model_task")
         return served, info
+
+    def first_served(self, task: str) -> str | None:
+        """The name of the first model served for `task` (what a request that names no model
+        gets, on the routes of a task other than the first model's)."""
+        return next((c.name for c in self.cards() if c.task == task), None)
 
     def cards(self) -> list[ModelInfo]:
         """Every served model's card, in order (those that came up at least once)."""
@@ -201,6 +256,7 @@ class AppState:
                 "alive": r.is_alive,
                 "pid": r.client.pid if r.client is not None else None,
                 "restarts": r.restarts,
+                "retired": r.retired,
             }
             for m, r in self.router.replicas()
         ]
@@ -212,15 +268,19 @@ class AppState:
             status = "unavailable"
         return {"status": status, "engines": engines}
 
-    def _wrong_task(self, info: ModelInfo, task: str) -> str:
-        what = {"generate": "generation", "embed": "embeddings"}
+    def _wrong_task(self, info: ModelInfo, use: str) -> str:
+        """Which served models serve which endpoint, `use`'s first (or that none does)."""
+        uses = sorted(USE_ENDPOINTS, key=lambda u: u != use)
         serving = "; ".join(
-            f"{TASK_ENDPOINTS[t]}: " + ", ".join(f"`{c.name}`" for c in self.cards() if c.task == t)
-            for t in TASK_ENDPOINTS
-            if any(c.task == t for c in self.cards())
+            f"{USE_ENDPOINTS[u]}: "
+            + ", ".join(f"`{c.name}`" for c in self.cards() if serves(c.task, u))
+            for u in uses
+            if any(serves(c.task, u) for c in self.cards())
         )
+        if not any(serves(c.task, use) for c in self.cards()):
+            serving = f"{serving}; no model here serves {USE_WORDS[use]}"
         return (
-            f"The model `{info.name}` serves {what[info.task]}, not {what[task]}; "
+            f"The model `{info.name}` serves {TASK_WORDS[info.task]}, not {USE_WORDS[use]}; "
             f"this server serves {serving}"
         )
 

@@ -21,7 +21,14 @@ templates without tools), grammar (the lazily triggered or forced Lark grammar),
 streaming parser), planning (`plan_tools`).
 """
 
-from trio_llm.http.tools.formats import FORMATS, PARSER_NAMES, ToolFormat, pick_format
+from trio_llm.http.tools.formats import (
+    FORMATS,
+    PARSER_NAMES,
+    ToolFormat,
+    UnknownToolFormat,
+    pick_format,
+    template_takes_tools,
+)
 from trio_llm.http.tools.parser import ToolCall, ToolCallDelta, ToolCallParser, new_call_id
 from trio_llm.http.tools.planning import (
     NamedFunction,
@@ -30,7 +37,7 @@ from trio_llm.http.tools.planning import (
     check_tools,
     plan_tools,
 )
-from trio_llm.http.tools.prompting import FunctionTool, template_takes_tools
+from trio_llm.http.tools.prompting import FunctionTool
 
 __all__ = [
     "FORMATS",
@@ -43,6 +50,7 @@ __all__ = [
     "ToolChoiceValue",
     "ToolFormat",
     "ToolPlan",
+    "UnknownToolFormat",
     "check_tools",
     "new_call_id",
     "pick_format",

@@ -8,9 +8,13 @@ the grammar, the prompt) reads these records, so a new format is one entry in `F
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
+
+import jinja2
+import jinja2.meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +71,30 @@ PARSER_NAMES: tuple[str, ...] = ("auto", *FORMATS)
 """The values of `--tool-call-parser`."""
 
 
+OTHER_FORMATS: dict[str, str] = {
+    "[TOOL_CALLS]": "Mistral's [TOOL_CALLS]",
+    "<\uff5ctool\u2581calls\u2581begin\uff5c>": "DeepSeek V3's",
+    "<|tool_call|>": "Granite's or Phi-4-mini's <|tool_call|>",
+    "<|tool_calls_section_begin|>": "Kimi K2's",
+    "<function=": "Llama 4's or Functionary's <function=...>",
+    "<|action_start|>": "InternLM's",
+    "<start_function_call>": "FunctionGemma's",
+    "<minimax:tool_call>": "MiniMax's",
+}
+"""Marks of call formats chat templates write that the server does not read (yet): a
+template that shows one gets its tools refused rather than a parser that would not see a call."""
+
+
+class UnknownToolFormat(ValueError):
+    """`auto` cannot tell which format the model writes its calls in; the message says what to
+    do (name a format with `--tool-call-parser`)."""
+
+
 def pick_format(name: str, chat_template: str | None) -> ToolFormat:
-    """The format `name` means; `auto`: the one the chat template writes calls in (hermes
-    when it shows none, which is what the server's own tool prompt teaches)."""
+    """The format `name` means; `auto`: the one the chat template writes calls in, or hermes
+    when the template does not take tools (the server's own tool prompt then teaches it).
+    Raises `UnknownToolFormat` for a template that takes tools in a format the server does
+    not read."""
     if name != "auto":
         return FORMATS[name]
     template = chat_template or ""
@@ -77,4 +102,33 @@ def pick_format(name: str, chat_template: str | None) -> ToolFormat:
         return HERMES
     if "<|python_tag|>" in template or '"parameters"' in template:
         return LLAMA3_JSON
+    served = ", ".join(FORMATS)
+    advice = (
+        f"start the server with --tool-call-parser set to one it reads ({served}) to prompt "
+        "and constrain the model in that format instead"
+    )
+    for mark, family in OTHER_FORMATS.items():
+        if mark in template:
+            raise UnknownToolFormat(
+                f"this model's chat template writes tool calls in {family} format, which "
+                f"--tool-call-parser auto does not read; {advice}"
+            )
+    if template_takes_tools(chat_template):
+        raise UnknownToolFormat(
+            "this model's chat template takes tools but shows no call format that "
+            f"--tool-call-parser auto recognises; {advice}"
+        )
     return HERMES
+
+
+@functools.lru_cache(maxsize=16)
+def template_takes_tools(chat_template: str | None) -> bool:
+    """Whether the template reads a `tools` variable (parsed, not searched: a template that
+    only mentions the word does not count)."""
+    if not chat_template:
+        return False
+    try:
+        ast = jinja2.Environment().parse(chat_template)
+    except jinja2.TemplateSyntaxError:
+        return False
+    return "tools" in jinja2.meta.find_undeclared_variables(ast)

@@ -12,9 +12,14 @@ only the keys a schema lists (`closed`).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
+from trio_llm.constraint import Constraint
+from trio_llm.grammar import lark_expression
 from trio_llm.http.tools.formats import ToolFormat
 from trio_llm.http.tools.prompting import FunctionTool
 
@@ -49,53 +54,132 @@ def _schema(tool: FunctionTool) -> str:
     return json.dumps(schema, ensure_ascii=False)
 
 
+def _call_schema(tool: FunctionTool, format: ToolFormat) -> str:
+    """A whole call object, `{"name": ..., <arguments key>: ...}`, as one JSON schema."""
+    arguments = json.loads(_schema(tool))
+    arguments.pop("x-guidance")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, format.arguments_key: arguments},
+        "required": ["name", format.arguments_key],
+        "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False},
+    }
+    return json.dumps(schema, ensure_ascii=False)
+
+
 def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+_GRAMMAR_CACHE = 64
+_grammars: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+"""Tool grammars built lately, by the content of what they were built from: agents send the
+same tools with every turn of a conversation."""
+
+
 def tool_grammar(
-    format: ToolFormat, tools: Sequence[FunctionTool], *, forced: bool, parallel: bool
+    format: ToolFormat,
+    tools: Sequence[FunctionTool],
+    *,
+    forced: bool,
+    parallel: bool,
+    answer: Constraint | None = None,
 ) -> str:
     """The Lark grammar for calls to `tools` in `format`: the whole answer when `forced`, else
-    text with calls triggered lazily; `parallel`: more than one call allowed."""
+    text with calls triggered lazily; `parallel`: more than one call allowed. `answer` (with
+    `forced` False): the request's own constraint, which the answer must meet when it is not
+    a call (then the calls start the answer: no text before them). Raises `ConstraintError`
+    for an `answer` that cannot be offered beside calls (a grammar).
+
+    Remembered by content (the tools as msgspec encodes them, a fraction of what building the
+    grammar again, schema by schema, costs)."""
+    key = (format.name, msgspec.json.encode(tools), forced, parallel, answer)
+    grammar = _grammars.get(key)
+    if grammar is None:
+        grammar = _build(format, tools, forced, parallel, answer)
+        _grammars[key] = grammar
+        while len(_grammars) > _GRAMMAR_CACHE:
+            _grammars.popitem(last=False)
+    else:
+        _grammars.move_to_end(key)
+    return grammar
+
+
+def _build(
+    format: ToolFormat,
+    tools: Sequence[FunctionTool],
+    forced: bool,
+    parallel: bool,
+    answer: Constraint | None,
+) -> str:
     lines = ["%llguidance {}"]
     names = []
+    # A call whose object starts the answer, beside an answer that is JSON too (llama3_json
+    # with a JSON answer), is one JSON schema: a call's head as one string lexeme would not
+    # let the lexer fall back to the answer's `{` once the text stops matching it.
+    whole = answer is not None and format.open_tag is None
     for i, tool in enumerate(tools):
-        head = _literal(f'{{"name":{json.dumps(tool.name)},"{format.arguments_key}":')
-        lines.append(f"f{i}: {head} %json {_schema(tool)} " + '"}"')
+        if whole:
+            lines.append(f"f{i}: %json {_call_schema(tool, format)}")
+        else:
+            head = _literal(f'{{"name":{json.dumps(tool.name)},"{format.arguments_key}":')
+            lines.append(f"f{i}: {head} %json {_schema(tool)} " + '"}"')
         names.append(f"f{i}")
     lines.append("obj: " + " | ".join(names))
+    if answer is not None:
+        lines.append(f"answer: {lark_expression(answer)}")
     if format.open_tag is None:
-        lines += _llama3_rules(forced, parallel)
+        lines += _llama3_rules(forced, parallel, answer is not None)
     else:
-        lines += _tagged_rules(format, forced, parallel)
+        lines += _tagged_rules(format, forced, parallel, answer is not None)
     return "\n".join(lines) + "\n"
 
 
-def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool) -> list[str]:
+def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool) -> list[str]:
+    """Calls in tags. After the last call the model may still write text (whitespace, a
+    sentence), so that it can end there; text that opens another tag starts another call
+    (a lazy lexeme: its text ends at the first tag), or none when only one call is allowed."""
     open_tag, close_tag = _literal(format.open_tag or ""), _literal(format.close_tag or "")
     more = ' ("," NL obj)*' if parallel else ""
     # SmolLM2's prompt says to write an empty list when no call is needed: allowed with auto.
     empty = "" if forced else ' | "[" NL "]"'
+    tag = _regex_literal(format.open_tag or "")
     rules = [
         "NL: /\\n?/",
         f'body: obj | "[" NL obj{more} NL "]"{empty}',
+        "TEXT: /(.|\\n)+/",
+        "ANY: /(.|\\n)*/",
+        f"TAIL: /(.|\\n)+/ & ~/(.|\\n)*{tag}(.|\\n)*/",
+        f"call_hd[lazy]: ANY {open_tag}",
+        f"call: call_hd NL body NL {close_tag}",
+        f"first: {open_tag} NL body NL {close_tag}",
     ]
+    calls = "first call* TEXT?" if parallel else "first TAIL?"
     if forced:
-        rules.append(f"call: {open_tag} NL body NL {close_tag}")
-        rules.append('start: call ("\\n" call)*' if parallel else "start: call")
+        rules.append(f"start: {calls}")
+    elif answer:
+        rules.append(f"start: {calls} | answer")
     else:
-        rules += [
-            "TEXT: /(.|\\n)*/",
-            f"call_hd[lazy]: TEXT {open_tag}",
-            f"call: call_hd NL body NL {close_tag}",
-            "start: call+ | TEXT" if parallel else "start: call | TEXT",
-        ]
+        rules.append("start: call* TEXT?" if parallel else "start: TEXT? | call TAIL?")
     return rules
 
 
-def _llama3_rules(forced: bool, parallel: bool) -> list[str]:
+def _llama3_rules(forced: bool, parallel: bool, answer: bool) -> list[str]:
+    """The answer is the calls, `; ` between them; after the last, any text that does not
+    continue the list."""
     calls = 'calls: obj ("; " obj)*' if parallel else "calls: obj"
+    rules = [calls, "TAIL: /[^;](.|\\n)*/", "TEXT: /[^{](.|\\n)*/"]
     if forced:
-        return [calls, "start: calls"]
-    return [calls, "TEXT: /[^{](.|\\n)*/", 'start: calls | TEXT | ""']
+        return [*rules, "start: calls TAIL?"]
+    if answer:
+        return [*rules, "start: calls TAIL? | answer"]
+    return [*rules, 'start: calls TAIL? | TEXT | ""']
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally inside a Lark regex."""
+    return "".join(f"\\{c}" if c in _REGEX_META else c for c in text)
+
+
+_REGEX_META = frozenset("\\/.+*?()|[]{}^$#&-~")

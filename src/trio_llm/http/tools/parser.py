@@ -8,10 +8,13 @@ relies on:
   later ones fragments of its arguments; the fragments concatenate to the call's final
   `arguments`, which is the text the model wrote (so the streamed and the complete response
   agree exactly).
-- Work is incremental: each character is scanned a bounded number of times. Completed JSON is
-  recognised by the standard library's decoder (tried only when a `}` arrives), a call's name
-  by `partial_json_parser` (the partial object parsed only until its name is known), never by
-  a hand-rolled brace counter.
+- Work is linear in the output: each character is scanned a bounded number of times, so a
+  call whose arguments hold 50 KB of code costs no more per character than a short one. A
+  call object's nesting is followed character by character (`_Pending.advance`: brackets
+  outside strings), which says where its arguments and the object end; the object is then
+  decoded once by the standard library, which has the last word on whether it is JSON. A
+  call's name is read by `partial_json_parser` (only within the object's first 512
+  characters, until the name is known).
 
 A region that does not hold a call (`<tool_call>hello</tool_call>`: an unconstrained model's
 mistake) comes back as content, unchanged. Output cut inside a call (max_tokens) ends that call
@@ -57,18 +60,14 @@ def new_call_id() -> str:
 _SEPARATORS = " \t\r\n[],;"
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 """A call object's start when its name comes first: where its arguments' text begins."""
-_HOLD = "} \t\r\n"
-"""What the end of a streamed argument text may hold that belongs to the call object around
-it (its closing brace, whitespace): held back until the next character says which."""
-
-
 _HEADER_WITHIN = 512
 """How far into a call object its name and the start of its arguments are looked for."""
 
 
 @dataclass(slots=True)
 class _Pending:
-    """The call being read: where its object starts, its header once known."""
+    """The call being read: where its object starts, its header once known, and how far its
+    nesting has been followed."""
 
     start: int
     call: ToolCall | None = None
@@ -76,6 +75,42 @@ class _Pending:
     """Where its arguments' text starts; -1: not streamed (the object is read whole)."""
     sent: int = 0
     """How far into the region its arguments have been sent."""
+    scanned: int = -1
+    """How far into the region the nesting has been followed."""
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    inner_end: int = -1
+    """Where the first value nested in the object (a header-first call's arguments) ends."""
+    end: int = -1
+    """Where the object ends (just past its closing brace); -1: not yet."""
+
+    def advance(self, region: str, upto: int) -> None:
+        """Follow the object's nesting through `region[:upto]`, stopping where it closes."""
+        i = max(self.scanned, self.start)
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        while i < upto:
+            char = region[i]
+            i += 1
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
+            elif char == '"':
+                in_string = True
+            elif char in "{[":
+                depth += 1
+            elif char in "}]":
+                depth -= 1
+                if depth == 1 and self.inner_end < 0:
+                    self.inner_end = i
+                if depth == 0:
+                    self.end = i
+                    break
+        self.scanned, self.depth, self.in_string, self.escaped = i, depth, in_string, escaped
 
 
 def _held_prefix(text: str, tag: str) -> int:
@@ -193,14 +228,19 @@ class ToolCallParser:
     def _feed_region(self, text: str, content: list[str], deltas: list[ToolCallDelta]) -> None:
         close = self.format.close_tag
         searched = max(0, len(self._region) - len(close or "") + 1)
-        self._region += text
+        # Appended through a local that holds the only reference, which CPython grows in
+        # place: `self._region += text` would copy the whole region for every piece.
+        region, self._region = self._region, ""
+        region += text
+        self._region = region
+        del region
         if close is None:
-            self._scan(len(self._region), deltas, "}" in text)
+            self._scan(len(self._region), deltas)
             return
         at = self._region.find(close, searched)
         if at < 0:
             visible = len(self._region) - _held_prefix(self._region, close)
-            self._scan(visible, deltas, "}" in text)
+            self._scan(visible, deltas)
             return
         rest = self._region[at + len(close) :]
         self._region = self._region[:at]
@@ -212,7 +252,7 @@ class ToolCallParser:
         self, content: list[str], deltas: list[ToolCallDelta], *, closed: bool
     ) -> None:
         """The region has ended (its close tag, or the output's end)."""
-        self._scan(len(self._region), deltas, True)
+        self._scan(len(self._region), deltas)
         pending = self._pending
         if pending is not None and pending.call is not None:
             # Cut off inside the call: it keeps the arguments written so far.
@@ -230,7 +270,7 @@ class ToolCallParser:
         self._pending = None
         self._region = ""
 
-    def _scan(self, visible: int, deltas: list[ToolCallDelta], maybe_closed: bool) -> None:
+    def _scan(self, visible: int, deltas: list[ToolCallDelta]) -> None:
         """Read calls from the region's first `visible` characters."""
         region = self._region
         while not self._invalid:
@@ -246,19 +286,21 @@ class ToolCallParser:
                     self._invalid = True
                     return
                 pending = self._pending = _Pending(pos)
+            pending.advance(region, visible)
             if pending.call is None:
                 self._read_header(pending, visible, deltas)
-            if maybe_closed and self._try_complete(pending, visible, deltas):
+            if pending.end >= 0:
+                self._complete(pending, deltas)
                 continue
             if pending.args_start >= 0:
-                self._send_arguments(pending, visible, deltas, hold=True)
+                self._send_arguments(pending, visible, deltas)
             return
 
     def _read_header(self, pending: _Pending, visible: int, deltas: list[ToolCallDelta]) -> None:
         """Start the call once its name is complete and its arguments are next."""
-        text = self._region[pending.start : visible]
-        if len(text) > _HEADER_WITHIN:
+        if visible - pending.start > _HEADER_WITHIN:
             return  # the name is not first: the object is read whole
+        text = self._region[pending.start : visible]
         try:
             partial = partial_json_parser.loads(text, Allow.ALL & ~Allow.STR)
         except Exception:  # the library raises its own and json's errors for bad prefixes
@@ -278,19 +320,21 @@ class ToolCallParser:
         deltas.append(ToolCallDelta(len(self.calls), call.id, call.name))
         self.calls.append(call)
 
-    def _try_complete(self, pending: _Pending, visible: int, deltas: list[ToolCallDelta]) -> bool:
-        region = self._region[:visible]
+    def _complete(self, pending: _Pending, deltas: list[ToolCallDelta]) -> None:
+        """The object has closed: decode it (once), and finish its call."""
+        region = self._region
         try:
             obj, end = json.JSONDecoder().raw_decode(region, pending.start)
         except ValueError:
-            return False
+            self._invalid = True
+            return
         arguments = _arguments_of(obj, self.format)
         if arguments is None:
             self._invalid = True
-            return False
+            return
         call = pending.call
         if call is None:  # seen whole at once: keep the model's own text of the arguments
-            header = _HEADER.match(region, pending.start)
+            header = _HEADER.match(region, pending.start, end)
             if header is not None:
                 closing = region.rindex("}", header.end(), end)
                 written = region[header.end() : closing].rstrip()
@@ -300,20 +344,16 @@ class ToolCallParser:
             deltas.append(ToolCallDelta(len(self.calls), call.id, call.name, arguments))
             self.calls.append(call)
         elif pending.args_start >= 0:
-            # The call object's own closing brace ends the arguments' text.
-            closing = region.rindex("}", pending.args_start, end)
-            self._send_arguments(pending, len(region[:closing].rstrip()), deltas)
+            self._send_arguments(pending, end, deltas)
         self._region_calls += 1
         self._pending = None
         self._pos = end
-        return True
 
-    def _send_arguments(
-        self, pending: _Pending, upto: int, deltas: list[ToolCallDelta], *, hold: bool = False
-    ) -> None:
+    def _send_arguments(self, pending: _Pending, upto: int, deltas: list[ToolCallDelta]) -> None:
+        """Send the arguments' text up to `upto`, never past their own closing brace."""
+        if pending.inner_end >= 0:
+            upto = min(upto, pending.inner_end)
         text = self._region[pending.sent : upto]
-        if hold:
-            text = text.rstrip(_HOLD)
         if not text:
             return
         assert pending.call is not None

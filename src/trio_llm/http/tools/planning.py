@@ -13,12 +13,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trio_llm.constraint import Constraint
+from trio_llm.constraint import MAX_SCHEMA_DEPTH, Constraint, schema_depth
+from trio_llm.grammar import ConstraintError
 from trio_llm.http.errors import bad_request
-from trio_llm.http.tools.formats import ToolFormat, pick_format
+from trio_llm.http.tools.formats import (
+    HERMES,
+    ToolFormat,
+    UnknownToolFormat,
+    pick_format,
+    template_takes_tools,
+)
 from trio_llm.http.tools.grammar import tool_grammar
 from trio_llm.http.tools.parser import ToolCallParser
-from trio_llm.http.tools.prompting import FunctionTool, render_messages, template_takes_tools
+from trio_llm.http.tools.prompting import FunctionTool, render_messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +45,8 @@ class ToolPlan:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     """For `apply_chat_template` (`tools`, when the template takes them)."""
     constraint: Constraint | None = None
-    """The grammar of the calls; None with tool_choice none (and without tools)."""
+    """The whole answer's constraint: the calls' grammar (offering the request's own answer
+    constraint beside them with auto), or with tool_choice none the request's own."""
     format: ToolFormat | None = None
     """None: the answer is not parsed for calls."""
 
@@ -51,6 +59,14 @@ def check_tools(
     tools: Sequence[FunctionTool], tool_choice: ToolChoiceValue | None, param: str = "tools"
 ) -> ToolChoiceValue:
     """The choice in force (OpenAI's default: auto with tools, none without), or a 400."""
+    for i, tool in enumerate(tools):
+        depth = schema_depth(tool.parameters)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise bad_request(
+                f"{param}[{i}]: the parameters' schema is nested {depth} levels deep; at most "
+                f"{MAX_SCHEMA_DEPTH} are allowed",
+                param=param,
+            )
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         duplicate = next(n for n in names if names.count(n) > 1)
@@ -76,7 +92,7 @@ def plan_tools(
     *,
     chat_template: str | None,
     parser: str = "auto",
-    constrain: bool = True,
+    answer: Constraint | None = None,
 ) -> ToolPlan:
     """What generating with these tools takes.
 
@@ -84,26 +100,40 @@ def plan_tools(
     as `[{"id", "type", "function": {"name", "arguments": JSON text}}]`; `tool` messages with
     `tool_call_id`). `chat_template` is the model's (it decides whether tools go to the
     template or into a system block the server writes); `parser` is `--tool-call-parser`.
-    `constrain` False (the request has another constraint, e.g. response_format with auto):
-    the calls are parsed but not constrained.
+    `answer`: the request's own constraint (response_format, text.format, structured
+    outputs). With `auto` the grammar allows either calls or an answer that meets it; a forced
+    call wins over it; with `none` it is the whole constraint.
     """
     choice = check_tools(tools, tool_choice)
-    format = pick_format(parser, chat_template)
+    try:
+        format = pick_format(parser, chat_template)
+    except UnknownToolFormat as error:
+        if choice != "none":
+            raise bad_request(f"tools: {error}", param="tools") from None
+        format = HERMES  # shown to no one: the template writes the history itself
     takes_tools = template_takes_tools(chat_template)
     shown = list(tools) if choice != "none" else []
     rendered = render_messages(messages, shown, format, takes_tools=takes_tools)
     kwargs = {"tools": [t.openai() for t in shown]} if takes_tools and shown else {}
     if choice == "none":
-        return ToolPlan(rendered, kwargs)
+        return ToolPlan(rendered, kwargs, answer)
     if isinstance(choice, NamedFunction):
         forced = [t for t in tools if t.name == choice.name]
         grammar = tool_grammar(format, forced, forced=True, parallel=False)
     else:
-        grammar = tool_grammar(
-            format,
-            tools,
-            forced=choice == "required",
-            parallel=parallel_tool_calls is not False,
-        )
-    constraint = Constraint.grammar(grammar) if constrain else None
-    return ToolPlan(rendered, kwargs, constraint, format)
+        required = choice == "required"
+        try:
+            grammar = tool_grammar(
+                format,
+                tools,
+                forced=required,
+                parallel=parallel_tool_calls is not False,
+                answer=None if required else answer,
+            )
+        except ConstraintError as error:
+            raise bad_request(
+                f"tool_choice: auto cannot be offered beside this answer constraint: {error}; "
+                "use tool_choice required or none with it",
+                param="tool_choice",
+            ) from None
+    return ToolPlan(rendered, kwargs, Constraint.grammar(grammar), format)

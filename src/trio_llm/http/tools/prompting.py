@@ -10,14 +10,10 @@ template sees plain messages it can render either way, and no tool message is dr
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import jinja2
-import jinja2.meta
 
 from trio_llm.http.tools.formats import ToolFormat
 
@@ -38,19 +34,6 @@ class FunctionTool:
             function["description"] = self.description
         function["parameters"] = self.parameters or {"type": "object", "properties": {}}
         return {"type": "function", "function": function}
-
-
-@functools.lru_cache(maxsize=16)
-def template_takes_tools(chat_template: str | None) -> bool:
-    """Whether the template reads a `tools` variable (parsed, not searched: a template that
-    only mentions the word does not count)."""
-    if not chat_template:
-        return False
-    try:
-        ast = jinja2.Environment().parse(chat_template)
-    except jinja2.TemplateSyntaxError:
-        return False
-    return "tools" in jinja2.meta.find_undeclared_variables(ast)
 
 
 _SMOLLM2_BLOCK = """\

@@ -1,0 +1,267 @@
+"""Quantized weights that stay quantized: what the own forward's `linear` hook multiplies by.
+
+Why these two kernels: torch ships CPU kernels for both weight-only layouts, and measured on the
+AMD EPYC (AVX512-BF16, no AMX, bench/results/quant_kernels.md) they read a lone stream's weights
+4-6x faster than oneDNN's bf16 matmul reads the same matrix in bf16, because they read a quarter
+(int4) or half (int8) of the bytes:
+- `Int4Weight`: 4-bit values with a bf16 scale and zero per group of `group` weights along the
+  input dimension, `w = (q - 8) * scale + zero` (`_weight_int4pack_mm_for_cpu`). GGUF's Q4_0,
+  Q4_1 and Q4_K blocks are exactly of this form (their fp16 block scales rounded to bf16).
+- `Int8Weight`: 8-bit values with one scale per output row, `w = q * scale`
+  (`_weight_int8pack_mm`). It also serves embedding lookups (a few rows dequantized per step),
+  so a tied LM head and embedding share one copy.
+Both kernels compute in float32 from bf16 activations, one output row at a time in a fixed order
+over the input dimension, so a row's result does not depend on which other rows share the call
+(checked by tests/engine/test_quant.py: they are row-exact at every batch size, the batch
+invariance that oneDNN's bf16 matmul gives only up to 64 rows). Their float32-activation paths
+are not vectorized (15x slower measured), so a quantized model runs its activations in bfloat16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+"""What `_weight_int4pack_mm_for_cpu` accepts."""
+_N_ALIGN = 64
+"""`_convert_weight_to_int4pack_for_cpu` packs output rows in blocks of 64 (a tail of 16, 32 or
+48 rows is packed otherwise): padded to whole blocks, the packing is one layout (`dequantize`):
+block b's bytes are a [in_features, 32] array whose byte [k, j] holds row 64 b + j's weight k in
+its low nibble and row 64 b + 32 + j's in its high nibble."""
+DENSE_ROWS = {"int4": 128, "int8": 128}
+"""Calls of at least this many rows dequantize the weight to the activations' dtype and use the
+float matmul: the quantized kernels dequantize a weight tile for every 4 rows, so their cost
+grows with the rows (measured on the EPYC, 1 thread: they lose to bf16 from 16 rows on, 2.3x at
+64 rows, 3x at 512), but a dequantization costs about a 200-row float matmul of the weight
+(bench/results/quant_kernels.md): prefill chunks gain, decode batches do not. An LM head call
+is this large only for prompt logprobs (it takes the sampled rows)."""
+
+
+@dataclass(slots=True, eq=False)
+class Int4Weight:
+    packed: Tensor
+    """The kernel's own packing of the 4-bit values (uint8, two per byte, rows padded to 16)."""
+    scales_zeros: Tensor
+    """[in_features / group, padded out_features, 2]: scale and zero per group, bf16."""
+    group: int
+    out_features: int
+    in_features: int
+    split: bool = False
+    """Two 4-bit planes of an 8-bit matrix stacked along the rows (`split_int8`)."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales_zeros.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales_zeros.nbytes
+
+    def dequantize(self) -> Tensor:
+        """The float matrix, [out_features, in_features], in the activations' dtype: bitwise
+        what the kernel multiplies by (`addcmul` computes in float32 and rounds once, as the
+        kernel does)."""
+        k = self.in_features
+        blocks = self.packed.view(-1, k, 32)
+        # Two planes are summed in float32 and rounded once, as the kernel's products are.
+        work = torch.float32 if self.split else self.dtype
+        q = torch.empty(blocks.shape[0], 64, k, dtype=work)
+        q[:, :32].copy_((blocks & 15).transpose(1, 2))
+        q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
+        groups = q.view(-1, k // self.group, self.group).sub_(8)
+        scale = self.scales_zeros[..., 0].t().unsqueeze(-1).to(work)
+        zero = self.scales_zeros[..., 1].t().unsqueeze(-1).to(work)
+        w = torch.empty_like(groups)
+        torch.addcmul(zero, groups, scale, out=w)
+        w = w.view(-1, k)
+        if self.split:
+            half = self.packed.shape[0] // 2
+            return (w[:half] + w[half:])[: self.out_features].to(self.dtype)
+        return w[: self.out_features]
+
+    def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.contiguous(), self.packed, self.group, self.scales_zeros
+        )
+        if self.split:
+            # Two planes of the same matrix (`split_int8`): their sum is the weight's product.
+            half = self.packed.shape[0] // 2
+            out = out[:, : self.out_features] + out[:, half : half + self.out_features]
+        elif out.shape[1] != self.out_features:
+            out = out[:, : self.out_features]
+        return out if bias is None else out + bias
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` dequantized (an embedding lookup), read out of the packed layout."""
+        k = self.in_features
+        blocks = self.packed.view(-1, k, 32)
+        planes = [ids] if not self.split else [ids, ids + self.packed.shape[0] // 2]
+        out = None
+        for r in planes:
+            q = blocks[r // 64, :, r % 32] >> (4 * ((r % 64) // 32)).to(torch.uint8)[:, None]
+            groups = (q & 15).view(len(r), k // self.group, self.group).float()
+            scale = self.scales_zeros[:, r, 0].t().unsqueeze(-1).float()
+            zero = self.scales_zeros[:, r, 1].t().unsqueeze(-1).float()
+            w = ((groups - 8) * scale + zero).view(len(r), k)
+            out = w if out is None else out + w
+        assert out is not None
+        return out.to(self.dtype)
+
+    @classmethod
+    def pack(cls, q: Tensor, scale: Tensor, zero: Tensor, dtype: torch.dtype) -> Int4Weight:
+        """From unpacked values `q` [N, K] in 0..15 and `scale`, `zero` [N, K / group], meaning
+        `w = (q - 8) * scale + zero`."""
+        out_features, in_features = q.shape
+        group = in_features // scale.shape[1]
+        if group not in INT4_GROUP_SIZES or group * scale.shape[1] != in_features:
+            raise ValueError(f"int4 groups of {group} are not supported (use {INT4_GROUP_SIZES})")
+        pad = -out_features % _N_ALIGN
+        if pad:
+            q = F.pad(q, (0, 0, 0, pad), value=8)
+            scale, zero = F.pad(scale, (0, 0, 0, pad)), F.pad(zero, (0, 0, 0, pad))
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+        return cls(packed, scales_zeros, group, out_features, in_features)
+
+
+@dataclass(slots=True, eq=False)
+class Int8Weight:
+    q: Tensor
+    """[out_features, in_features] int8."""
+    scales: Tensor
+    """[out_features], in the activations' dtype."""
+    int8_activations: bool = False
+    """Quantize each call's activations to int8 per row (absmax) and multiply in integers
+    (`torch._int_mm`, oneDNN with VNNI): W8A8, as llama.cpp multiplies its quantized weights
+    by int8 activations. Integer sums are exact, so a row's result depends on its own values
+    only (row-exact at any size), and at 64 rows it is 2x, at 512 rows 7x faster than bf16
+    (bench/results/quant_kernels.md)."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.q.shape[0]), int(self.q.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scales.nbytes
+
+    def dequantize(self) -> Tensor:
+        return self.q.to(self.dtype) * self.scales[:, None]
+
+    def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        if self.int8_activations:
+            x32 = x.float()
+            step = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+            x8 = torch.round(x32 / step).to(torch.int8)
+            out = (torch._int_mm(x8, self.q.t()).float() * step * self.scales.float()).to(x.dtype)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
+        return out if bias is None else out + bias
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` dequantized: an embedding lookup."""
+        return (
+            self.q.index_select(0, ids).to(self.dtype) * self.scales.index_select(0, ids)[:, None]
+        )
+
+
+def split_int8(q: Tensor, scale: Tensor, dtype: torch.dtype) -> Int4Weight:
+    """An 8-bit matrix with a scale per group of 32 (GGUF's Q8_0: `w = d * q`) as two 4-bit
+    planes the int4 kernel multiplies exactly: q = 16 hi + lo with hi in -8..7 and lo in 0..15,
+    so `w = 16 d (hi + 8 - 8) + (d (lo - 8) + 8 d)`. Torch has no kernel for group-wise 8 bits,
+    and one scale per row lost 1.2% of perplexity on a Q8_0 file (bench/results/
+    quant_quality.md); the planes cost 10 bits a weight against the file's 8.5."""
+    out_features = q.shape[0]
+    rows = -(-out_features // _N_ALIGN) * _N_ALIGN
+    q16 = q.to(torch.int16)
+    hi = torch.div(q16, 16, rounding_mode="floor")
+    lo = q16 - 16 * hi
+
+    def plane(values: Tensor, plane_scale: Tensor, plane_zero: Tensor) -> list[Tensor]:
+        pad = rows - out_features
+        return [
+            F.pad(values, (0, 0, 0, pad), value=8),
+            F.pad(plane_scale, (0, 0, 0, pad)),
+            F.pad(plane_zero, (0, 0, 0, pad)),
+        ]
+
+    top = plane(hi + 8, 16 * scale, torch.zeros_like(scale))
+    bottom = plane(lo, scale, 8 * scale)
+    weight = Int4Weight.pack(
+        *(torch.cat([a, b]) for a, b in zip(top, bottom, strict=True)), dtype=dtype
+    )
+    weight.out_features, weight.split = out_features, True
+    return weight
+
+
+QuantizedWeight = Int4Weight | Int8Weight
+
+
+def is_quantized(weight: object) -> bool:
+    return isinstance(weight, Int4Weight | Int8Weight)
+
+
+def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
+    """The `linear` hook of a forward with quantized weights: their own kernel for them,
+    `inner` (the runner's choice for float weights) for the rest. With `dense`, calls of many
+    rows (`DENSE_ROWS`, a prefill chunk) dequantize the weight and go to `inner` instead;
+    without it every row of every call runs on the quantized kernels, which are row-exact
+    (batch invariance), at the price of slower prefills."""
+
+    def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if isinstance(weight, Int4Weight):
+            if dense and x.shape[0] >= DENSE_ROWS["int4"]:
+                return inner(x, weight.dequantize(), bias)
+            return weight.matmul(x, bias)
+        if isinstance(weight, Int8Weight):
+            if dense and not weight.int8_activations and x.shape[0] >= DENSE_ROWS["int8"]:
+                return inner(x, weight.dequantize(), bias)
+            return weight.matmul(x, bias)
+        return inner(x, weight, bias)
+
+    return linear
+
+
+def embedding(ids: Tensor, weight: Tensor | QuantizedWeight) -> Tensor:
+    if isinstance(weight, Int4Weight | Int8Weight):
+        return weight.rows(ids)
+    return F.embedding(ids, weight)
+
+
+def quantize_int8(
+    weight: Tensor, dtype: torch.dtype, *, int8_activations: bool = False
+) -> Int8Weight:
+    """Symmetric, one scale per output row (the largest magnitude maps to 127)."""
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return Int8Weight(q.contiguous(), scales.to(dtype), int8_activations)
+
+
+def quantize_int4(weight: Tensor, dtype: torch.dtype, group: int = 32) -> Int4Weight:
+    """Asymmetric per group of `group` inputs: the group's minimum and maximum map to 0 and 15."""
+    w = weight.detach().float()
+    out_features, in_features = w.shape
+    if in_features % group:
+        raise ValueError(f"in_features {in_features} is not a multiple of the group {group}")
+    groups = w.view(out_features, in_features // group, group)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15.0).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    q = q.view(out_features, in_features).to(torch.uint8)
+    return Int4Weight.pack(q, scale, low + 8 * scale, dtype)
