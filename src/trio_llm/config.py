@@ -113,10 +113,25 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Frontend: a streaming consumer that keeps up gets its first token at once, then output
     every this many engine steps (and at the end). Larger values cost fewer wake-ups and SSE
     events per token, at the price of burstier streams."""
+    enable_lora: bool = False
+    """Serve LoRA adapters on this model (vLLM's --enable-lora): `max_loras` slots of rank up
+    to `max_lora_rank` are allocated at start; `lora_modules` imply it."""
+    max_loras: int = 4
+    """Adapters loaded at once (vLLM's --max-loras); each costs its slot's memory up front."""
+    max_lora_rank: int = 16
+    """The largest adapter rank served (vLLM's --max-lora-rank): smaller ranks are padded to
+    it, so a bound close to the adapters' ranks costs least."""
+    lora_modules: dict[str, str] = msgspec.field(default_factory=dict)
+    """Adapters loaded at start: served name -> PEFT adapter directory."""
     ring_capacity: int = 8 << 20
     """Bytes in each shared-memory ring."""
     startup_timeout: float = 300.0
     """Seconds to wait for the engine's ready message (model loading included)."""
+
+    @property
+    def lora(self) -> bool:
+        """Adapters are served (asked for, or some given)."""
+        return self.enable_lora or bool(self.lora_modules)
 
     def kv_cache_bytes(self, device: str = "cpu", free_bytes: int | None = None) -> int:
         """The KV cache's size on `device`, whose free memory (a GPU's, after the weights are

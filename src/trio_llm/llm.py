@@ -29,6 +29,7 @@ import trio
 
 from trio_llm.client.engine_client import EngineClient
 from trio_llm.client.engine_process import open_engine
+from trio_llm.client.lora import LoraRequest
 from trio_llm.client.speech import AudioInput, final_output, samples_of
 from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     )
 
 Prompt = str | list[int]
+Lora = str | LoraRequest | None
 _T = TypeVar("_T")
 
 
@@ -150,11 +152,15 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        lora: Lora | Sequence[Lora] = None,
     ) -> list[RequestOutput]:
         """One finished `RequestOutput` per prompt, in the prompts' order.
 
         `prompts` is one prompt or a list of them (text or token ids); `params` is one
-        `SamplingParams` for all, or one per prompt.
+        `SamplingParams` for all, or one per prompt; `lora` is the LoRA adapter to generate
+        with (a loaded adapter's name, or a `LoraRequest`, loaded on first use; None: the base
+        model), for all or one per prompt.
         """
         if not self._finalizer.alive:
             raise RuntimeError("this LLM is closed")
@@ -166,7 +172,10 @@ class LLM:
         final = [
             msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params
         ]
-        future, scope = self._loop.submit(self._run_batch, batch, final)
+        loras = [lora] * len(batch) if lora is None or isinstance(lora, str | LoraRequest) else lora
+        if len(loras) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(loras)} LoRA adapters")
+        future, scope = self._loop.submit(self._run_batch, batch, final, list(loras))
         return self._wait(future, scope)
 
     def _wait(self, future: Future[_T], scope: trio.CancelScope) -> _T:
@@ -290,12 +299,15 @@ class LLM:
         return [r for r in results if r is not None]
 
     async def _run_batch(
-        self, prompts: list[Prompt], params: list[SamplingParams]
+        self, prompts: list[Prompt], params: list[SamplingParams], loras: list[Lora]
     ) -> list[RequestOutput]:
         client = self._client
         results: list[RequestOutput | None] = [None] * len(prompts)
         # Everything is checked before anything is sent, so a bad prompt fails the whole call.
-        streams = [client.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        streams = [
+            client.generate(p, sp, lora=lora)
+            for p, sp, lora in zip(prompts, params, loras, strict=True)
+        ]
 
         async def run(index: int) -> None:
             async with aclosing(streams[index]) as stream:

@@ -61,6 +61,10 @@ class FakeEngine:
     reports (`UnservableRequestError`, `EngineRequestError`)."""
     outputs: list[str] | None = None
     """Scripted answers, one per choice in turn (tool-call outputs); None: the prompt echoed."""
+    loras: dict[str, str] = field(default_factory=dict)
+    """The LoRA adapters it serves (name -> directory), as the real client's `loras`."""
+    lora_of: dict[str, str | None] = field(default_factory=dict)
+    """Request id -> the adapter it was generated with."""
     generation_prompt: str = ""
     """What the template writes after `<assistant>` (`<think>\n`: a template that opens the
     think block itself)."""
@@ -160,8 +164,12 @@ class FakeEngine:
         *,
         request_id: str | None = None,
         priority: int = 0,
+        lora: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Each choice i writes 'a', 'b', 'c', ... (shifted by i) until max_tokens (default 8)."""
+        """Each choice i writes 'a', 'b', 'c', ... (shifted by i) until max_tokens (default 8);
+        `lora` is recorded (`lora_of`)."""
+        if request_id is not None:
+            self.lora_of[request_id] = lora
         if isinstance(prompt, list):
             self._inputs.check_request(prompt, params)
         if self.outputs is not None:

@@ -9,9 +9,12 @@ from trio_llm.client.errors import (
     EngineRequestError,
     EngineStartError,
     InvalidPromptError,
+    LoraError,
+    LoraNotFoundError,
     PromptTooLongError,
     UnsupportedTaskError,
 )
+from trio_llm.client.lora import LoraRequest
 from trio_llm.client.router import (
     Lease,
     ModelNotServedError,
@@ -29,6 +32,9 @@ __all__ = [
     "EngineStats",
     "InvalidPromptError",
     "Lease",
+    "LoraError",
+    "LoraNotFoundError",
+    "LoraRequest",
     "ModelConfig",
     "ModelNotServedError",
     "NoLiveReplicaError",

@@ -54,6 +54,7 @@ from trio_llm.client.embeddings import (
 )
 from trio_llm.client.errors import EngineDeadError, InvalidPromptError, UnsupportedTaskError
 from trio_llm.client.input_processor import InputProcessor
+from trio_llm.client.lora import LoraRequest, LoraTable
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.client.request_sender import RequestSender
 from trio_llm.client.scoring import cosine, pair_up, text_params
@@ -72,6 +73,7 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineFailure,
     EngineReady,
+    LoraUpdated,
     SchedulerStats,
 )
 from trio_llm.outputs import (
@@ -172,6 +174,7 @@ class EngineClient:
         )
         self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._embeddings = PendingEmbeddings()
+        self._loras = LoraTable(args.lora and ready.task == "generate", args.lora_modules)
         self._transcriptions = PendingTranscriptions()
         self._process_outputs = (
             self._transcriptions.process_outputs
@@ -227,6 +230,29 @@ class EngineClient:
         """What the engine serves: 'generate', 'embed', 'score', 'classify' or 'transcribe'."""
         return self.model_config.task
 
+    @property
+    def loras(self) -> dict[str, str]:
+        """The LoRA adapters this engine serves: name -> PEFT directory."""
+        return dict(self._loras.loaded)
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter at `path` (a directory the engine process reads) and serve it
+        as `name`; `LoraError` with the engine's reason when it cannot (another base model's
+        shapes, a rank over `max_lora_rank`, every one of `max_loras` slots taken, LoRA not
+        enabled)."""
+        self._check_alive()
+        message, update = self._loras.load(name, path)
+        self._post(encode(message))
+        await update.wait()
+
+    async def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name`: new requests for it are refused, those in flight
+        finish on it. `LoraNotFoundError` when it is not loaded."""
+        self._check_alive()
+        message, update = self._loras.unload(name)
+        self._post(encode(message))
+        await update.wait()
+
     def generate(
         self,
         prompt: str | list[int],
@@ -234,9 +260,12 @@ class EngineClient:
         *,
         request_id: str | None = None,
         priority: int = 0,
+        lora: str | LoraRequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Generate from `prompt`; iterate the result for `RequestOutput`s (see
-        `params.output_kind`).
+        `params.output_kind`). `lora`: generate with a LoRA adapter, by its loaded name, or as
+        a `LoraRequest` (loaded first when no adapter of its name is; `LoraNotFoundError` for
+        a name that is not loaded).
 
         Raises here, before anything is sent: `EngineDeadError`, `SamplingParamsError`, and for
         a prompt given as token ids `InvalidPromptError`/`PromptTooLongError`. A text prompt is
@@ -259,11 +288,13 @@ class EngineClient:
         else:
             prompt_text, prompt_ids = None, list(prompt)
             self._inputs.check_request(prompt_ids, params)
+        if isinstance(lora, str):
+            self._loras.check(lora)
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif self._outputs.has_request(request_id):
             raise ValueError(f"request id {request_id!r} is already in flight")
-        return self._generate(request_id, prompt_text, prompt_ids, params, priority)
+        return self._generate(request_id, prompt_text, prompt_ids, params, priority, lora)
 
     async def abort(self, request_id: str) -> None:
         """Stop a request: its stream ends with finish_reason 'abort'. Unknown or finished ids
@@ -600,7 +631,16 @@ class EngineClient:
         prompt_ids: list[int] | None,
         params: SamplingParams,
         priority: int,
+        lora: str | LoraRequest | None,
     ) -> AsyncGenerator[RequestOutput, None]:
+        if isinstance(lora, LoraRequest):
+            if lora.name not in self._loras.loaded:
+                pending = self._loras.pending_load(lora.name)
+                if pending is not None:  # another request's load of it
+                    await pending.wait()
+                else:
+                    await self.load_lora(lora.name, lora.path)
+            lora = lora.name
         if prompt_ids is None:
             assert prompt_text is not None
             prompt_ids = await self._inputs.encode(prompt_text)
@@ -613,7 +653,12 @@ class EngineClient:
         self._check_alive()
         arrival_time = time.time()
         engine_requests = InputProcessor.engine_requests(
-            request_id, prompt_ids, params, arrival_time=arrival_time, priority=priority
+            request_id,
+            prompt_ids,
+            params,
+            arrival_time=arrival_time,
+            priority=priority,
+            lora=lora,
         )
         messages = [encode(r) for r in engine_requests]
         if max(map(len, messages)) > self._max_message_bytes:
@@ -710,6 +755,8 @@ class EngineClient:
                             if to_abort:
                                 self._post(encode(AbortRequests(request_ids=to_abort)))
                         self._scheduler_stats = message.stats
+                    elif isinstance(message, LoraUpdated):
+                        self._loras.answered(message)
                     elif isinstance(message, EngineFailure):
                         log.error("the engine failed: %s\n%s", message.message, message.traceback)
                         self._failure = message.message
@@ -750,6 +797,7 @@ class EngineClient:
         reason = self._dead_reason()
         self._outputs.fail_all(lambda: EngineDeadError(reason))
         self._embeddings.fail_all(lambda: EngineDeadError(reason))
+        self._loras.fail_all(lambda: EngineDeadError(reason))
         self._transcriptions.fail_all(lambda: EngineDeadError(reason))
         self._drained.set()
 

@@ -1,8 +1,9 @@
 """The client's errors: each names the fault where it is known.
 
 The HTTP edge translates them once: `InvalidPromptError` (and its `PromptTooLongError`),
-`ChatTemplateError` and `UnservableRequestError` are the caller's fault (400), `EngineDeadError`
-and `EngineRequestError` the server's (500/503). `EngineStartError` only comes out of `open_engine`.
+`ChatTemplateError`, `UnservableRequestError` and `LoraError` are the caller's fault (400;
+`LoraNotFoundError` 404), `EngineDeadError` and `EngineRequestError` the server's (500/503).
+`EngineStartError` only comes out of `open_engine`.
 """
 
 from __future__ import annotations
@@ -86,3 +87,12 @@ class UnsupportedTaskError(ValueError):
 
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: no chat template, or the template rejected them."""
+
+
+class LoraError(ValueError):
+    """A LoRA adapter the engine cannot load or serve; the message says why (a base model it
+    does not fit, a rank over the bound, no free slot, LoRA not enabled)."""
+
+
+class LoraNotFoundError(LoraError, LookupError):
+    """No LoRA adapter of that name is loaded."""

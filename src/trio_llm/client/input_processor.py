@@ -235,9 +235,11 @@ class InputProcessor:
         *,
         arrival_time: float,
         priority: int = 0,
+        lora: str | None = None,
     ) -> list[EngineCoreRequest]:
         """One engine request per choice. With n > 1, choice i is its own request with n=1 and,
-        when a seed is given, seed + i, so the choices differ yet the whole call reproduces."""
+        when a seed is given, seed + i, so the choices differ yet the whole call reproduces.
+        `lora`: the adapter every choice generates with."""
         if params.n == 1:
             children = [(request_id, params)]
         else:
@@ -257,6 +259,7 @@ class InputProcessor:
                 sampling_params=child_params,
                 arrival_time=arrival_time,
                 priority=priority,
+                lora=lora,
             )
             for child_id, child_params in children
         ]

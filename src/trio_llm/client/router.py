@@ -27,6 +27,7 @@ to fill the table) are one concept seen from three sides.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -41,7 +42,14 @@ import anyio.lowlevel
 
 from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
 from trio_llm.client.engine_process import log_stage, open_engine
-from trio_llm.client.errors import EngineDeadError, EngineStartError, start_error_in
+from trio_llm.client.errors import (
+    EngineDeadError,
+    EngineStartError,
+    LoraError,
+    LoraNotFoundError,
+    start_error_in,
+)
+from trio_llm.client.lora import LoraRequest, routing_salt
 from trio_llm.client.prefix_index import PrefixPolicy, PrefixRecord, block_keys
 from trio_llm.config import EngineArgs
 
@@ -100,6 +108,9 @@ class ServedModel:
 
     replicas: list[Replica]
     config: ModelConfig | None = None
+    loras: dict[str, str] = field(default_factory=dict)
+    """The LoRA adapters every replica serves (name -> PEFT directory): those it started with,
+    then as `Router.load_lora` / `unload_lora` change them."""
     _cursor: int = 0
 
     @property
@@ -169,17 +180,18 @@ class Lease:
         *,
         request_id: str | None = None,
         priority: int = 0,
+        lora: str | LoraRequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """`EngineClient.generate` on the leased replica (`ValueError` for an id in flight);
         what it raises before returning, it raises here."""
         request_id = self._hold(request_id)
         tried = {id(self.replica)}
         try:
-            stream = self._generate_here(prompt, params, request_id, priority, tried)
+            stream = self._generate_here(prompt, params, request_id, priority, lora, tried)
         except BaseException:
             self._forget(request_id)
             raise
-        return self._moving(stream, prompt, params, request_id, priority, tried)
+        return self._moving(stream, prompt, params, request_id, priority, lora, tried)
 
     def _generate_here(
         self,
@@ -187,13 +199,14 @@ class Lease:
         params: SamplingParams,
         request_id: str,
         priority: int,
+        lora: str | LoraRequest | None,
         tried: set[int],
     ) -> AsyncGenerator[RequestOutput, None]:
         """`generate` on the leased replica, or on another if it is found dead."""
         while True:
             try:
                 return self.client.generate(
-                    prompt, params, request_id=request_id, priority=priority
+                    prompt, params, request_id=request_id, priority=priority, lora=lora
                 )
             except EngineDeadError:
                 if not self._move(tried):
@@ -206,6 +219,7 @@ class Lease:
         params: SamplingParams,
         request_id: str,
         priority: int,
+        lora: str | LoraRequest | None,
         tried: set[int],
     ) -> AsyncGenerator[RequestOutput, None]:
         while True:
@@ -223,7 +237,7 @@ class Lease:
                 )
             finally:
                 await stream.aclose()
-            stream = self._generate_here(prompt, params, request_id, priority, tried)
+            stream = self._generate_here(prompt, params, request_id, priority, lora, tried)
 
     async def embed_batch(
         self, prompts: Sequence[str | list[int]], *, request_id: str | None = None, **kwargs: Any
@@ -378,6 +392,7 @@ class Router:
             replica.started = True
             if model.config is None:
                 model.config = client.model_config
+                model.loras = client.loras
             replica.record = PrefixRecord(client.model_config.num_blocks)
         else:
             replica.record.clear()  # a dead engine's cache died with it
@@ -398,13 +413,24 @@ class Router:
         for model in self.models:
             if model.name == requested:
                 return model
+        for model in self.models:
+            if requested in model.loras:
+                return model  # a LoRA adapter's requests go to its base model
+        loras = [name for m in self.models for name in m.loras]
         raise ModelNotServedError(
             f"The model `{requested}` does not exist; this server serves "
             + ", ".join(f"`{n}`" for n in self.names())
+            + (" and the LoRA adapters " + ", ".join(f"`{n}`" for n in loras) if loras else "")
         )
 
     def names(self) -> list[str]:
         return [m.name for m in self.models if m.name is not None]
+
+    def lora_for(self, requested: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: a base model, or no model)."""
+        if requested is None or requested in self.names():
+            return None
+        return requested if any(requested in m.loras for m in self.models) else None
 
     def replicas(self) -> list[tuple[ServedModel, Replica]]:
         return [(m, r) for m in self.models for r in m.replicas]
@@ -452,14 +478,22 @@ class Router:
         model: str | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        lora: str | LoraRequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """`EngineClient.generate` on a replica of `model` (`lease` says which)."""
+        """`EngineClient.generate` on a replica of `model` (`lease` says which), which may name
+        a LoRA adapter (then a replica of its base model generates with it)."""
         prompt_ids = () if isinstance(prompt, str) else prompt
+        lora = lora or self.lora_for(model)
         lease = self.lease(
-            self.model(model), params.n, prompt=prompt_ids, cache_salt=params.cache_salt
+            self.model(model),
+            params.n,
+            prompt=prompt_ids,
+            cache_salt=routing_salt(params.cache_salt, lora),
         )
         try:
-            stream = lease.generate(prompt, params, request_id=request_id, priority=priority)
+            stream = lease.generate(
+                prompt, params, request_id=request_id, priority=priority, lora=lora
+            )
         except BaseException:
             lease.release()
             raise
@@ -537,6 +571,56 @@ class Router:
             await replica.client.abort(request_id)
         else:
             await anyio.lowlevel.checkpoint()
+
+    async def load_lora(self, name: str, path: str, *, model: str | None = None) -> None:
+        """Load the PEFT adapter at `path` on every live replica of `model` (None: the first
+        model) and serve it as `name` from then on; `LoraError` with the reason when one
+        cannot (those that did unload it again). A replica that restarts later starts with
+        `ServedModel.loras`."""
+        served = self.model(model)
+        if name in self.names() or any(name in m.loras for m in self.models):
+            raise LoraError(f"the name {name!r} is served already")
+        clients = [r.client for r in served.live() if r.client is not None]
+        if not clients:
+            raise NoLiveReplicaError(f"no replica of {served.name or 'the model'} is running")
+        errors: list[LoraError] = []
+        loaded: list[EngineClient] = []
+
+        async def load(client: EngineClient) -> None:
+            try:
+                await client.load_lora(name, path)
+            except LoraError as error:
+                errors.append(error)
+            else:
+                loaded.append(client)
+
+        async with anyio.create_task_group() as tasks:
+            for client in clients:
+                tasks.start_soon(load, client)
+        if errors:
+            with anyio.CancelScope(shield=True):
+                for client in loaded:
+                    await client.unload_lora(name)
+            raise errors[0]
+        served.loras[name] = path
+
+    async def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name` on every replica of its model (its requests in flight
+        finish on it); `LoraNotFoundError` when no model serves it."""
+        served = next((m for m in self.models if name in m.loras), None)
+        if served is None:
+            raise LoraNotFoundError(f"the LoRA adapter {name!r} is not loaded")
+        del served.loras[name]  # no new request is routed to it from now on
+
+        async def unload(client: EngineClient) -> None:
+            # A replica that died meanwhile restarts without it.
+            with contextlib.suppress(LoraNotFoundError, EngineDeadError):
+                await client.unload_lora(name)
+
+        async with anyio.create_task_group() as tasks:
+            for replica in served.live():
+                if replica.client is not None:
+                    tasks.start_soon(unload, replica.client)
 
     def stats(self) -> list[ReplicaStats]:
         """Every replica's figures (None while it is down); `aggregate` sums them."""

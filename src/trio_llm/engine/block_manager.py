@@ -20,9 +20,10 @@ Invariants:
   writes before it attends. Should that step fail, the blocks it was to fill are unpublished.
 - Two sequences that computed the same prefix each on their own keep one published copy; the
   other copy is never published and goes back to the front of the free queue.
-- A request with a `cache_salt` starts its chain at the salt's root instead of 0 (vLLM's
-  per-tenant isolation): a root is negative, so it never equals a block's serial, and a chain
-  is matched from its root, so blocks of different salts (or of a salt and none) never match.
+- A sequence's chain starts at its `cache_root` instead of 0: a request with a `cache_salt`
+  (vLLM's per-tenant isolation) or a LoRA adapter (`lora.adapter_root`) starts at a negative
+  root, which never equals a block's serial, and a chain is matched from its root, so blocks of
+  different roots (salts, adapters, or none) never match.
 - With an event sink (`events`), every publication and every unpublication is recorded as it
   happens, in order (`kv_events.py` sends them to an external router).
 """

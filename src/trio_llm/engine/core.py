@@ -42,7 +42,8 @@ from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.block_manager import BlockManager, salt_root
 from trio_llm.engine.classifier import classifier_head
 from trio_llm.engine.kv_events import KVEventPublisher
-from trio_llm.engine.model_runner import ModelRunner, StepResult, kv_cache_spec
+from trio_llm.engine.lora import LoraLoadError, LoraNotFoundError, LoraRegistry, adapter_root
+from trio_llm.engine.model_runner import LoraSettings, ModelRunner, StepResult, kv_cache_spec
 from trio_llm.engine.pooling_runner import PoolingRunner
 from trio_llm.engine.quant import gguf_model
 from trio_llm.engine.scheduler import Scheduler
@@ -56,8 +57,11 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
+    LoadLora,
+    LoraUpdated,
     SchedulerStats,
     TranscriptionRequest,
+    UnloadLora,
 )
 from trio_llm.tasks import TASK_WORDS, is_pooling
 
@@ -118,6 +122,8 @@ class EngineCore:
         self.device = torch.device(device)
         self.vocab_size = int(config.vocab_size)
         self.eos_token_ids = frozenset(loader.eos_token_ids(source, config))
+        if args.lora:
+            _check_lora_args(args, self.task)
         stage("loading the weights")
         if self.pooling:
             parts = self._pooling_parts(source, config, dtype, device)
@@ -151,6 +157,8 @@ class EngineCore:
             chunked_prefill=not self.pooling,
         )
         self.runner = parts.runner
+        self.loras = self._load_loras(parts.runner)
+        """The adapters served (None: LoRA off)."""
         self._ngram = speculative.resolve_mode(
             args.ngram_speculation,
             quantized=isinstance(self.runner, ModelRunner)
@@ -255,6 +263,7 @@ class EngineCore:
             ),
             cuda_graphs=not args.enforce_eager,
             max_num_seqs=max_num_seqs,
+            lora=LoraSettings(args.max_loras, args.max_lora_rank) if args.lora else None,
             weights=weights,
             quantization=how,
         )
@@ -319,6 +328,47 @@ class EngineCore:
             matryoshka_dimensions=None if classifies else _matryoshka(config),
             labels=head.labels if head is not None else None,
         )
+
+    def _load_loras(self, runner: ModelRunner | PoolingRunner) -> LoraRegistry | None:
+        """The registry of adapters, with those of `lora_modules` loaded (a start error names
+        the one that cannot be)."""
+        args = self.args
+        if not args.lora or self.pooling:
+            return None
+        assert isinstance(runner, ModelRunner) and runner.lora is not None
+        registry = LoraRegistry(runner.lora)
+        for name, path in args.lora_modules.items():
+            try:
+                registry.load(name, path)
+            except LoraLoadError as error:
+                raise EngineConfigError(f"LoRA adapter {name!r}: {error}") from None
+        log.info(
+            "LoRA: %d slots of rank %d (%.0f MiB)%s",
+            args.max_loras,
+            args.max_lora_rank,
+            runner.lora.nbytes / 2**20,
+            f", serving {', '.join(registry.names())}" if args.lora_modules else "",
+        )
+        return registry
+
+    def update_lora(self, message: LoadLora | UnloadLora) -> LoraUpdated:
+        """Load or unload an adapter; the answer says why not, when not. An unloaded adapter's
+        requests in flight finish on it."""
+        done = LoraUpdated(update_id=message.update_id)
+        if self.loras is None:
+            done.error = "LoRA adapters are not enabled on this engine (enable_lora)"
+            return done
+        try:
+            if isinstance(message, LoadLora):
+                in_use = (seq.lora_slot for seq in self.requests.values())
+                self.loras.load(message.name, message.path, in_use)
+            else:
+                self.loras.unload(message.name)
+        except LoraNotFoundError as error:
+            done.error, done.not_found = str(error), True
+        except LoraLoadError as error:
+            done.error = str(error)
+        return done
 
     # -- requests -------------------------------------------------------------------------
 
@@ -394,6 +444,15 @@ class EngineCore:
                 "priority is honoured only with scheduling_policy 'priority' "
                 "(--scheduling-policy priority); this engine schedules fcfs"
             )
+        if req.lora is not None:
+            if self.loras is None:
+                raise RequestError("LoRA adapters are not enabled on this engine")
+            try:
+                adapter = self.loras.lookup(req.lora)
+            except LoraNotFoundError as error:
+                raise RequestError(str(error)) from None
+            seq.lora_slot = adapter.slot
+            seq.cache_root = adapter_root(adapter.load_id, seq.cache_root)
         if self.pooling:
             seq.token_type_start = req.token_type_start
             return seq
@@ -549,6 +608,20 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+
+def _check_lora_args(args: EngineArgs, task: str) -> None:
+    """LoRA on a pooling engine is ignored when only enabled (a server-wide flag reaches every
+    model) and refused when adapters are given for it."""
+    if is_pooling(task) and args.lora_modules:
+        raise EngineConfigError(
+            f"LoRA adapters are served on generating models; this one serves {TASK_WORDS[task]}"
+        )
+    if args.max_loras < 1 or args.max_lora_rank < 1:
+        raise EngineConfigError(
+            f"max_loras and max_lora_rank must be at least 1, got {args.max_loras} and "
+            f"{args.max_lora_rank}"
+        )
 
 
 def _matryoshka(config: PretrainedConfig) -> list[int] | None:

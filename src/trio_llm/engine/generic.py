@@ -26,12 +26,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from trio_llm.engine.attention import ATTN_IMPLEMENTATION, AttentionMetadata
 from trio_llm.model_files import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from trio_llm.engine.lora import LoraBatch, LoraHook
 
 INSPECT_IMPLEMENTATION = "trio_inspect"
 """The attention and mask implementation `inspect` switches the model to while it records."""
@@ -352,8 +356,12 @@ class GenericForward:
         layers: Sequence[AttentionLayer],
         k_caches: Sequence[Tensor],
         v_caches: Sequence[Tensor],
+        lora_hook: LoraHook | None = None,
     ) -> None:
+        """`lora_hook`: where the decoder's wrapped Linears read a step's adapter rows
+        (`lora.wrap_linears`), when LoRA is on."""
         self.model = model
+        self.lora_hook = lora_hook
         self.decoder = decoder_of(model)
         self._prefix = getattr(model, "base_model_prefix", "model")
         self._stand_in = _HiddenStates()
@@ -369,14 +377,23 @@ class GenericForward:
         attn: AttentionMetadata,
         k_caches: Sequence[Tensor],
         v_caches: Sequence[Tensor],
+        lora: LoraBatch | None = None,
     ) -> Tensor:
-        """Hidden states after the final norm, [T, hidden] (the caches hang on the layers)."""
-        out = self.decoder(
-            input_ids=input_ids.unsqueeze(0),
-            position_ids=positions.unsqueeze(0),
-            use_cache=False,
-            trio_attn=attn,
-        )
+        """Hidden states after the final norm, [T, hidden] (the caches hang on the layers);
+        `lora`: the step's adapter rows, if any."""
+        hook = self.lora_hook
+        if hook is not None:
+            hook.batch = lora
+        try:
+            out = self.decoder(
+                input_ids=input_ids.unsqueeze(0),
+                position_ids=positions.unsqueeze(0),
+                use_cache=False,
+                trio_attn=attn,
+            )
+        finally:
+            if hook is not None:
+                hook.batch = None
         return out.last_hidden_state[0]
 
     def logits(self, hidden: Tensor) -> Tensor:

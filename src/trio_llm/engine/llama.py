@@ -14,13 +14,15 @@ greedy output equals Hugging Face's. Architectures it does not cover (another at
 rotary embedding that changes with the sequence length) keep the transformers path.
 
 Every matmul goes through `linear`, a function the runner chooses (see `row_tiles`): that is
-where batch invariance is kept.
+where batch invariance is kept. A step with LoRA adapters brings a `LoraBatch` (engine/lora/),
+which adds each adapter's update to its rows after the projections of `LORA_PROJECTIONS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +31,25 @@ from torch import Tensor
 from trio_llm.engine.attention import AttentionMetadata
 from trio_llm.engine.quant.weights import embedding, is_quantized
 
+if TYPE_CHECKING:
+    from trio_llm.engine.lora import LoraBatch
+
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 _STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 """Rotary embeddings whose frequencies do not depend on the sequence length, so a table built
 once holds them for every position."""
 
 Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+LORA_PROJECTIONS = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+"""The fused projections adapters may add to, in the order of `LoraBatch.add`'s targets
+within a layer: each one's Linears of a transformers decoder layer, in its output's order."""
+_QKV, _O, _GATE_UP, _DOWN = range(len(LORA_PROJECTIONS))
 
 
 def unsupported(model: torch.nn.Module) -> str | None:
@@ -97,6 +112,9 @@ class Weights:
 class LlamaForward:
     """A Llama-family model as plain tensors, computing hidden states for the packed row."""
 
+    lora_projections = LORA_PROJECTIONS
+    """What the runner builds the LoRA targets from (an own forward without it has none)."""
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -152,8 +170,10 @@ class LlamaForward:
         attn: AttentionMetadata,
         k_caches: Sequence[Tensor],
         v_caches: Sequence[Tensor],
+        lora: LoraBatch | None = None,
     ) -> Tensor:
-        """Hidden states after the final norm, [T, hidden], for the packed row's tokens."""
+        """Hidden states after the final norm, [T, hidden], for the packed row's tokens;
+        `lora`: the step's adapter rows, if any."""
         linear = self.linear
         tokens = input_ids.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -161,20 +181,31 @@ class LlamaForward:
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin.index_select(0, positions).unsqueeze(1)
         x = embedding(input_ids, self.embed)
-        for layer, window, k_cache, v_cache in zip(
-            self.layers, self.windows, k_caches, v_caches, strict=True
-        ):
+        layers = zip(self.layers, self.windows, k_caches, v_caches, strict=True)
+        for i, (layer, window, k_cache, v_cache) in enumerate(layers):
+            t = i * len(LORA_PROJECTIONS)  # the layer's first LoRA target
             h = _rms_norm(x, layer.input_norm, self.eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias)
+            if lora is not None:
+                lora.add(t + _QKV, h, qkv)
             q = _rotate(qkv[:, :q_end].view(tokens, hq, d), cos, sin)
             k = _rotate(qkv[:, q_end:k_end].view(tokens, hkv, d), cos, sin)
             v = qkv[:, k_end:].view(tokens, hkv, d)
             o = attn.forward(q, k, v, k_cache, v_cache, self.scale, window=window)
-            x = x + linear(o.reshape(tokens, q_end), layer.o, None)
+            o = o.reshape(tokens, q_end)
+            out = linear(o, layer.o, None)
+            if lora is not None:
+                lora.add(t + _O, o, out)
+            x = x + out
             h = _rms_norm(x, layer.post_norm, self.eps)
             gate_up = linear(h, layer.gate_up, None)
+            if lora is not None:
+                lora.add(t + _GATE_UP, h, gate_up)
             act = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
-            x = x + linear(act, layer.down, None)
+            out = linear(act, layer.down, None)
+            if lora is not None:
+                lora.add(t + _DOWN, act, out)
+            x = x + out
         return _rms_norm(x, self.norm, self.eps)
 
     def _matrices(self) -> tuple[Tensor, ...]:

@@ -8,7 +8,9 @@ that asked for prompt logprobs) through the LM head, and samples. With a `single
 each step first selects the model's weight set (`weight_sets`): the lower-precision one for a
 step of one token. A constrained batch brings its `StepMasks` (filled in a thread while the
 decoder runs), applied to the sampled rows' logits before the sampler sees them; a sequence
-with drafts samples a row per draft too (`Sequence.num_sample_rows`).
+with drafts samples a row per draft too (`Sequence.num_sample_rows`). With LoRA on (`lora`),
+each step's rows are grouped by their sequence's adapter slot once (`LoraBatch`), and the
+forward adds the adapters' updates after its projections (engine/lora/).
 
 Invariant: the input tensors are numpy gathers over the persistent input batch (`input_batch`):
 no per-token Python, and per-sequence Python is limited to noticing what each sequence appended
@@ -31,6 +33,7 @@ from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_
 from trio_llm.engine.generic import AttentionLayer, GenericForward, decoder_of
 from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.llama import LlamaForward
+from trio_llm.engine.lora import LoraBatch, LoraHook, LoraStacks, fused_targets, wrap_linears
 from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
 from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StepMasks, apply_bitmask
@@ -87,6 +90,16 @@ class StepInputs:
     """Batch index -> rows whose logits score prompt tokens (prompt logprobs)."""
     sampling: SamplingColumns
     """The sampling parameters of the rows in `sample_index`."""
+    lora: LoraBatch | None = None
+    """The rows with a LoRA adapter, grouped by adapter (None: none has one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSettings:
+    """Adapter slots and their rank bound (--max-loras, --max-lora-rank)."""
+
+    max_loras: int
+    max_rank: int
 
 
 def kv_cache_spec(layers: list[AttentionLayer], block_size: int, dtype: torch.dtype) -> KVCacheSpec:
@@ -115,6 +128,7 @@ class ModelRunner:
         single_token_dtype: torch.dtype | None = None,
         cuda_graphs: bool = False,
         max_num_seqs: int = MAX_CAPTURE_SIZE,
+        lora: LoraSettings | None = None,
         weights: llama.Weights | None = None,
         quantization: str = "none",
     ) -> None:
@@ -122,7 +136,8 @@ class ModelRunner:
         their cache shapes). `cuda_graphs`: capture decode-only steps (up to `max_num_seqs`
         sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the
         Triton kernels and the engine's own forward, without single-token weight sets.
-        Elsewhere it is ignored. `weights`: the own forward's weights when they do not come
+        Elsewhere it is ignored (and steps with LoRA adapters run eagerly). `lora`: serve
+        adapters (`self.lora`). `weights`: the own forward's weights when they do not come
         from `model` (a GGUF file's, `engine.quant`); `quantization` int8, int4 or w8a8
         quantizes the model's at start-up. Quantized weights run on the own forward only."""
         self.model = model
@@ -170,10 +185,26 @@ class ModelRunner:
                 model.model.embed_tokens.to("meta")
                 model.lm_head.to("meta")
             self.own.linear = linear
+        self.lora: LoraStacks | None = None
+        """Every adapter slot's weights (None: LoRA off)."""
+        self._lora_hook: LoraHook | None = None
+        """Where the transformers path's wrapped Linears read the step's adapter rows."""
+        if lora is not None:
+            if self.own is not None:
+                # Read from the model's Linears (on the meta device for a GGUF file's weights:
+                # shapes only). Adapters add after the base matmul, quantized or not.
+                targets = fused_targets(model, self.own.lora_projections)
+            else:  # before the weight sets: they swap the Linears inside the wrappers
+                self._lora_hook = LoraHook()
+                targets = wrap_linears(model, self._lora_hook)
+            self.lora = LoraStacks(targets, lora.max_loras, lora.max_rank, spec.dtype, device)
+        if self.own is not None:
             # Its fused weights replace the layers' own: free them rather than hold both.
             decoder_of(model).layers = torch.nn.ModuleList()
         else:
-            self.forward = GenericForward(model, layers, self.k_caches, self.v_caches)
+            self.forward = GenericForward(
+                model, layers, self.k_caches, self.v_caches, self._lora_hook
+            )
         self.weight_sets: WeightSets | None = None
         """The Linear layers in `single_token_dtype` too, selected for single-token steps."""
         if single_token_dtype is not None and single_token_dtype != spec.dtype:
@@ -246,6 +277,7 @@ class ModelRunner:
         rows = inputs.input_ids.shape[1]
         if (
             self.graphs is not None
+            and inputs.lora is None
             and not inputs.prompt_rows
             and self.graphs.fits(rows, batch.num_decodes)
         ):
@@ -253,7 +285,12 @@ class ModelRunner:
             logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
             return self.sample(batch.seqs, inputs, None, eos_token_ids, masks, logits)
         hidden = self.forward(
-            inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches, self.v_caches
+            inputs.input_ids[0],
+            inputs.positions[0],
+            inputs.attn,
+            self.k_caches,
+            self.v_caches,
+            inputs.lora,
         )
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
@@ -310,6 +347,11 @@ class ModelRunner:
                 prompt_rows[i] = np.arange(offset + first, offset + last)
 
         stage = self.staging.to_device
+        lora = None
+        if self.lora is not None:
+            adapters = np.fromiter((s.lora_slot for s in seqs), np.int64, len(seqs))
+            if adapters.max(initial=-1) >= 0:
+                lora = LoraBatch.build(adapters[row_seq], self.lora, stage)
         return StepInputs(
             input_ids=stage("input_ids", ids).unsqueeze(0),
             positions=stage("positions", positions).unsqueeze(0),
@@ -329,6 +371,7 @@ class ModelRunner:
             sample_rows=stage("sample_rows", sample_rows),
             prompt_rows=prompt_rows,
             sampling=ib.sampling(rows[sample_index]),
+            lora=lora,
         )
 
     def sample(

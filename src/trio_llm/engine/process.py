@@ -3,7 +3,8 @@
 What it owns: the process's life. It reads one `EngineLaunch` from stdin, attaches the rings it
 inherited, watches its parent, loads the model, telling the frontend each start-up stage as it
 begins (`EngineLoading`), and answers `EngineReady` (or `EngineFailure`, then exits
-non-zero). Then it loops: take every pending message (adds, aborts, Shutdown), step while
+non-zero). Then it loops: take every pending message (adds, aborts, LoRA loads and unloads,
+each answered at once, Shutdown), step while
 there is work and send one `EngineCoreOutputs` per step, and block on the request ring's
 doorbell when there is none, which costs no CPU (while a grammar compiles and nothing else can
 step, it wakes every `GRAMMAR_POLL_SECONDS` to look).
@@ -50,8 +51,10 @@ from trio_llm.ipc.messages import (
     EngineFailure,
     EngineLaunch,
     EngineLoading,
+    LoadLora,
     Shutdown,
     TranscriptionRequest,
+    UnloadLora,
 )
 
 if TYPE_CHECKING:
@@ -89,8 +92,6 @@ def main() -> int:
     except Exception as exc:
         _send_failure(tx, f"the engine could not start: {type(exc).__name__}: {exc}")
         return 1
-    if not core.pooling:
-        core.structured.prepare()  # now, not at the first constrained request
     # The model and its libraries out of the collector's full passes, which would otherwise
     # stall a step for the time it takes to visit them all.
     gc.collect()
@@ -128,7 +129,10 @@ def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:
         return SpeechCore(args, source.path, source.name, on_stage)
     from trio_llm.engine.core import EngineCore
 
-    return EngineCore(args, on_stage=on_stage)
+    core = EngineCore(args, on_stage=on_stage)
+    if not core.pooling:
+        core.structured.prepare()  # now, not at the first constrained request
+    return core
 
 
 def _send_failure(tx: RingSender, message: str) -> None:
@@ -177,6 +181,8 @@ class EngineLoop:
                 elif isinstance(msg, AbortRequests):
                     core.abort_requests(msg.request_ids)
                     aborted = True
+                elif isinstance(msg, LoadLora | UnloadLora):
+                    self.tx.send(encode(core.update_lora(msg)))
             # After aborts, step even when idle: the abort outputs and fresh stats reach the
             # frontend at once.
             if core.has_work() or aborted:

@@ -90,6 +90,9 @@ class Sequence:
     """allowed_token_ids and bad_words, built once when the request arrived."""
     token_type_start: int = 0
     """A pooling request's pair of texts: where the second starts (0: one text)."""
+    lora_slot: int = -1
+    """The slot of its LoRA adapter's weights (engine/lora/); -1: the base model. Its
+    `cache_root` is then the adapter's (`lora.adapter_root`)."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -31,6 +31,7 @@ from trio_llm.http.config import ServerConfig, config_from_env
 from trio_llm.http.embeddings import endpoint as embeddings
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
 from trio_llm.http.invocations import endpoint as invocations
+from trio_llm.http.lora import endpoint as lora
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.models import endpoint as models
 from trio_llm.http.ops import endpoint as ops
@@ -81,6 +82,11 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/", ui.chat_page),
     ("GET", "/ui/<name>", ui.asset),
 )
+_LORA_ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
+    ("POST", "/v1/load_lora_adapter", lora.load_lora_adapter),
+    ("POST", "/v1/unload_lora_adapter", lora.unload_lora_adapter),
+)
+"""Only with --allow-runtime-lora-updating."""
 
 
 def _make_app(state: AppState) -> QuartTrio:
@@ -95,7 +101,8 @@ def _make_app(state: AppState) -> QuartTrio:
     app.config[JSON_LIMIT_KEY] = config.max_body_size
     app = install_middleware(app, config, state.metrics)
     _handle_errors(app, config)
-    for method, path, handler in _ROUTES:
+    routes = _ROUTES + (_LORA_ROUTES if config.allow_runtime_lora_updating else ())
+    for method, path, handler in routes:
         app.add_url_rule(path, view_func=handler, methods=[method])
     fix_hypercorn_when_serving(app)
     return app

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs, parse_size
-from trio_llm.http.model_specs import DTYPES, ModelSpec, ModelSpecError, model_specs
+from trio_llm.http.model_specs import (
+    DTYPES,
+    LoraModule,
+    ModelSpec,
+    ModelSpecError,
+    model_specs,
+    with_lora_modules,
+)
 from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
@@ -78,6 +85,9 @@ class ServerConfig:
     responses_store_size: int = 1024
     """Responses kept in memory for GET /v1/responses/{id} and previous_response_id, the least
     recently used evicted first; 0 keeps none."""
+    allow_runtime_lora_updating: bool = False
+    """Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM keeps them behind
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING: they read directories on the server's machine)."""
     responses_store: str | None = None
     """Where stored responses live: None (memory, this process) or a redis:// URL that several
     frontends share behind a router."""
@@ -273,6 +283,46 @@ def add_serve_arguments(
         "The engine says at start-up which it took and why (default %(default)s)",
     )
     add(
+        "--enable-lora",
+        default=engine.enable_lora,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="serve LoRA adapters on the generating models: requests name one as `model` and "
+        "run batched with the base model's (--lora-modules imply it)",
+    )
+    add(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories) served from the start, on the first model; or "
+        'as vLLM\'s JSON, {"name": ..., "path": ..., "base_model_name": ...}, on the model '
+        "named (a model's own are also its option lora=NAME=PATH)",
+    )
+    add(
+        "--max-loras",
+        default=engine.max_loras,
+        type=_positive_int,
+        help="LoRA adapters loaded at once per model; each slot's memory is taken at start "
+        "(default %(default)s)",
+    )
+    add(
+        "--max-lora-rank",
+        default=engine.max_lora_rank,
+        type=_positive_int,
+        help="the largest LoRA rank served; smaller ranks are padded to it (default %(default)s)",
+    )
+    add(
+        "--allow-runtime-lora-updating",
+        default=False,
+        type=_bool,
+        nargs="?",
+        const=True,
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING); they read adapter directories on this machine",
+    )
+    add(
         "--scheduling-policy",
         choices=["fcfs", "priority"],
         default=engine.scheduling_policy,
@@ -451,12 +501,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         quantization=args.quantization,
         ngram_speculation=args.ngram_speculation,
         enforce_eager=args.enforce_eager,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         scheduling_policy=args.scheduling_policy,
         **kv_events_fields(args.kv_events_config),
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
     try:
         specs = model_specs(args.model or [DEFAULT_MODEL], engine, replicas=args.data_parallel_size)
+        specs = with_lora_modules(specs, _lora_modules(args.lora_modules))
     except ModelSpecError as error:
         raise ValueError(str(error)) from None
     store = args.responses_store or None
@@ -495,10 +549,36 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         reasoning_parser=args.reasoning_parser,
         ui=not args.no_ui,
         responses_store_size=args.responses_store_size,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         responses_store=args.responses_store or None,
         responses_store_ttl=args.responses_store_ttl,
         prefix_routing=args.data_parallel_routing == "prefix",
     )
+
+
+def _lora_modules(entries: Sequence[str] | str) -> list[LoraModule]:
+    """--lora-modules entries: `NAME=PATH`, or vLLM's JSON object (with `base_model_name`)."""
+    if isinstance(entries, str):  # from the environment: whitespace-separated
+        entries = entries.split()
+    modules = []
+    for entry in entries:
+        if entry.lstrip().startswith("{"):
+            try:
+                found = json.loads(entry)
+                modules.append(
+                    LoraModule(found["name"], found["path"], found.get("base_model_name"))
+                )
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(
+                    f"--lora-modules {entry!r}: a JSON entry is an object with name, path and "
+                    "optionally base_model_name"
+                ) from None
+            continue
+        name, sep, path = entry.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--lora-modules {entry!r}: give NAME=PATH")
+        modules.append(LoraModule(name.strip(), path.strip()))
+    return modules
 
 
 _KV_EVENTS_KEYS = frozenset(

@@ -21,6 +21,8 @@ from trio_llm.client.errors import (
     EngineDeadError,
     EngineRequestError,
     InvalidPromptError,
+    LoraError,
+    LoraNotFoundError,
     PromptTooLongError,
     UnservableRequestError,
     UnsupportedTaskError,
@@ -118,6 +120,10 @@ def translate_error(error: BaseException) -> ProtocolError:
         return bad_request(str(error), param=error.param)
     if isinstance(error, ChatTemplateError):
         return bad_request(str(error), param="messages")
+    if isinstance(error, LoraNotFoundError):
+        return ProtocolError(404, str(error), param="model", code="model_not_found")
+    if isinstance(error, LoraError):
+        return bad_request(str(error), param="model")
     if isinstance(error, UnsupportedTaskError):
         return bad_request(str(error), param="model", code="wrong_model_task")
     if isinstance(error, EngineDeadError):

@@ -11,8 +11,11 @@ options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
     kv       KV cache size (--kv-cache-memory)         max-len  context length
     seqs     sequences at once (--max-num-seqs)        threads  torch (or CTranslate2) threads
     compute  a speech model's CTranslate2 compute      dp       replicas (--data-parallel-size)
-             type (int8, float32, ...)
+             type (int8, float32, ...)                 lora     NAME=PATH, a LoRA adapter served
+    max-loras      adapters at once (--max-loras)               from the start (repeatable)
+    max-lora-rank  their largest rank (--max-lora-rank)
 
+Any lora option turns LoRA on for that model (`lora=sql=/adapters/sql,lora=chat=/adapters/chat`).
 Only a tail that reads as `key=value` pairs is taken for options, so a path with a colon in it
 still names a model. Invariant: every spec is checked here (keys, values, unique names where
 they are known), so a bad one stops the start with a message, before any engine starts.
@@ -44,8 +47,14 @@ _OPTIONS = {
     "threads": "num_threads",
     "compute": "compute_type",
     "dp": "replicas",
+    "lora": "lora_modules",
+    "max_loras": "max_loras",
+    "max_lora_rank": "max_lora_rank",
 }
-_INT_OPTIONS = frozenset({"max_model_len", "max_num_seqs", "num_threads", "replicas"})
+_INT_OPTIONS = frozenset(
+    {"max_model_len", "max_num_seqs", "num_threads", "replicas", "max_loras", "max_lora_rank"}
+)
+_LORA_OPTIONS = frozenset({"lora_modules", "max_loras", "max_lora_rank"})
 _TAIL = re.compile(r"[A-Za-z_-]+=[^,]*(?:,[A-Za-z_-]+=[^,]*)*")
 
 
@@ -66,20 +75,38 @@ class ModelSpec:
         return self.args.served_model_name or self.args.model
 
 
-def split_entry(entry: str) -> tuple[str, dict[str, str]]:
-    """`MODEL[:key=value,...]` -> the model and its options, keys as `_OPTIONS` spells them."""
+@dataclass(frozen=True, slots=True)
+class LoraModule:
+    """A LoRA adapter served from the start (--lora-modules)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+    """The served model it is for (None: the first)."""
+
+
+def split_entry(entry: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """`MODEL[:key=value,...]` -> the model, its options (keys as `_OPTIONS` spells them), and
+    its LoRA adapters (the repeatable `lora=NAME=PATH`)."""
     model, sep, tail = entry.rpartition(":")
     if not sep or not model or not _TAIL.fullmatch(tail):
-        return entry, {}
+        return entry, {}, {}
     options: dict[str, str] = {}
+    loras: dict[str, str] = {}
     for pair in tail.split(","):
         key, _, value = pair.partition("=")
         key = key.strip().lower().replace("-", "_")
         if key not in _OPTIONS:
             known = ", ".join(o.replace("_", "-") for o in _OPTIONS)
             raise ModelSpecError(f"{entry!r}: unknown option {key!r}; use {known}")
+        if key == "lora":
+            name, sep, path = value.partition("=")
+            if not sep or not name.strip() or not path.strip() or name.strip() in loras:
+                raise ModelSpecError(f"{entry!r}: give each adapter as lora=NAME=PATH, once")
+            loras[name.strip()] = path.strip()
+            continue
         options[key] = value.strip()
-    return model, options
+    return model, options, loras
 
 
 def model_specs(
@@ -112,9 +139,52 @@ def model_specs(
     return tuple(specs)
 
 
+def with_lora_modules(
+    specs: Sequence[ModelSpec], modules: Sequence[LoraModule]
+) -> tuple[ModelSpec, ...]:
+    """`specs` with the adapters of --lora-modules added (each to its base model, by served
+    name, or to the first), which turns LoRA on for the models that get one; every adapter's
+    name must differ from the others' and the models'."""
+    added: list[dict[str, str]] = [{} for _ in specs]
+    for module in modules:
+        if module.base_model_name is None:
+            group = 0
+        else:
+            labels = [s.label for s in specs]
+            if module.base_model_name not in labels:
+                raise ModelSpecError(
+                    f"--lora-modules {module.name}: no model is served as "
+                    f"{module.base_model_name!r} (served: {', '.join(labels)})"
+                )
+            group = labels.index(module.base_model_name)
+        if module.name in added[group] or module.name in specs[group].args.lora_modules:
+            raise ModelSpecError(f"--lora-modules: {module.name!r} is given twice")
+        added[group][module.name] = module.path
+    result = tuple(
+        spec
+        if not extra
+        else ModelSpec(
+            msgspec.structs.replace(spec.args, lora_modules={**spec.args.lora_modules, **extra}),
+            spec.replicas,
+        )
+        for spec, extra in zip(specs, added, strict=True)
+    )
+    names = [s.label for s in result]
+    for spec in result:
+        for name in spec.args.lora_modules:
+            if name in names:
+                raise ModelSpecError(f"the LoRA adapter {name!r} is served twice, or as a model")
+            names.append(name)
+    return result
+
+
 def _spec(entry: str, base: EngineArgs, replicas: int) -> ModelSpec:
-    model, options = split_entry(entry)
+    model, options, loras = split_entry(entry)
     fields: dict[str, Any] = {"model": model}
+    if loras:
+        fields["lora_modules"] = loras
+    if loras or _LORA_OPTIONS & {_OPTIONS[key] for key in options}:
+        fields["enable_lora"] = True
     for key, text in options.items():
         field = _OPTIONS[key]
         value: Any = text

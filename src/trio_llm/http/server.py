@@ -124,6 +124,8 @@ def _log_serving(state: AppState, config: ServerConfig, binds: list[str]) -> Non
             details.insert(0, f"a classifier of {len(mc.labels or ())} labels")
         if len(served.replicas) > 1:
             details.append(f"{len(served.replicas)} replicas")
+        if served.loras:
+            details.append(f"LoRA adapters {', '.join(served.loras)}")
         models.append(f"{mc.model} ({', '.join(details)})")
     log.info(
         "serving %s on %s, %s%s",

@@ -45,10 +45,11 @@ _KEYS_ARE = {"logit_bias": "token ids"}
 """What the keys of a mapping field must be, for its error message."""
 
 
-def _validation_error(message: str, body: bytes) -> ProtocolError:
+def _validation_error(message: str, body: bytes = b"") -> ProtocolError:
     """msgspec's message names the path at its end (`- at `$.messages[0].role``); the 400
     names it first, as `param` and at the start of the message. A bad key or value of a
-    top-level mapping (logit_bias) is named too: msgspec does not say which it was."""
+    top-level mapping (logit_bias) is named too, from the JSON `body`: msgspec does not say
+    which it was (a form's fields have no such mappings)."""
     if match := _KEY_IN.search(message):
         param = match.group(1) or None
         detail = message[: match.start()]

@@ -1,10 +1,11 @@
 """The engine protocol: every message that crosses the frontend/engine boundary.
 
 Each message is a msgspec Struct, array_like with defaults omitted, tagged so that one decoder
-reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests` and `Shutdown`, and
-for a speech engine `TranscriptionRequest` followed by its `AudioChunk`s; the output ring
-carries `EngineReady`, `EngineCoreOutputs` and `EngineFailure`. Before either ring is read, the
-engine process reads one `EngineLaunch` on its stdin.
+reads a union. The request ring carries `EngineCoreRequest`, `AbortRequests`, `LoadLora`,
+`UnloadLora` and `Shutdown`, and for a speech engine `TranscriptionRequest` followed by its
+`AudioChunk`s; the output ring carries `EngineReady`, `EngineCoreOutputs`, `EngineFailure` and
+`LoraUpdated`. Before either ring is read, the engine process reads one `EngineLaunch` on its
+stdin.
 
 Token ids travel as lists of ints: msgpack packs small ints in one to three bytes, and the
 frontend needs them as Python ints anyway. Embeddings travel as raw little-endian float32 bytes
@@ -31,7 +32,7 @@ class EngineLaunch(msgspec.Struct, kw_only=True):
 
     args: EngineArgs
     request_ring: RingSpec
-    """Frontend -> engine: EngineCoreRequest, AbortRequests, Shutdown."""
+    """Frontend -> engine: EngineCoreRequest, AbortRequests, LoadLora, UnloadLora, Shutdown."""
     output_ring: RingSpec
     """Engine -> frontend: EngineReady or EngineFailure first, then EngineCoreOutputs."""
 
@@ -59,6 +60,24 @@ class EngineCoreRequest(_Msg, tag="add"):
     """A pooling request that is a pair of texts (a cross-encoder's input): the index of the
     second text's first token, from which a model with token types gives type 1; 0: one
     text."""
+    lora: str | None = None
+    """The LoRA adapter to generate with, by its loaded name (None: the base model)."""
+
+
+class LoadLora(_Msg, tag="load_lora"):
+    """Load the PEFT adapter at `path` and serve it as `name`; answered by `LoraUpdated`."""
+
+    update_id: int
+    name: str
+    path: str
+
+
+class UnloadLora(_Msg, tag="unload_lora"):
+    """Stop serving adapter `name` (its requests in flight finish); answered by
+    `LoraUpdated`."""
+
+    update_id: int
+    name: str
 
 
 class TranscriptionRequest(_Msg, tag="transcribe"):
@@ -143,6 +162,16 @@ class EngineFailure(_Msg, tag="failure"):
 
     message: str
     traceback: str = ""
+
+
+class LoraUpdated(_Msg, tag="lora_updated"):
+    """The answer to `LoadLora` or `UnloadLora` of the same `update_id`."""
+
+    update_id: int
+    error: str | None = None
+    """Why it was refused (None: done)."""
+    not_found: bool = False
+    """Refused because no adapter of that name is loaded."""
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -240,5 +269,13 @@ class EngineCoreOutputs(_Msg, tag="outputs"):
     stats: SchedulerStats
 
 
-FrontendMessage = EngineCoreRequest | TranscriptionRequest | AudioChunk | AbortRequests | Shutdown
-EngineMessage = EngineReady | EngineLoading | EngineCoreOutputs | EngineFailure
+FrontendMessage = (
+    EngineCoreRequest
+    | TranscriptionRequest
+    | AudioChunk
+    | AbortRequests
+    | LoadLora
+    | UnloadLora
+    | Shutdown
+)
+EngineMessage = EngineReady | EngineLoading | EngineCoreOutputs | EngineFailure | LoraUpdated

@@ -35,9 +35,12 @@ from trio_llm.ipc.messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
+    LoadLora,
+    LoraUpdated,
     SchedulerStats,
     SpeechOutput,
     TranscriptionRequest,
+    UnloadLora,
 )
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,8 @@ class SpeechCore:
             raise SpeechModelError(
                 f"{name} is a speech-to-text model: it serves task transcribe, not {args.task}"
             )
+        if args.lora:
+            raise SpeechModelError(f"{name} is a speech-to-text model: it takes no LoRA adapters")
         # CTranslate2's OpenMP threads spin between parallel regions by default. Measured on a
         # loaded 2-core VM: 16-34 CPU s per 30 s clip spinning, 1.0-1.5 s passive, the same
         # text; and an engine shares its cores with the frontend and the other engines. Set
@@ -137,6 +142,11 @@ class SpeechCore:
                 f"{self.ready.model} is a speech-to-text model: it does not generate text or "
                 "embeddings",
             )
+
+    def update_lora(self, message: LoadLora | UnloadLora) -> LoraUpdated:
+        return LoraUpdated(
+            update_id=message.update_id, error="a speech engine serves no LoRA adapters"
+        )
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for request_id in request_ids:

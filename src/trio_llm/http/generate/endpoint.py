@@ -42,6 +42,7 @@ from quart import Response
 
 from trio_llm.client.errors import InvalidPromptError, UnservableRequestError
 from trio_llm.client.input_processor import check_constraint as client_check_constraint
+from trio_llm.client.lora import routing_salt
 from trio_llm.constraint import Constraint
 from trio_llm.http.errors import bad_request
 from trio_llm.http.generate.protocol import RenderedPrompt
@@ -199,20 +200,21 @@ async def serve_generation(
     await check_plan(plan, card)
     state.admit(served, plan.sequences)
     prepared = await endpoint.prepare(request, plan, state.engine_for(served), card)
+    lora = state.router.lora_for(request.model)  # a LoRA adapter named as the model
     lease, model = state.lease(
         request.model,
         sequences=plan.sequences,
         prompt=prepared.prompts[0].token_ids if prepared.prompts else (),
-        cache_salt=prepared.params.cache_salt,
+        cache_salt=routing_salt(prepared.params.cache_salt, lora),
     )
     given_id = request.request_id or header_request_id()
     response_id = new_response_id(endpoint.id_prefix, given_id)
     ids = engine_request_ids(response_id, len(prepared.prompts), given_id is not None)
     generations = [
-        _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request)
+        _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request, lora)
         for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
     ]
-    head = ResponseHead(response_id, model.name, now(), model.fingerprint)
+    head = ResponseHead(response_id, lora or model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
     settle = _settle_step(endpoint, prepared)
     if request.stream:
@@ -245,10 +247,11 @@ def _generate(
     max_tokens_param: str,
     request_id: str,
     request: GenerationRequest,
+    lora: str | None,
 ) -> AsyncGenerator[RequestOutput, None]:
     try:
         return lease.generate(
-            prompt.token_ids, params, request_id=request_id, priority=request.priority
+            prompt.token_ids, params, request_id=request_id, priority=request.priority, lora=lora
         )
     except (InvalidPromptError, SamplingParamsError) as error:
         renames = {"prompt": prompt.param, "max_tokens": max_tokens_param}

@@ -35,12 +35,23 @@ def _card(model: ModelInfo) -> ModelCard:
     return ModelCard(model.name, model.created, model.max_model_len)
 
 
+def _cards() -> list[ModelCard]:
+    """The served models, then their LoRA adapters (each with its base as `parent`)."""
+    state = current_state()
+    loras = [
+        ModelCard(name, base.created, base.max_model_len, root=path, parent=base.name)
+        for base, name, path in state.lora_cards()
+    ]
+    return [_card(card) for card in state.cards()] + loras
+
+
 async def list_models() -> Response:
-    return json_response(ModelList([_card(card) for card in current_state().cards()]))
+    return json_response(ModelList(_cards()))
 
 
 async def model_card(model_id: str) -> Response:
-    return json_response(_card(current_state().card(model_id)))
+    found = next((card for card in _cards() if card.id == model_id), None)
+    return json_response(found or _card(current_state().card(model_id)))
 
 
 def _engine(model: str | None) -> tuple[EngineClient, ModelInfo]:

@@ -20,6 +20,10 @@ class ModelCard(Struct):
     max_model_len: int
     object: str = "model"
     owned_by: str = "trio-llm"
+    root: str | UnsetType = UNSET
+    """A LoRA adapter's directory (vLLM's field)."""
+    parent: str | UnsetType = UNSET
+    """A LoRA adapter's base model (vLLM's field)."""
 
 
 class ModelList(Struct):

@@ -57,9 +57,10 @@ async def metrics() -> Response:
 
 
 @functools.cache
-def _openapi() -> bytes:
-    return msgspec.json.encode(openapi_document(__version__))
+def _openapi(lora_routes: bool) -> bytes:
+    return msgspec.json.encode(openapi_document(__version__, lora_routes=lora_routes))
 
 
 async def openapi_json() -> Response:
-    return Response(_openapi(), mimetype="application/json")
+    lora_routes = current_state().config.allow_runtime_lora_updating
+    return Response(_openapi(lora_routes), mimetype="application/json")

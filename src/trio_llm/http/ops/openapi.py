@@ -16,6 +16,7 @@ from trio_llm.http.chat import protocol as chat
 from trio_llm.http.completions import protocol as completions
 from trio_llm.http.embeddings import protocol as embeddings
 from trio_llm.http.generate import protocol as generate
+from trio_llm.http.lora import protocol as lora
 from trio_llm.http.models import protocol as models
 from trio_llm.http.pooling import protocol as pooling
 from trio_llm.http.responses import protocol as responses
@@ -149,8 +150,30 @@ def _get(summary: str, response: type | None = None, **extra: Any) -> dict[str, 
     return {"get": {"summary": summary, "responses": {"200": ok}, **extra}}
 
 
-def openapi_document(version: str) -> dict[str, Any]:
-    """OpenAPI 3.1 for every route the server has."""
+def _text_post(summary: str, request: type) -> dict[str, Any]:
+    """A POST answered by a line of plain text (vLLM's LoRA routes)."""
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {"200": {"description": "OK", "content": text}, **_errors()},
+        }
+    }
+
+
+def openapi_document(version: str, *, lora_routes: bool = False) -> dict[str, Any]:
+    """OpenAPI 3.1 for every route the server has (`lora_routes`: with
+    --allow-runtime-lora-updating)."""
+    loras = {
+        "/v1/load_lora_adapter": _text_post(
+            "Load a LoRA adapter (a PEFT directory on the server) on a base model",
+            lora.LoadLoraAdapterRequest,
+        ),
+        "/v1/unload_lora_adapter": _text_post(
+            "Unload a LoRA adapter (its requests in flight finish)", lora.UnloadLoraAdapterRequest
+        ),
+    }
     _, schemas = msgspec.json.schema_components(
         (
             *audio.WIRE_TYPES,
@@ -161,6 +184,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             *responses.WIRE_TYPES,
             *anthropic.WIRE_TYPES,
             *pooling.WIRE_TYPES,
+            *lora.WIRE_TYPES,
             *generate.WIRE_TYPES,
         ),
         ref_template="#/components/schemas/{name}",
@@ -348,6 +372,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/ping": _get("The same as /health (SageMaker's and vLLM's name)"),
             "/version": _get("Server version"),
             "/metrics": _get("Prometheus metrics"),
+            **(loras if lora_routes else {}),
         },
         "components": {"schemas": schemas},
     }

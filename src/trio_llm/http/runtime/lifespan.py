@@ -90,7 +90,7 @@ def own_engines(app: QuartTrio, state: AppState) -> None:
         try:
             with scope:
                 await supervise_engine(
-                    args,
+                    partial(state.engine_args, group, args),
                     partial(state.attach, group, index),
                     restart=config.restart_engine,
                     max_restarts_per_minute=config.max_restarts_per_minute,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 from quart import current_app
 
@@ -39,6 +40,7 @@ from trio_llm.client.router import (
     ServedModel,
     aggregate,
 )
+from trio_llm.config import EngineArgs
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
 from trio_llm.http.ids import now, system_fingerprint
@@ -233,6 +235,53 @@ class AppState:
     def cards(self) -> list[ModelInfo]:
         """Every served model's card, in order (those that came up at least once)."""
         return [self._cards[g] for g in sorted(self._cards)]
+
+    def lora_cards(self) -> list[tuple[ModelInfo, str, str]]:
+        """Every LoRA adapter served: (its base model's card, its name, its directory)."""
+        return [
+            (self._cards[g], name, path)
+            for g, model in enumerate(self.router.models)
+            if g in self._cards
+            for name, path in model.loras.items()
+        ]
+
+    def lora_base(self, requested: str | None) -> str:
+        """The served model a LoRA adapter is to be loaded on: `requested` (404 if it is not
+        served), or the first with LoRA enabled; 400 when LoRA is not enabled there."""
+        specs = self.config.model_specs
+        names = self.router.names()
+        if requested is not None:
+            if requested not in names:
+                raise ProtocolError(
+                    404,
+                    f"The model `{requested}` does not exist; this server serves "
+                    + ", ".join(f"`{n}`" for n in names),
+                    param="base_model_name",
+                    code="model_not_found",
+                )
+            group = next(g for g, m in enumerate(self.router.models) if m.name == requested)
+            if not specs[group].args.lora:
+                raise bad_request(
+                    f"LoRA is not enabled on `{requested}` (--enable-lora)",
+                    param="base_model_name",
+                )
+            return requested
+        for group, spec in enumerate(specs):
+            card = self._cards.get(group)
+            if spec.args.lora and card is not None and card.task == "generate":
+                return card.name
+        raise bad_request(
+            "LoRA is not enabled on any model this server generates with (--enable-lora)",
+            param="base_model_name",
+        )
+
+    def engine_args(self, group: int, args: EngineArgs) -> EngineArgs:
+        """What replica `group`'s engine (re)starts with: `args`, with the LoRA adapters its
+        model serves by now (loaded or unloaded at run time since the start)."""
+        model = self.router.models[group]
+        if model.config is None or not args.lora:
+            return args
+        return msgspec.structs.replace(args, lora_modules=dict(model.loras))
 
     def card(self, name: str) -> ModelInfo:
         for info in self.cards():

@@ -44,7 +44,7 @@ def _default_open_engine() -> OpenEngine:
 
 
 async def supervise_engine(
-    args: EngineArgs,
+    args: EngineArgs | Callable[[], EngineArgs],
     attach: Callable[[EngineClient | None], None],
     *,
     restart: bool = True,
@@ -56,15 +56,18 @@ async def supervise_engine(
 ) -> None:
     """Run until cancelled. `task_status.started()` fires once the first engine is up; a first
     start that fails raises `EngineStartError` instead, naming `label` (the server must not
-    come up)."""
+    come up). `args` may be a function, asked at each start (a restart takes the LoRA
+    adapters served by then)."""
     open_engine = open_engine or _default_open_engine()
-    label = label or args.served_model_name or args.model
+    args_now = args if callable(args) else lambda: args
+    first = args_now()
+    label = label or first.served_model_name or first.model
     on_stage: OnStage = log_stage(label)
     restarts: deque[float] = deque()
     started = False
     while True:
         try:
-            async with open_engine(args, on_stage=on_stage) as client:
+            async with open_engine(args_now(), on_stage=on_stage) as client:
                 attach(client)
                 if not started:
                     started = True

@@ -137,9 +137,13 @@ def _build(
 
 
 def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool) -> list[str]:
-    """Calls in tags. After the last call the model may still write text (whitespace, a
-    sentence), so that it can end there; text that opens another tag starts another call
-    (a lazy lexeme: its text ends at the first tag), or none when only one call is allowed."""
+    """Calls in tags. Forced (required, or a named function): the answer is the calls, with
+    whitespace between and after them, so that a model that writes a newline after its last
+    call can still end, and one that would go on talking cannot (a tool choice of required
+    asks for calls: a small model given room after them fills max_tokens). Otherwise, after
+    the last call, the model may write text and end; text that opens another tag starts
+    another call (a lazy lexeme: its text ends at the first tag), or none when only one call
+    is allowed."""
     open_tag, close_tag = _literal(format.open_tag or ""), _literal(format.close_tag or "")
     more = ' ("," NL obj)*' if parallel else ""
     # SmolLM2's prompt says to write an empty list when no call is needed: allowed with auto.
@@ -147,6 +151,7 @@ def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool
     tag = _regex_literal(format.open_tag or "")
     rules = [
         "NL: /\\n?/",
+        "WS: /[ \\t\\r\\n]+/",
         f'body: obj | "[" NL obj{more} NL "]"{empty}',
         "TEXT: /(.|\\n)+/",
         "ANY: /(.|\\n)*/",
@@ -157,7 +162,7 @@ def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool
     ]
     calls = "first call* TEXT?" if parallel else "first TAIL?"
     if forced:
-        rules.append(f"start: {calls}")
+        rules.append("start: first (WS? first)* WS?" if parallel else "start: first WS?")
     elif answer:
         rules.append(f"start: {calls} | answer")
     else:
@@ -166,12 +171,12 @@ def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool
 
 
 def _llama3_rules(forced: bool, parallel: bool, answer: bool) -> list[str]:
-    """The answer is the calls, `; ` between them; after the last, any text that does not
-    continue the list."""
+    """The answer is the calls, `; ` between them; after the last, whitespace when forced
+    (as for tagged calls), else any text that does not continue the list."""
     calls = 'calls: obj ("; " obj)*' if parallel else "calls: obj"
     rules = [calls, "TAIL: /[^;](.|\\n)*/", "TEXT: /[^{](.|\\n)*/"]
     if forced:
-        return [*rules, "start: calls TAIL?"]
+        return [calls, "WS: /[ \\t\\r\\n]+/", "start: calls WS?"]
     if answer:
         return [*rules, "start: calls TAIL? | answer"]
     return [*rules, 'start: calls TAIL? | TEXT | ""']

@@ -141,6 +141,10 @@ class ToolCallParser:
     _decided: bool = False
     """llama3_json: whether the answer's start has shown it is a call or text."""
     _ended: bool = False
+    _blank: str = ""
+    """Whitespace after a call, held until text follows it: a model that ends its answer with
+    a newline after its calls has no content to show (a Responses output would otherwise get
+    a message item of blank text)."""
 
     # -- the interface ----------------------------------------------------------------------
 
@@ -163,8 +167,8 @@ class ToolCallParser:
         deltas: list[ToolCallDelta] = []
         if self._in_call:
             self._close_region(content, deltas, closed=False)
-        content.append(self._text)
-        self._text = ""
+        self._text_out(content, self._text)
+        self._text, self._blank = "", ""
         out = "".join(content)
         self._content.append(out)
         return out, deltas
@@ -175,6 +179,17 @@ class ToolCallParser:
         return "".join(self._content), list(self.calls)
 
     # -- text mode --------------------------------------------------------------------------
+
+    def _text_out(self, content: list[str], text: str) -> None:
+        """Text outside calls is content, but whitespace after a call waits for text."""
+        if not self.calls:
+            content.append(text)
+            return
+        text, self._blank = self._blank + text, ""
+        if text.isspace():
+            self._blank = text
+        else:
+            content.append(text)
 
     def _feed(self, text: str, content: list[str], deltas: list[ToolCallDelta]) -> None:
         if self._in_call:
@@ -188,10 +203,10 @@ class ToolCallParser:
         at = buffer.find(tag)
         if at < 0:
             held = _held_prefix(buffer, tag)
-            content.append(buffer[: len(buffer) - held])
+            self._text_out(content, buffer[: len(buffer) - held])
             self._text = buffer[len(buffer) - held :]
             return
-        content.append(buffer[:at])
+        self._text_out(content, buffer[:at])
         self._text = ""
         self._open_region()
         self._feed_region(buffer[at + len(tag) :], content, deltas)
@@ -201,7 +216,7 @@ class ToolCallParser:
     ) -> None:
         """llama3_json: the answer is a call when it starts with `{`."""
         if self._decided:
-            content.append(buffer)
+            self._text_out(content, buffer)
             return
         stripped = buffer.lstrip()
         if not stripped:
@@ -265,7 +280,7 @@ class ToolCallParser:
             tags = self.format
             opened = tags.open_tag or ""
             closing = (tags.close_tag or "") if closed else ""
-            content.append(f"{opened}{self._region}{closing}")
+            self._text_out(content, f"{opened}{self._region}{closing}")
         self._in_call = False
         self._pending = None
         self._region = ""
