@@ -63,6 +63,11 @@ def load_config(source: ModelSource) -> PretrainedConfig:
             f"code), the classifiers {', '.join(sorted(CLASSIFIER_ARCHITECTURES))} and, for "
             f"embeddings, encoders of type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
         )
+    if getattr(config, "vocab_size", None) is None:
+        raise UnsupportedModelError(
+            f"{source.name}: {type(config).__name__} is a composite (multimodal) config without "
+            "a vocabulary of its own; the engine serves text models"
+        )
     return config
 
 
