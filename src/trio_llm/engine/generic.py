@@ -341,6 +341,11 @@ class _HiddenStates(torch.nn.Module):
 
         self._outputs = Outputs
 
+    @property
+    def decoder(self) -> _HiddenStates:
+        """OPT's causal LM calls its base model's `decoder`, not the base model itself."""
+        return self
+
     def forward(self, *args: object, **kwargs: object) -> object:
         return self._outputs(last_hidden_state=self.hidden)
 
