@@ -80,6 +80,8 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         logits_scaling=4.0,
     ),
     "gpt2": lambda: _config("GPT2Config", n_embd=64, n_layer=2, n_head=4, n_positions=512),
+    # OPT's causal LM calls its base model's `decoder`: the logits' stand-in must answer it.
+    "opt": lambda: _config("OPTConfig", ffn_dim=128, word_embed_proj_dim=64),
     "gpt_neox": lambda: _config("GPTNeoXConfig", rotary_pct=0.5),
     "qwen3_moe": lambda: _config(
         "Qwen3MoeConfig",

@@ -143,6 +143,7 @@ def test_model_impl_own_refuses_a_model_no_own_forward_covers(tmp_path: Path) ->
             {"head_dim": 16, "num_experts": 4, "linear_num_key_heads": 2},
             "linear_attention",
         ),
+        ("FuyuConfig", {}, "composite .multimodal. config"),
     ],
 )
 def test_what_the_paged_attention_cannot_run_is_refused_at_start_with_the_reason(

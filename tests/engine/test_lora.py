@@ -15,7 +15,7 @@ import pytest
 import torch
 from engine_helpers import make_core, random_prompts, run
 
-from lora_adapters import make_adapter, merged_model, peft_greedy, peft_logprobs
+from lora_adapters import ALL_PROJECTIONS, make_adapter, merged_model, peft_greedy, peft_logprobs
 from trio_llm.engine.core import EngineConfigError, EngineCore
 from trio_llm.engine.lora import LoraBatch, LoraStacks, adapter_root
 from trio_llm.engine.lora.targets import Part, Target
@@ -384,3 +384,44 @@ def test_single_token_weight_copies_keep_the_adapters(
     assert (lps.max(dim=-1).values - chosen).max() < 0.05
     base = peft_logprobs(references[None], prompt)[-1]
     assert base.max() - base[got.token_ids[0]] > 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "targets"),
+    [
+        ("qwen3", ALL_PROJECTIONS),
+        ("gemma3", ALL_PROJECTIONS),
+        ("gpt_neox", ("query_key_value", "dense", "dense_4h_to_h")),
+    ],
+)
+def test_an_adapter_on_another_family_equals_pefts_merged_model(
+    tmp_path_factory: pytest.TempPathFactory, name: str, targets: tuple[str, ...]
+) -> None:
+    """The generic path (transformers' modules, the paged attention) wraps any family's
+    Linears: Qwen3 (q/k norms), Gemma 3 (alternating sliding-window layers, prompts longer
+    than the window), GPT-NeoX (its layers under `gpt_neox`, fused QKV); an adapter's rows
+    batched with the base's."""
+    from architectures import VOCAB, WINDOW, build
+
+    base = tmp_path_factory.mktemp(name)
+    build(name, base)
+    out = tmp_path_factory.mktemp(f"{name}-adapter")
+    adapter = make_adapter(base, out, seed=6, rank=4, targets=targets)
+    core = _core(base, {"a": adapter}, max_lora_rank=4)
+    assert core.runner.own is None
+    prompts = random_prompts([9, 2 * WINDOW + 5], seed=8, vocab=VOCAB)
+    names = [None, "a"]
+    results = run(
+        core,
+        [
+            lora_request(f"{p}-{lora}", prompt, lora)
+            for p, prompt in enumerate(prompts)
+            for lora in names
+        ],
+    )
+    references = {lora: merged_model(base, adapter if lora else None) for lora in names}
+    for p, prompt in enumerate(prompts):
+        for lora in names:
+            got = results[f"{p}-{lora}"]
+            assert got.token_ids == peft_greedy(references[lora], prompt, MAX_TOKENS), (p, lora)
+        assert results[f"{p}-a"].token_ids != results[f"{p}-None"].token_ids

@@ -238,8 +238,7 @@ class EngineCore:
             dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
             if dtype is not torch.float32:
                 model.to(dtype)
-        # A GGUF file's quantized weights live in the own forward, not in the model.
-        layers = generic.declared_layers(model) if gguf else generic.inspect(model, source.name)
+        layers = generic.inspect(model, source.name)
         spec = kv_cache_spec(layers, args.block_size, dtype)
         kv_bytes = args.kv_cache_bytes(device, loader.free_device_memory(device))
         num_blocks = kv_bytes // spec.bytes_per_block

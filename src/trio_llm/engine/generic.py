@@ -26,12 +26,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from trio_llm.engine.attention import ATTN_IMPLEMENTATION, AttentionMetadata
 from trio_llm.model_files import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from trio_llm.engine.lora import LoraBatch, LoraHook
 
 INSPECT_IMPLEMENTATION = "trio_inspect"
 """The attention and mask implementation `inspect` switches the model to while it records."""
@@ -210,38 +214,16 @@ def inspect(model: torch.nn.Module, name: str) -> list[AttentionLayer]:
     _grid = max([_GRID] + [2 * int(w) + 2 for w in windows if isinstance(w, int)])
     device = next(model.parameters()).device
     ids = torch.tensor([[1, 2, 3]], device=device)
+    # A model on the meta device (a GGUF's quantized weights live outside it) runs shapes only,
+    # and without a cache transformers would read its position ids to find packed sequences.
+    cache = device.type == "meta"
     try:
         with _implementation(model, INSPECT_IMPLEMENTATION), torch.inference_mode():
-            decoder_of(model)(input_ids=ids, position_ids=ids - 1, use_cache=False, trio_attn=None)
+            decoder_of(model)(input_ids=ids, position_ids=ids - 1, use_cache=cache, trio_attn=None)
         recording = _recording
     finally:
         _recording = None
     return _layers(name, text, recording)
-
-
-def declared_layers(model: torch.nn.Module) -> list[AttentionLayer]:
-    """The attention layers a model's config declares, for a model that cannot run `inspect`:
-    one without weights (a quantized GGUF file's, whose weights the own forward holds), which
-    only an own forward runs. Sliding windows where `layer_types` says so, or on every layer
-    where the config has a window and no layer types (Mistral); no soft-caps (no own forward
-    has them)."""
-    config = model.config
-    decoder = decoder_of(model)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    window = getattr(config, "sliding_window", None) or None
-    types = getattr(config, "layer_types", None)
-    return [
-        AttentionLayer(
-            module=layer.self_attn,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            window=window if (types is None or types[i] == "sliding_attention") else None,
-            softcap=None,
-        )
-        for i, layer in enumerate(decoder.layers)
-    ]
 
 
 def _refuse_layer_types(name: str, config: object) -> None:
@@ -359,6 +341,11 @@ class _HiddenStates(torch.nn.Module):
 
         self._outputs = Outputs
 
+    @property
+    def decoder(self) -> _HiddenStates:
+        """OPT's causal LM calls its base model's `decoder`, not the base model itself."""
+        return self
+
     def forward(self, *args: object, **kwargs: object) -> object:
         return self._outputs(last_hidden_state=self.hidden)
 
@@ -374,8 +361,12 @@ class GenericForward:
         layers: Sequence[AttentionLayer],
         k_caches: Sequence[Tensor],
         v_caches: Sequence[Tensor],
+        lora_hook: LoraHook | None = None,
     ) -> None:
+        """`lora_hook`: where the decoder's wrapped Linears read a step's adapter rows
+        (`lora.wrap_linears`), when LoRA is on."""
         self.model = model
+        self.lora_hook = lora_hook
         self.decoder = decoder_of(model)
         self._prefix = getattr(model, "base_model_prefix", "model")
         self._stand_in = _HiddenStates()
@@ -391,14 +382,23 @@ class GenericForward:
         attn: AttentionMetadata,
         k_caches: Sequence[Tensor],
         v_caches: Sequence[Tensor],
+        lora: LoraBatch | None = None,
     ) -> Tensor:
-        """Hidden states after the final norm, [T, hidden] (the caches hang on the layers)."""
-        out = self.decoder(
-            input_ids=input_ids.unsqueeze(0),
-            position_ids=positions.unsqueeze(0),
-            use_cache=False,
-            trio_attn=attn,
-        )
+        """Hidden states after the final norm, [T, hidden] (the caches hang on the layers);
+        `lora`: the step's adapter rows, if any."""
+        hook = self.lora_hook
+        if hook is not None:
+            hook.batch = lora
+        try:
+            out = self.decoder(
+                input_ids=input_ids.unsqueeze(0),
+                position_ids=positions.unsqueeze(0),
+                use_cache=False,
+                trio_attn=attn,
+            )
+        finally:
+            if hook is not None:
+                hook.batch = None
         return out.last_hidden_state[0]
 
     def logits(self, hidden: Tensor) -> Tensor:

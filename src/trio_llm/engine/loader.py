@@ -42,8 +42,9 @@ CLASSIFIER_ARCHITECTURES = frozenset(
 
 def load_config(source: ModelSource) -> PretrainedConfig:
     """Read the model's config and refuse what the engine cannot run: anything but a causal LM
-    that transformers implements (or an encoder, for embeddings). What a causal LM's layers ask
-    of attention is checked once it is loaded (`generic.inspect`)."""
+    that transformers implements, a classifier the pooling engine applies, or an encoder (for
+    embeddings). What a causal LM's layers ask of attention is checked once it is loaded
+    (`generic.inspect`)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -61,6 +62,11 @@ def load_config(source: ModelSource) -> PretrainedConfig:
             "the engine runs the causal language models transformers implements (no remote "
             f"code), the classifiers {', '.join(sorted(CLASSIFIER_ARCHITECTURES))} and, for "
             f"embeddings, encoders of type {', '.join(sorted(ENCODER_MODEL_TYPES))}"
+        )
+    if getattr(config, "vocab_size", None) is None:
+        raise UnsupportedModelError(
+            f"{source.name}: {type(config).__name__} is a composite (multimodal) config without "
+            "a vocabulary of its own; the engine serves text models"
         )
     return config
 

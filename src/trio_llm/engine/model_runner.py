@@ -38,6 +38,7 @@ from trio_llm.engine.sequence import ScheduledBatch, Sequence
 from trio_llm.engine.structured import StepMasks, apply_bitmask
 from trio_llm.engine.weight_sets import WeightSets
 from trio_llm.ipc.messages import TokenLogprobs
+from trio_llm.model_files import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -136,12 +137,12 @@ class ModelRunner:
         sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the
         Triton kernels and the engine's own forward, without single-token weight sets.
         Elsewhere it is ignored (and steps with LoRA adapters run eagerly). `lora`: serve
-        adapters (`self.lora`).
+        adapters (`self.lora`). `weights`: the own forward's weights when they do not come
+        from `model` (a GGUF file's, `engine.quant`); `quantization` int8, int4 or w8a8
+        quantizes the model's at start-up. Quantized weights run on the own forward only.
 
         `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
-        (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable.
-        `weights`: the own forward's weights when they do not come from `model` (a GGUF file's,
-        `engine.quant`); `quantization` int8 or int4 quantizes the model's at start-up."""
+        (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable."""
         self.model = model
         self.spec = spec
         self.block_size = spec.block_size
@@ -150,15 +151,32 @@ class ModelRunner:
             model, model_impl, single_token_dtype=single_token_dtype is not None
         )
         """Which forward computes the steps, and why (`forwards`)."""
+        quantized = weights is not None or quantization in quant.AT_LOAD
+        if quantized and not self.choice.own:
+            raise UnsupportedModelError(
+                f"quantized weights (--quantization {quantization}) run on the engine's own "
+                f"forward only, and this model takes {self.choice.describe()}"
+            )
+        self._attention = metadata_type(backend)
+        self.vocab_size = model.config.vocab_size
+        self.staging = Staging(device)
+        self.input_batch = InputBatch(spec.block_size, max_model_len)
+        self.sampler = Sampler(seed, device, self._tokens_to_host)
+        # Zeros, not empty: a masked-out position still multiplies its value by a zero weight,
+        # and uninitialized memory may hold NaN. On CPU zeroed pages cost nothing until touched.
+        shapes = [(num_blocks, spec.block_size, heads, dim) for heads, dim in spec.layers]
+        self.k_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
+        self.v_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
         self.own: LlamaForward | None = None
         """The engine's own forward, when it computes this model (`choice`)."""
-        quantized = False
+        self.forward: LlamaForward | GenericForward
         if self.choice.own:
             windows = [layer.window for layer in layers]
-            self.own = LlamaForward(model, max_model_len, weights=weights, windows=windows)
-            if quantization in ("int8", "int4", "w8a8"):
+            self.own = self.forward = LlamaForward(
+                model, max_model_len, weights=weights, windows=windows
+            )
+            if quantization in quant.AT_LOAD:
                 quant.quantize_forward(self.own, quantization)
-            quantized = self.own.quantized
         self.invariance = invariance.decide(
             batch_invariant,
             dtype=spec.dtype,
@@ -169,13 +187,13 @@ class ModelRunner:
             backend=backend,
             single_token=single_token_dtype is not None,
             model_path=None if self.own else invariance.unsupported_modules(model),
-            quantized=quantized,
+            quantized=self.own is not None and self.own.quantized,
             lora=lora is not None,
         )
         """Whether every row is computed one way whatever shares its step, and how."""
         if self.own is not None:
             self.own.use(self.invariance.matmul)
-            if quantized:
+            if self.own.quantized:
                 # Quantized weights on their own kernels, row-exact for any rows; with
                 # invariance off, calls of many rows (prefill chunks) dequantize instead.
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
@@ -198,23 +216,12 @@ class ModelRunner:
         if self.own is not None:
             # Its fused weights replace the layers' own: free them rather than hold both.
             decoder_of(model).layers = torch.nn.ModuleList()
-        elif self.invariance.on:
-            invariance.replace_linears(model, self.invariance.matmul)
-        self._attention = metadata_type(backend)
-        self.vocab_size = model.config.vocab_size
-        self.staging = Staging(device)
-        self.input_batch = InputBatch(spec.block_size, max_model_len)
-        self.sampler = Sampler(seed, device, self._tokens_to_host)
-        # Zeros, not empty: a masked-out position still multiplies its value by a zero weight,
-        # and uninitialized memory may hold NaN. On CPU zeroed pages cost nothing until touched.
-        shapes = [(num_blocks, spec.block_size, heads, dim) for heads, dim in spec.layers]
-        self.k_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
-        self.v_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
-        self.forward: LlamaForward | GenericForward = (
-            self.own
-            if self.own is not None
-            else GenericForward(model, layers, self.k_caches, self.v_caches)
-        )
+        else:
+            if self.invariance.on:
+                invariance.replace_linears(model, self.invariance.matmul)
+            self.forward = GenericForward(
+                model, layers, self.k_caches, self.v_caches, self._lora_hook
+            )
         self.weight_sets: WeightSets | None = None
         """The Linear layers in `single_token_dtype` too, selected for single-token steps."""
         if single_token_dtype is not None and single_token_dtype != spec.dtype:
@@ -273,29 +280,14 @@ class ModelRunner:
             assert isinstance(inputs.attn, TritonAttentionMetadata)
             logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
             return self.sample(batch.seqs, inputs, None, eos_token_ids, masks, logits)
-        if self.own is not None:
-            hidden = self.own(
-                inputs.input_ids[0],
-                inputs.positions[0],
-                inputs.attn,
-                self.k_caches,
-                self.v_caches,
-                inputs.lora,
-            )
-        else:
-            if self._lora_hook is not None:
-                self._lora_hook.batch = inputs.lora
-            try:
-                hidden = self.forward(
-                    inputs.input_ids[0],
-                    inputs.positions[0],
-                    inputs.attn,
-                    self.k_caches,
-                    self.v_caches,
-                )
-            finally:
-                if self._lora_hook is not None:
-                    self._lora_hook.batch = None
+        hidden = self.forward(
+            inputs.input_ids[0],
+            inputs.positions[0],
+            inputs.attn,
+            self.k_caches,
+            self.v_caches,
+            inputs.lora,
+        )
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:

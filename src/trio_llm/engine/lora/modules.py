@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from trio_llm.engine.lora.batch import LoraBatch
-from trio_llm.engine.lora.targets import Target, module_targets
+from trio_llm.engine.lora.targets import Target, decoder_layers, module_targets
 
 
 class LoraHook:
@@ -35,6 +35,12 @@ class LoraLinear(torch.nn.Module):
         self.target = target
         self.hook = hook
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The wrapped Linear's, for modules that read their projections' weights (a dtype, a
+        device) rather than only call them."""
+        return self.base.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         batch = self.hook.batch
@@ -47,7 +53,7 @@ def wrap_linears(model: torch.nn.Module, hook: LoraHook) -> list[Target]:
     """Replace every Linear of the decoder layers by a `LoraLinear` reading `hook`; the
     targets, in the wrappers' order."""
     found = module_targets(model)
-    layers = model.model.layers  # type: ignore[union-attr]
+    layers = decoder_layers(model)
     for index, (target, linear) in enumerate(found):
         parent_path, _, name = target.projection.rpartition(".")
         layer = layers[target.layer]

@@ -42,9 +42,24 @@ class Target:
         return sum(p.out_features for p in self.parts)
 
 
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder's list of layers, whatever the family calls it (`model.layers` for the Llama
+    family and most others, `transformer.h` for GPT-2's): its list of `num_hidden_layers`
+    modules."""
+    from trio_llm.engine.generic import decoder_of
+
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    count = getattr(text, "num_hidden_layers", None)
+    for module in decoder_of(model).children():
+        if isinstance(module, torch.nn.ModuleList) and (count is None or len(module) == count):
+            return module
+    raise ValueError("the model's decoder has no list of its layers")
+
+
 def layers_prefix(model: torch.nn.Module) -> str:
     """The path of the decoder's layer list in `model` (`model.layers` for the Llama family)."""
-    layers = model.model.layers  # type: ignore[union-attr]
+    layers = decoder_layers(model)
     for name, module in model.named_modules():
         if module is layers:
             return name
@@ -57,7 +72,7 @@ def fused_targets(model: torch.nn.Module, projections: Mapping[str, Sequence[str
     is the forward's (layer-major, then `projections`' order)."""
     prefix = layers_prefix(model)
     targets = []
-    for index, layer in enumerate(model.model.layers):  # type: ignore[union-attr]
+    for index, layer in enumerate(decoder_layers(model)):
         for projection, paths in projections.items():
             linears = [layer.get_submodule(path) for path in paths]
             targets.append(
@@ -79,7 +94,7 @@ def module_targets(model: torch.nn.Module) -> list[tuple[Target, torch.nn.Linear
     the transformers path wraps."""
     prefix = layers_prefix(model)
     found = []
-    for index, layer in enumerate(model.model.layers):  # type: ignore[union-attr]
+    for index, layer in enumerate(decoder_layers(model)):
         for path, module in layer.named_modules():
             if isinstance(module, torch.nn.Linear):
                 target = Target(

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from trio_llm.model_files import ModelSource
 
 __all__ = [
+    "AT_LOAD",
     "QUANTIZATIONS",
     "Int4Weight",
     "Int8Weight",
@@ -59,6 +60,8 @@ none: every weight dequantized to the float dtype (what transformers' GGUF reade
 int8 / int4: the linear layers quantized at load (int8 per row; int4 in groups of 32), the
 LM head and embeddings in int8; w8a8: every matrix in int8 per row (a GGUF's values requantized)
 multiplied by int8 activations (`Int8Weight.int8_activations`)."""
+AT_LOAD = ("int8", "int4", "w8a8")
+"""The quantizations applied to the own forward's weights at start-up (`quantize_forward`)."""
 
 
 def plan(
@@ -76,14 +79,15 @@ def plan(
         return "none", None
     runnable = (
         device == "cpu"
-        and model_impl == "auto"
+        and model_impl in ("auto", "own")
         and bool(set(getattr(config, "architectures", None) or ()) & llama.ARCHITECTURES)
     )
-    if quantization in ("int8", "int4", "w8a8"):
+    if quantization in AT_LOAD:
         if not runnable:
             raise ValueError(
                 f"--quantization {quantization} runs on a CPU with the engine's own forward "
-                f"(architectures {', '.join(sorted(llama.ARCHITECTURES))}, --model-impl auto)"
+                f"(architectures {', '.join(sorted(llama.ARCHITECTURES))}, --model-impl auto "
+                "or own)"
             )
         path = gguf_path_of(source) if quantization == "w8a8" else None
         return quantization, path if path is not None and is_quantized_file(path) else None
