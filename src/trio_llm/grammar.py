@@ -21,6 +21,10 @@ Invariants:
 llguidance was chosen over xgrammar by bench/structured.py (table in
 bench/results/structured.md): no dependencies, forced-token computation for jump-forward, masks
 for draft tokens in one parallel call, and Lark and GBNF both accepted.
+
+Why over 400 lines: validation, the vocabulary and the matcher must agree on every limit and
+every byte; keeping them in one module is what guarantees the frontend and the engine never
+disagree about what is valid.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ chunked or bidirectional masks, keys and values of different widths.
 The logits are the model's own too: `GenericForward.logits` runs the causal LM's forward on the
 given hidden states (its decoder swapped for a stand-in that returns them), so whatever follows
 the decoder (a final soft-cap, a logit scale) is applied as transformers applies it.
+
+Why over 400 lines: the start-up inspection and the forward it licenses are one contract
+(what a layer asks of attention must reach the call); the recording functions and the
+refusal reasons are most of it.
 """
 
 from __future__ import annotations

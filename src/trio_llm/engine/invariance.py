@@ -41,6 +41,10 @@ verifies that on the model's own shapes at start-up (calls of many row counts, a
 a larger batch, against each row alone). It is a check, not a search: a plan that fails it
 means this machine lacks invariance, which `--batch-invariant on` then refuses to start
 without, and `auto` turns off, saying why.
+
+Why over 400 lines: the plans, the matmul that follows them, the start-up check and the
+refusals are one argument about one property; split, each half would have to restate the
+other's reasoning to be read.
 """
 
 from __future__ import annotations

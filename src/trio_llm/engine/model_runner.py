@@ -15,6 +15,10 @@ forward adds the adapters' updates after its projections (engine/lora/).
 Invariant: the input tensors are numpy gathers over the persistent input batch (`input_batch`):
 no per-token Python, and per-sequence Python is limited to noticing what each sequence appended
 since the last step (its sampled token, a new block).
+
+Why over 400 lines: one step's tensors (inputs, masks, LoRA grouping, sampling rows) are
+built and consumed here in order; the pieces that stand alone already live in input_batch,
+sampler, weight_sets and lora.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ each decode gathers, the masks, the gather buffers, each prefill chunk's context
 built once per step by `TorchAttentionMetadata.build`; each layer then runs `_store`, `_decode`
 and `_prefill` on the plans, a handful of large tensor ops. The kernel-signature functions build
 the same plans from their arguments on every call (what tests and one-off callers want).
+
+Why over 400 lines: the step plans and the three ops that consume them share private layouts
+(gather buffers, chunk slots, windows, key buckets); the kernel-signature wrappers are a
+thin tail that tests read beside them.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ relies on:
 A region that does not hold a call (`<tool_call>hello</tool_call>`: an unconstrained model's
 mistake) comes back as content, unchanged. Output cut inside a call (max_tokens) ends that call
 with the arguments written so far, as OpenAI's API does.
+
+Why over 400 lines: text mode, call mode and the nesting walker share the held-back state
+that makes streamed and complete answers agree; the format-specific parts are data in
+formats.py.
 """
 
 from __future__ import annotations
