@@ -296,6 +296,7 @@ def test_a_second_call_after_text_is_still_constrained(matcher: Any) -> None:
     assert not matcher(single, CALL + "\n" + CALL)
     forced = tool_grammar(HERMES, [WEATHER, NOW], forced=True, parallel=True)
     assert matcher(forced, CALL + "\n" + CALL + "\n")
+    assert not matcher(forced, CALL + "\n" * 9)  # then only the end: no blank lines to max_tokens
     assert not matcher(forced, CALL + "\nAnd now:\n" + CALL)
     assert not matcher(forced, CALL + "\n" + bad)
     assert not matcher(

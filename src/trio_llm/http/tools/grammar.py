@@ -138,9 +138,10 @@ def _build(
 
 def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool) -> list[str]:
     """Calls in tags. Forced (required, or a named function): the answer is the calls, with
-    whitespace between and after them, so that a model that writes a newline after its last
-    call can still end, and one that would go on talking cannot (a tool choice of required
-    asks for calls: a small model given room after them fills max_tokens). Otherwise, after
+    a little whitespace (up to 8 characters) between and after them, so that a model that
+    writes a newline after its last call can still end, and one that would go on talking, or
+    sample blank lines, cannot (a tool choice of required asks for calls: a small model given
+    room after them fills max_tokens). Otherwise, after
     the last call, the model may write text and end; text that opens another tag starts
     another call (a lazy lexeme: its text ends at the first tag), or none when only one call
     is allowed."""
@@ -151,7 +152,7 @@ def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool
     tag = _regex_literal(format.open_tag or "")
     rules = [
         "NL: /\\n?/",
-        "WS: /[ \\t\\r\\n]+/",
+        "WS: /[ \\t\\r\\n]{1,8}/",
         f'body: obj | "[" NL obj{more} NL "]"{empty}',
         "TEXT: /(.|\\n)+/",
         "ANY: /(.|\\n)*/",
@@ -176,7 +177,7 @@ def _llama3_rules(forced: bool, parallel: bool, answer: bool) -> list[str]:
     calls = 'calls: obj ("; " obj)*' if parallel else "calls: obj"
     rules = [calls, "TAIL: /[^;](.|\\n)*/", "TEXT: /[^{](.|\\n)*/"]
     if forced:
-        return [calls, "WS: /[ \\t\\r\\n]+/", "start: calls WS?"]
+        return [calls, "WS: /[ \\t\\r\\n]{1,8}/", "start: calls WS?"]
     if answer:
         return [*rules, "start: calls TAIL? | answer"]
     return [*rules, 'start: calls TAIL? | TEXT | ""']
