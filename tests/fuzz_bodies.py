@@ -360,5 +360,14 @@ PINNED: list[tuple[str, bytes]] = [
      b' {"type": "json_object"}}'),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,'
      b' "logit_bias": {"abc": 1}}'),
+    # Found by the deep mode (2026-12-02): integer bounds that both saturate at -2**63 sent
+    # llguidance's range-regex builder into unbounded recursion: a stack overflow (SIGSEGV)
+    # that killed the validating process, not a 5xx.
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,'
+     b' "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":'
+     b' {"type": "array", "items": {"type": "integer", "minimum": -143765112667930165248,'
+     b' "maximum": -143765112667930165248}}}}}'),
+    ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "guided_json": {"type": "integer",'
+     b' "minimum": -1e19, "maximum": -1e19, "multipleOf": 3}}'),
 ]  # fmt: skip
 """Every body a fuzz test found a 5xx with (or the issue reported), run on every run."""

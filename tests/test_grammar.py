@@ -105,6 +105,14 @@ def test_an_astral_character_the_model_can_spell_is_allowed(
             Constraint.json_schema('{"items":' * 100_000 + "{}" + "}" * 100_000),
             "nested 100001 levels deep",
         ),
+        (
+            Constraint.json_schema({"type": "integer", "minimum": -(10**20), "maximum": -(10**20)}),
+            "outside the range the grammar engine reads bounds in",
+        ),
+        (
+            Constraint.json_schema({"items": {"exclusiveMaximum": 1e19}}),
+            "exclusiveMaximum 1e+19 is outside",
+        ),
     ],
     ids=[
         "astral",
@@ -116,6 +124,8 @@ def test_an_astral_character_the_model_can_spell_is_allowed(
         "deep-lark",
         "deep-schema",
         "very-deep-schema",
+        "saturated-bounds",  # llguidance recursed until the stack overflowed (SIGSEGV)
+        "bound-past-64-bits",
     ],
 )
 def test_check_refuses_what_cannot_be_served(

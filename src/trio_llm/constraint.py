@@ -149,6 +149,7 @@ def _spec_error(kind: ConstraintKind, spec: str) -> str:
             return f"the JSON schema is not valid JSON: {exc}"
         if not isinstance(schema, dict | bool):
             return "a JSON schema must be an object (or true/false)"
+        return _bound_error(schema)
     elif kind is ConstraintKind.CHOICE:
         try:
             choices = json.loads(spec)
@@ -159,6 +160,33 @@ def _spec_error(kind: ConstraintKind, spec: str) -> str:
         if not all(isinstance(c, str) and c for c in choices):
             return "choice must be a non-empty list of non-empty strings"
     return ""
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_BOUND_LIMIT = 2**63
+"""llguidance reads a numeric bound as a 64-bit integer, saturating: an integer range whose
+bounds both saturate at -2**63 sends its regex builder into unbounded recursion, which
+overflows the thread's stack and kills the process (the frontend's, when it validates). So no
+bound may reach that range, on either side."""
+
+
+def _bound_error(schema: Any) -> str:
+    """The first numeric bound of `schema` (at any depth: it nests at most
+    `MAX_SCHEMA_DEPTH` levels, checked first) outside the grammar engine's range ('' if none)."""
+    if isinstance(schema, list):
+        return next((e for e in map(_bound_error, schema) if e), "")
+    if not isinstance(schema, dict):
+        return ""
+    for keyword in _BOUNDS:
+        value = schema.get(keyword)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and not -_BOUND_LIMIT < value < _BOUND_LIMIT:  # exact for ints of any size
+            text = str(value) if len(str(value)) <= 24 else str(value)[:21] + "..."
+            return (
+                f"the JSON schema's {keyword} {text} is outside the range the grammar "
+                "engine reads bounds in (64-bit integers: -2**63 < bound < 2**63)"
+            )
+    return next((e for e in map(_bound_error, schema.values()) if e), "")
 
 
 _JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')
