@@ -397,17 +397,6 @@ def _added_tokens_as_text(spec: dict[str, Any]) -> None:
     spec["added_tokens"] = kept
 
 
-def _byte_level_alphabet() -> list[str]:
-    """GPT-2's byte-level alphabet: the character that stands for each byte in a token's text
-    (printable Latin-1 bytes stand for themselves, the others are shifted past U+00FF)."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = {b: chr(b) for b in printable}
-    shifted = (b for b in range(256) if b not in chars)
-    for i, b in enumerate(shifted):
-        chars[b] = chr(0x100 + i)
-    return [chars[b] for b in range(256)]
-
-
 class Grammar:
     """One request's matcher: the state of its grammar after its committed tokens (and of its
     thinking budget, when it has one)."""
