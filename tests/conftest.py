@@ -79,6 +79,35 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: M
 
 
 @pytest.fixture(scope="session")
+def tiny_adapters(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> dict[str, Path]:
+    """Three PEFT adapters of the tiny model (random weights, ranks 4, 8 and 16), for the
+    library's and the server's LoRA tests alike."""
+    from lora_adapters import make_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        name: make_adapter(tiny_model_dir, root / name, seed=seed, rank=rank)
+        for name, seed, rank in (("sql", 11, 4), ("chat", 12, 8), ("wide", 13, 16))
+    }
+
+
+@pytest.fixture(scope="session")
+def adapter_greedy(
+    tiny_model_dir: Path, tiny_adapters: dict[str, Path]
+) -> dict[str | None, list[int]]:
+    """PEFT's greedy tokens for ADAPTER_PROMPT, per adapter (None: the base)."""
+    from lora_adapters import ADAPTER_PROMPT, ADAPTER_TOKENS, merged_model, peft_greedy
+
+    paths: dict[str | None, Path | None] = {None: None, **tiny_adapters}
+    return {
+        name: peft_greedy(merged_model(tiny_model_dir, path), ADAPTER_PROMPT, ADAPTER_TOKENS)
+        for name, path in paths.items()
+    }
+
+
+@pytest.fixture(scope="session")
 def wide_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource) -> Path:
     """The tiny Llama with an MLP of 1536 (the default model's): its down projection's inner
     dimension is past 1024, where oneDNN computes a lone row its own way (the batch invariance

@@ -15,6 +15,10 @@ import torch
 
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+ADAPTER_PROMPT = [1500, 27, 3021, 88, 412]
+ADAPTER_TOKENS = 8
+"""The prompt and length the `tiny_adapters` tests compare the engine with PEFT on."""
+
 
 def make_adapter(
     base: Path | str,

@@ -10,7 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from lora_adapters import make_adapter, merged_model, peft_greedy
+from lora_adapters import ADAPTER_PROMPT as PROMPT
+from lora_adapters import ADAPTER_TOKENS as TOKENS
 from trio_llm import (
     LLM,
     EngineClient,
@@ -25,33 +26,10 @@ from trio_llm import (
 
 pytestmark = pytest.mark.anyio
 
-PROMPT = [1500, 27, 3021, 88, 412]
-TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("client-adapters")
-    return {
-        "sql": make_adapter(tiny_model_dir, root / "sql", seed=11, rank=4),
-        "chat": make_adapter(tiny_model_dir, root / "chat", seed=12, rank=8),
-        "wide": make_adapter(tiny_model_dir, root / "wide", seed=13, rank=16),
-    }
-
-
-@pytest.fixture(scope="module")
-def expected(tiny_model_dir: Path, adapters: dict[str, Path]) -> dict[str | None, list[int]]:
-    """PEFT's greedy tokens for PROMPT, per adapter (None: the base)."""
-    paths: dict[str | None, Path | None] = {None: None, **adapters}
-    return {
-        name: peft_greedy(merged_model(tiny_model_dir, path), PROMPT, TOKENS)
-        for name, path in paths.items()
-    }
-
 
 @pytest.fixture(scope="module")
 async def client(
-    tiny_model_dir: Path, adapters: dict[str, Path], anyio_backend: str
+    tiny_model_dir: Path, tiny_adapters: dict[str, Path], anyio_backend: str
 ) -> AsyncIterator[EngineClient]:
     async with open_engine(
         str(tiny_model_dir),
@@ -60,7 +38,7 @@ async def client(
         dtype="float32",
         max_loras=2,
         max_lora_rank=8,
-        lora_modules={"sql": str(adapters["sql"])},
+        lora_modules={"sql": str(tiny_adapters["sql"])},
     ) as c:
         yield c
 
@@ -82,12 +60,14 @@ async def tokens(
 
 
 async def test_generate_with_a_start_adapter_and_one_loaded_at_run_time(
-    client: EngineClient, adapters: dict[str, Path], expected: dict[str | None, list[int]]
+    client: EngineClient,
+    tiny_adapters: dict[str, Path],
+    adapter_greedy: dict[str | None, list[int]],
 ) -> None:
-    assert client.loras == {"sql": str(adapters["sql"])}
-    assert await tokens(client, lora="sql") == expected["sql"]
-    assert await tokens(client) == expected[None]
-    await client.load_lora("chat", str(adapters["chat"]))
+    assert client.loras == {"sql": str(tiny_adapters["sql"])}
+    assert await tokens(client, lora="sql") == adapter_greedy["sql"]
+    assert await tokens(client) == adapter_greedy[None]
+    await client.load_lora("chat", str(tiny_adapters["chat"]))
     assert set(client.loras) == {"sql", "chat"}
     async with anyio.create_task_group() as tasks:  # batched together
         results: dict[str | None, list[int]] = {}
@@ -97,7 +77,7 @@ async def test_generate_with_a_start_adapter_and_one_loaded_at_run_time(
 
         for name in (None, "sql", "chat"):
             tasks.start_soon(run, name)
-    assert results == {name: expected[name] for name in (None, "sql", "chat")}
+    assert results == {name: adapter_greedy[name] for name in (None, "sql", "chat")}
     await client.unload_lora("chat")
     assert set(client.loras) == {"sql"}
     with pytest.raises(LoraNotFoundError, match="'chat' is not loaded"):
@@ -107,32 +87,34 @@ async def test_generate_with_a_start_adapter_and_one_loaded_at_run_time(
 
 
 async def test_loads_the_engine_refuses_say_why(
-    client: EngineClient, adapters: dict[str, Path]
+    client: EngineClient, tiny_adapters: dict[str, Path]
 ) -> None:
     with pytest.raises(LoraError, match="rank 16, over the engine's bound of 8"):
-        await client.load_lora("wide", str(adapters["wide"]))
+        await client.load_lora("wide", str(tiny_adapters["wide"]))
     with pytest.raises(LoraError, match="loaded already"):
-        await client.load_lora("sql", str(adapters["chat"]))
-    assert client.loras == {"sql": str(adapters["sql"])}
+        await client.load_lora("sql", str(tiny_adapters["chat"]))
+    assert client.loras == {"sql": str(tiny_adapters["sql"])}
 
 
 async def test_a_lora_request_is_loaded_on_first_use(
-    client: EngineClient, adapters: dict[str, Path], expected: dict[str | None, list[int]]
+    client: EngineClient,
+    tiny_adapters: dict[str, Path],
+    adapter_greedy: dict[str | None, list[int]],
 ) -> None:
-    request = LoraRequest("chat-auto", str(adapters["chat"]))
+    request = LoraRequest("chat-auto", str(tiny_adapters["chat"]))
     async with anyio.create_task_group() as tasks:  # two first uses at once load it once
         for _ in range(2):
             tasks.start_soon(tokens, client)
             tasks.start_soon(lambda: tokens(client, lora=request))
-    assert await tokens(client, lora=request) == expected["chat"]
+    assert await tokens(client, lora=request) == adapter_greedy["chat"]
     assert "chat-auto" in client.loras
     await client.unload_lora("chat-auto")
 
 
 async def test_a_request_in_flight_finishes_on_its_unloaded_adapter(
-    client: EngineClient, adapters: dict[str, Path]
+    client: EngineClient, tiny_adapters: dict[str, Path]
 ) -> None:
-    await client.load_lora("long", str(adapters["chat"]))
+    await client.load_lora("long", str(tiny_adapters["chat"]))
     alone = await tokens(client, 200, lora="long")
     base = await tokens(client, 200)
     outputs = []
@@ -146,30 +128,34 @@ async def test_a_request_in_flight_finishes_on_its_unloaded_adapter(
 
 
 async def test_a_router_sends_an_adapters_requests_to_its_base_model(
-    client: EngineClient, adapters: dict[str, Path], expected: dict[str | None, list[int]]
+    client: EngineClient,
+    tiny_adapters: dict[str, Path],
+    adapter_greedy: dict[str | None, list[int]],
 ) -> None:
     router = Router.of(client)
     assert router.lora_for("sql") == "sql" and router.lora_for(client.model_config.model) is None
-    assert await tokens(router, model="sql") == expected["sql"]
-    await router.load_lora("chat-r", str(adapters["chat"]))
-    assert await tokens(router, model="chat-r") == expected["chat"]
+    assert await tokens(router, model="sql") == adapter_greedy["sql"]
+    await router.load_lora("chat-r", str(tiny_adapters["chat"]))
+    assert await tokens(router, model="chat-r") == adapter_greedy["chat"]
     await router.unload_lora("chat-r")
     assert "chat-r" not in client.loras
 
 
 def test_llm_generates_with_one_adapter_per_prompt(
-    tiny_model_dir: Path, adapters: dict[str, Path], expected: dict[str | None, list[int]]
+    tiny_model_dir: Path,
+    tiny_adapters: dict[str, Path],
+    adapter_greedy: dict[str | None, list[int]],
 ) -> None:
     with LLM(
         str(tiny_model_dir), num_threads=1, kv_cache_memory="16MiB", dtype="float32",
         enable_lora=True, max_lora_rank=8,
     ) as llm:  # fmt: skip
-        sql = LoraRequest("sql", str(adapters["sql"]))
+        sql = LoraRequest("sql", str(tiny_adapters["sql"]))
         outputs = llm.generate([PROMPT] * 3, greedy(), lora=[None, sql, sql])
         assert [o.outputs[0].token_ids for o in outputs] == [
-            expected[None],
-            expected["sql"],
-            expected["sql"],
+            adapter_greedy[None],
+            adapter_greedy["sql"],
+            adapter_greedy["sql"],
         ]
         with pytest.raises(LoraNotFoundError):
             llm.generate(PROMPT, greedy(), lora="nope")

@@ -17,37 +17,17 @@ import openai
 import pytest
 
 from http_server_process import ServerProcess, run_server
-from lora_adapters import make_adapter, merged_model, peft_greedy
+from lora_adapters import ADAPTER_PROMPT as PROMPT
+from lora_adapters import ADAPTER_TOKENS as TOKENS
 from trio_llm.http.app import create_app
 from trio_llm.http.config import parse_serve_args
 
-PROMPT = [1500, 27, 3021, 88, 412]
-TOKENS = 8
-
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("http-adapters")
-    return {
-        "sql": make_adapter(tiny_model_dir, root / "sql", seed=21, rank=4),
-        "chat": make_adapter(tiny_model_dir, root / "chat", seed=22, rank=8),
-        "wide": make_adapter(tiny_model_dir, root / "wide", seed=23, rank=16),
-    }
-
-
-@pytest.fixture(scope="module")
-def expected(tiny_model_dir: Path, adapters: dict[str, Path]) -> dict[str, list[int]]:
-    return {
-        name: peft_greedy(merged_model(tiny_model_dir, path), PROMPT, TOKENS)
-        for name, path in adapters.items()
-    }
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, adapters: dict[str, Path]) -> Iterator[ServerProcess]:
+def server(tiny_model_dir: Path, tiny_adapters: dict[str, Path]) -> Iterator[ServerProcess]:
     with run_server(
         f"{tiny_model_dir}:name=tiny,max-lora-rank=8",
-        "--lora-modules", f"sql={adapters['sql']}",
+        "--lora-modules", f"sql={tiny_adapters['sql']}",
         "--allow-runtime-lora-updating",
         "--data-parallel-size", "2",
         "--max-num-seqs", "4",
@@ -81,13 +61,13 @@ def post(server: ServerProcess, route: str, body: dict[str, object]) -> httpx.Re
 
 
 def test_models_lists_each_adapter_with_its_base_as_parent(
-    sdk: openai.OpenAI, adapters: dict[str, Path]
+    sdk: openai.OpenAI, tiny_adapters: dict[str, Path]
 ) -> None:
     models = {m.id: m for m in sdk.models.list()}
     assert set(models) == {"tiny", "sql"}
     assert models["sql"].model_extra == {
         "max_model_len": 2048,
-        "root": str(adapters["sql"]),
+        "root": str(tiny_adapters["sql"]),
         "parent": "tiny",
     }
     assert "parent" not in (models["tiny"].model_extra or {})
@@ -95,10 +75,10 @@ def test_models_lists_each_adapter_with_its_base_as_parent(
 
 
 def test_the_openai_sdk_generates_with_an_adapter_as_model(
-    sdk: openai.OpenAI, expected: dict[str, list[int]]
+    sdk: openai.OpenAI, adapter_greedy: dict[str, list[int]]
 ) -> None:
-    assert completion_tokens(sdk, "sql") == expected["sql"]
-    assert completion_tokens(sdk, "tiny") != expected["sql"]
+    assert completion_tokens(sdk, "sql") == adapter_greedy["sql"]
+    assert completion_tokens(sdk, "tiny") != adapter_greedy["sql"]
     chunks = list(
         sdk.chat.completions.create(
             model="sql",
@@ -114,20 +94,24 @@ def test_the_openai_sdk_generates_with_an_adapter_as_model(
 def test_adapters_load_and_unload_at_run_time_on_every_replica(
     server: ServerProcess,
     sdk: openai.OpenAI,
-    adapters: dict[str, Path],
-    expected: dict[str, list[int]],
+    tiny_adapters: dict[str, Path],
+    adapter_greedy: dict[str, list[int]],
 ) -> None:
     loaded = post(
-        server, "/v1/load_lora_adapter", {"lora_name": "chat", "lora_path": str(adapters["chat"])}
+        server,
+        "/v1/load_lora_adapter",
+        {"lora_name": "chat", "lora_path": str(tiny_adapters["chat"])},
     )
     assert loaded.status_code == 200, loaded.text
     assert loaded.text == "Success: LoRA adapter 'chat' added successfully."
     assert "chat" in {m.id for m in sdk.models.list()}
     # Four requests: the two replicas (least loaded first) both serve it.
-    assert [completion_tokens(sdk, "chat") for _ in range(4)] == [expected["chat"]] * 4
+    assert [completion_tokens(sdk, "chat") for _ in range(4)] == [adapter_greedy["chat"]] * 4
 
     again = post(
-        server, "/v1/load_lora_adapter", {"lora_name": "chat", "lora_path": str(adapters["chat"])}
+        server,
+        "/v1/load_lora_adapter",
+        {"lora_name": "chat", "lora_path": str(tiny_adapters["chat"])},
     )
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
 
@@ -144,10 +128,12 @@ def test_adapters_load_and_unload_at_run_time_on_every_replica(
 
 
 def test_a_load_the_engines_refuse_is_a_400_with_the_reason(
-    server: ServerProcess, sdk: openai.OpenAI, adapters: dict[str, Path]
+    server: ServerProcess, sdk: openai.OpenAI, tiny_adapters: dict[str, Path]
 ) -> None:
     wide = post(
-        server, "/v1/load_lora_adapter", {"lora_name": "wide", "lora_path": str(adapters["wide"])}
+        server,
+        "/v1/load_lora_adapter",
+        {"lora_name": "wide", "lora_path": str(tiny_adapters["wide"])},
     )
     assert wide.status_code == 400
     error = wide.json()["error"]
@@ -158,16 +144,16 @@ def test_a_load_the_engines_refuse_is_a_400_with_the_reason(
     base = post(
         server,
         "/v1/load_lora_adapter",
-        {"lora_name": "x", "lora_path": str(adapters["chat"]), "base_model_name": "nope"},
+        {"lora_name": "x", "lora_path": str(tiny_adapters["chat"]), "base_model_name": "nope"},
     )
     assert base.status_code == 404 and base.json()["error"]["param"] == "base_model_name"
     assert {m.id for m in sdk.models.list()} == {"tiny", "sql"}  # nothing half-loaded stays
 
 
 def test_an_unload_lets_a_stream_in_flight_finish(
-    server: ServerProcess, sdk: openai.OpenAI, adapters: dict[str, Path]
+    server: ServerProcess, sdk: openai.OpenAI, tiny_adapters: dict[str, Path]
 ) -> None:
-    body = {"lora_name": "story", "lora_path": str(adapters["chat"])}
+    body = {"lora_name": "story", "lora_path": str(tiny_adapters["chat"])}
     assert post(server, "/v1/load_lora_adapter", body).status_code == 200
     stream = sdk.completions.create(
         model="story",
@@ -223,10 +209,10 @@ def test_lora_modules_and_model_options_reach_the_engines(tmp_path: Path) -> Non
 def test_a_restarted_replica_comes_back_with_the_adapters_loaded_at_run_time(
     server: ServerProcess,
     sdk: openai.OpenAI,
-    adapters: dict[str, Path],
-    expected: dict[str, list[int]],
+    tiny_adapters: dict[str, Path],
+    adapter_greedy: dict[str, list[int]],
 ) -> None:
-    body = {"lora_name": "chat", "lora_path": str(adapters["chat"])}
+    body = {"lora_name": "chat", "lora_path": str(tiny_adapters["chat"])}
     assert post(server, "/v1/load_lora_adapter", body).status_code == 200
     health = httpx.get(server.url + "/health", timeout=10).json()
     victim = health["engines"][0]["pid"]
@@ -239,6 +225,6 @@ def test_a_restarted_replica_comes_back_with_the_adapters_loaded_at_run_time(
         assert time.monotonic() < deadline, "the replica did not restart"
         time.sleep(0.2)
     # Both replicas serve it (the least loaded takes each: they alternate).
-    assert [completion_tokens(sdk, "chat") for _ in range(4)] == [expected["chat"]] * 4
-    assert completion_tokens(sdk, "sql") == expected["sql"]
+    assert [completion_tokens(sdk, "chat") for _ in range(4)] == [adapter_greedy["chat"]] * 4
+    assert completion_tokens(sdk, "sql") == adapter_greedy["sql"]
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "chat"}).status_code == 200
