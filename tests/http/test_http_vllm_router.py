@@ -46,6 +46,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _in_flight(server: ServerProcess) -> float:
+    metrics = server.metrics()
+    return metrics["trio_llm_num_requests_running"] + metrics["trio_llm_num_requests_waiting"]
+
+
 def wait_until(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while True:
@@ -270,12 +275,14 @@ def test_a_worker_killed_mid_load_leaves_the_survivor_serving(
 ) -> None:
     """Last in this module: it kills one of the module's servers."""
     (victim, _), (survivor, _) = workers
-    body = {**CHAT, "max_tokens": 40, "ignore_eos": True}
+    # Long enough to be killed mid-way on a loaded machine (40 tokens could finish before the
+    # victim's gauges showed them).
+    body = {**CHAT, "max_tokens": 200, "ignore_eos": True}
     with run_router("round_robin", workers) as url, httpx.Client(base_url=url, timeout=120) as c:
         with ThreadPoolExecutor(8) as pool:
             started = time.monotonic()
             inflight = [pool.submit(c.post, "/v1/chat/completions", json=body) for _ in range(8)]
-            wait_until(lambda: victim.metrics()["trio_llm_num_requests_running"] > 0, 30)
+            wait_until(lambda: _in_flight(victim) > 0, 60)
             victim.expected_exit = -signal.SIGKILL
             victim.process.kill()
             statuses = [f.result(timeout=120).status_code for f in inflight]
