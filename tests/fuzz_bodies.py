@@ -369,5 +369,11 @@ PINNED: list[tuple[str, bytes]] = [
      b' "maximum": -143765112667930165248}}}}}'),
     ("/v1/completions", b'{"prompt": "Hi", "max_tokens": 2, "guided_json": {"type": "integer",'
      b' "minimum": -1e19, "maximum": -1e19, "multipleOf": 3}}'),
+    ("/v1/responses", b'{"input": "hi", "max_output_tokens": 2, "tool_choice": "auto", "tools":'
+     b' [{"type": "function", "name": "now", "parameters": {"type": "array", "items": {"type":'
+     b' "integer", "minimum": -1180591620717411303423, "maximum": -1180591620717411303423}}}]}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,'
+     b' "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",'
+     b' "properties": {"n": {"type": "integer", "minimum": -1e19, "maximum": -1e19}}}}}]}'),
 ]  # fmt: skip
 """Every body a fuzz test found a 5xx with (or the issue reported), run on every run."""

@@ -149,7 +149,7 @@ def _spec_error(kind: ConstraintKind, spec: str) -> str:
             return f"the JSON schema is not valid JSON: {exc}"
         if not isinstance(schema, dict | bool):
             return "a JSON schema must be an object (or true/false)"
-        return _bound_error(schema)
+        return schema_bound_error(schema)
     elif kind is ConstraintKind.CHOICE:
         try:
             choices = json.loads(spec)
@@ -170,11 +170,12 @@ overflows the thread's stack and kills the process (the frontend's, when it vali
 bound may reach that range, on either side."""
 
 
-def _bound_error(schema: Any) -> str:
-    """The first numeric bound of `schema` (at any depth: it nests at most
-    `MAX_SCHEMA_DEPTH` levels, checked first) outside the grammar engine's range ('' if none)."""
+def schema_bound_error(schema: Any) -> str:
+    """The first numeric bound of `schema` (at any depth: check its depth first, as
+    `validate` does) outside the grammar engine's range ('' if none). Tool schemas, which
+    reach the grammar engine inside a tool grammar, take the same check."""
     if isinstance(schema, list):
-        return next((e for e in map(_bound_error, schema) if e), "")
+        return next((e for e in map(schema_bound_error, schema) if e), "")
     if not isinstance(schema, dict):
         return ""
     for keyword in _BOUNDS:
@@ -186,7 +187,7 @@ def _bound_error(schema: Any) -> str:
                 f"the JSON schema's {keyword} {text} is outside the range the grammar "
                 "engine reads bounds in (64-bit integers: -2**63 < bound < 2**63)"
             )
-    return next((e for e in map(_bound_error, schema.values()) if e), "")
+    return next((e for e in map(schema_bound_error, schema.values()) if e), "")
 
 
 _JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')

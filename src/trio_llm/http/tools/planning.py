@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trio_llm.constraint import MAX_SCHEMA_DEPTH, Constraint, schema_depth
+from trio_llm.constraint import MAX_SCHEMA_DEPTH, Constraint, schema_bound_error, schema_depth
 from trio_llm.grammar import ConstraintError
 from trio_llm.http.errors import bad_request
 from trio_llm.http.tools.formats import (
@@ -67,6 +67,8 @@ def check_tools(
                 f"{MAX_SCHEMA_DEPTH} are allowed",
                 param=param,
             )
+        if bound := schema_bound_error(tool.parameters):
+            raise bad_request(f"{param}[{i}]: {bound}", param=param)
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
         duplicate = next(n for n in names if names.count(n) > 1)
