@@ -108,7 +108,12 @@ def test_rerank_options_top_n_objects_and_no_documents(server: ServerProcess) ->
             "return_documents": False,
         },
     ).json()["results"]
-    assert top == [{k: r[k] for k in ("index", "relevance_score")} for r in ranked[:3]]
+    # The same ranking and scores; a score may move in its last float32 bit with what else
+    # shares the engine's step (pooling engines are not batch invariant).
+    assert [r["index"] for r in top] == [r["index"] for r in ranked[:3]]
+    assert all(set(r) == {"index", "relevance_score"} for r in top)
+    for got, want in zip(top, ranked[:3], strict=True):
+        assert got["relevance_score"] == pytest.approx(want["relevance_score"], rel=1e-5)
     two = {"model": "xlmr-ce", "query": QUERY, "documents": DOCUMENTS[:2], "top_n": 5}
     many = post(server, "/rerank", two)
     assert len(many.json()["results"]) == 2  # more than there are: all of them
