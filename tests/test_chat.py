@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -46,8 +47,15 @@ def spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=60,
         dimensions=(50, 400),
+        preexec_fn=_sigint_default,
     )
     return child
+
+
+def _sigint_default() -> None:
+    """Ctrl-C reaches the chat as in a terminal, however the suite was started (a background
+    job of a non-interactive shell inherits SIGINT ignored, and so would the chat)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ask(child: pexpect.spawn, text: str) -> tuple[int, int | None]:

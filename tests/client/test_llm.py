@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,17 @@ def _interrupt_once_running(llm: LLM, count: int) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, as it does in a terminal, however the suite was
+    started: a background job of a non-interactive shell inherits SIGINT ignored, and Python
+    then installs no handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("sigint_raises")
 def test_batch_generation_in_order_interrupt_and_close(tiny_model_dir: Path) -> None:
     with LLM(
         str(tiny_model_dir), num_threads=1, kv_cache_memory="16MiB", dtype=ENGINE_DTYPE
