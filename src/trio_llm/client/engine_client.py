@@ -1,7 +1,8 @@
 """The engine client: the frontend half of a running engine, for Trio and asyncio programs alike.
 
 What it owns: a started engine's two shared-memory rings (engine_process.py starts and stops
-the process and hands them over), the calls (generate, embed, abort, tokenize, statistics), and
+the process and hands them over), the calls (generate, transcribe, abort, tokenize, LoRA,
+statistics; embed, classify and score come from pooling_calls.py), and
 three background tasks run for `open_engine`'s block (`running`):
 - the output handler reads the output ring and feeds the output processor, in bounded chunks with
   a checkpoint between them, so one huge step never stalls the event loop;
@@ -12,8 +13,8 @@ three background tasks run for `open_engine`'s block (`running`):
 
 Why it is over 400 lines: it is one object whose state (requests in flight, the engine's
 liveness, its statistics) its calls and its three tasks share; the pieces that stand alone
-(process start and stop, the request sender, embeddings, the output processor, the input
-processor) live in their own modules.
+(process start and stop, the request sender, the pooling calls (pooling_calls.py, a mixin of
+this class), speech, LoRA, the output and input processors) live in their own modules.
 
 Invariants:
 - The abort path never waits: requests are posted through `RequestSender.post`, so a cancelled
@@ -42,22 +43,18 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import msgspec
-import numpy as np
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.embeddings import (
     PendingEmbeddings,
-    check_dimensions,
-    cut_embedding,
-    pooling_request,
 )
 from trio_llm.client.errors import EngineDeadError, InvalidPromptError, UnsupportedTaskError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.lora import LoraRequest, LoraTable
 from trio_llm.client.output_processor import OutputProcessor
+from trio_llm.client.pooling_calls import PoolingCalls
 from trio_llm.client.request_sender import RequestSender
-from trio_llm.client.scoring import cosine, pair_up, text_params
 from trio_llm.client.speech import (
     AudioInput,
     PendingTranscriptions,
@@ -77,12 +74,6 @@ from trio_llm.ipc.messages import (
     SchedulerStats,
 )
 from trio_llm.outputs import (
-    ClassificationOutput,
-    ClassificationRequestOutput,
-    EmbeddingOutput,
-    EmbeddingRequestOutput,
-    ScoringOutput,
-    ScoringRequestOutput,
     TranscriptionOutput,
 )
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
@@ -127,7 +118,7 @@ class EngineStats:
     waiting for their embedding."""
 
 
-class EngineClient:
+class EngineClient(PoolingCalls):
     """A running engine: generate text (or embeddings, from a pooling engine), tokenize, read
     its statistics.
 
@@ -306,53 +297,6 @@ class EngineClient:
         if engine_ids:
             self._post(encode(AbortRequests(request_ids=engine_ids)))
 
-    async def embed(
-        self,
-        prompt: str | list[int],
-        **kwargs: Any,
-    ) -> EmbeddingRequestOutput:
-        """The embedding of one input (text or token ids), from a pooling engine; the keyword
-        arguments are `embed_batch`'s."""
-        [output] = await self.embed_batch([prompt], **kwargs)
-        return output
-
-    async def embed_batch(
-        self,
-        prompts: Sequence[str | list[int]],
-        *,
-        truncate_prompt_tokens: int | None = None,
-        add_special_tokens: bool = True,
-        dimensions: int | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> list[EmbeddingRequestOutput]:
-        """One embedding per input, in order: the texts are tokenized together, every input is
-        checked before any is sent (`PromptTooLongError` for one longer than the model takes,
-        unless `truncate_prompt_tokens` cuts it: -1 for the model's length), then the engine
-        packs them into its steps. `dimensions` cuts each embedding to its first that many
-        (normalised again when the model normalises), for a model trained for it (Matryoshka:
-        `model_config.matryoshka_dimensions`; `InvalidPromptError` otherwise). Raises
-        `UnsupportedTaskError` on a generating engine.
-        Cancellation (or any exception) aborts the inputs still in the engine; request i's
-        engine id is `request_id-i` (just `request_id` for one input)."""
-        self._check_alive()
-        self._check_task("embed")
-        self._check_priority(priority)
-        cut = check_dimensions(self.model_config, dimensions)
-        inputs = await self._inputs.embedding_inputs(
-            prompts,
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            add_special_tokens=add_special_tokens,
-        )
-        ids, embeddings = await self._pool(request_id, inputs, priority=priority)
-        if cut is not None:
-            normalized = self.model_config.normalized
-            embeddings = [cut_embedding(e, cut, normalized=normalized) for e in embeddings]
-        return [
-            EmbeddingRequestOutput(engine_id, token_ids, EmbeddingOutput(embedding))
-            for engine_id, token_ids, embedding in zip(ids, inputs, embeddings, strict=True)
-        ]
-
     def transcribe(
         self,
         audio: AudioInput,
@@ -397,160 +341,6 @@ class EngineClient:
         return transcription_stream(
             self._transcriptions, self._post, self._check_alive, audio, request, max_seconds
         )
-
-    async def classify(
-        self,
-        prompts: Sequence[str | list[int]],
-        *,
-        truncate_prompt_tokens: int | None = None,
-        add_special_tokens: bool = True,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> list[ClassificationRequestOutput]:
-        """Each input's class probabilities (one per label of `model_config.labels`), in
-        order, from a classifier or a cross-encoder; inputs, checks and ids as
-        `embed_batch`'s. Raises `UnsupportedTaskError` on another engine."""
-        self._check_alive()
-        self._check_task("classify")
-        inputs = await self._inputs.embedding_inputs(
-            prompts,
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            add_special_tokens=add_special_tokens,
-        )
-        ids, outputs = await self._pool(request_id, inputs, priority=priority)
-        labels = self.model_config.labels or []
-        return [
-            ClassificationRequestOutput(
-                engine_id,
-                token_ids,
-                ClassificationOutput(probs.tolist(), labels[int(np.argmax(probs))]),
-            )
-            for engine_id, token_ids, probs in zip(ids, inputs, outputs, strict=True)
-        ]
-
-    async def score(
-        self,
-        text_1: str | Sequence[str],
-        text_2: str | Sequence[str],
-        *,
-        truncate_prompt_tokens: int | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-        max_tokens_per_doc: int | None = None,
-        names: tuple[str, str] = ("text_1", "text_2"),
-    ) -> list[ScoringRequestOutput]:
-        """One score per pair, in order: `text_1` against each of `text_2` (1:1 or 1:N), or
-        text_1[i] against text_2[i] (N:N). A cross-encoder scores the pair in the tokenizer's
-        pair encoding by its activated logit; an embedding model by the cosine of the two
-        texts' embeddings (vLLM's). Every pair is checked before any is sent
-        (`InvalidPromptError`, `PromptTooLongError` naming `text_1`/`text_2[i]`, or what
-        `names` calls the two sides); the engine packs them into its steps with everyone
-        else's. `max_tokens_per_doc` cuts each of `text_2` to its first that many tokens
-        before it is paired (Cohere's rerank option). Raises `UnsupportedTaskError` on an
-        engine that scores nothing (generation, a classifier of several labels)."""
-        self._check_alive()
-        self._check_task("score")
-        firsts, seconds = pair_up(text_1, text_2, names)
-        if max_tokens_per_doc is not None:
-            seconds = await self._inputs.cut_texts(seconds, max_tokens_per_doc)
-        params = text_params(names[1], text_2)
-        if self.task == "embed":
-            return await self._cosine_scores(
-                firsts,
-                seconds,
-                text_params(names[0], text_1),
-                params,
-                truncate_prompt_tokens,
-                request_id,
-                priority,
-            )
-        pairs = await self._inputs.pair_inputs(
-            firsts, seconds, params=params, truncate_prompt_tokens=truncate_prompt_tokens
-        )
-        inputs = [token_ids for token_ids, _ in pairs]
-        starts = [start for _, start in pairs]
-        ids, outputs = await self._pool(request_id, inputs, starts, priority=priority)
-        return [
-            ScoringRequestOutput(engine_id, token_ids, ScoringOutput(float(output[0])))
-            for engine_id, token_ids, output in zip(ids, inputs, outputs, strict=True)
-        ]
-
-    async def _cosine_scores(
-        self,
-        firsts: list[str],
-        seconds: list[str],
-        first_params: list[str],
-        params: list[str],
-        truncate_prompt_tokens: int | None,
-        request_id: str | None,
-        priority: int,
-    ) -> list[ScoringRequestOutput]:
-        """An embedding model's scores: each distinct first text and every second one
-        embedded once, in one batch."""
-        where: dict[str, str] = {}  # each distinct first text -> the field its errors name
-        for text, param in zip(
-            firsts, first_params * len(firsts) if len(first_params) == 1 else first_params
-        ):
-            where.setdefault(text, param)
-        distinct = list(where)
-        texts: list[str | list[int]] = [*distinct, *seconds]
-        inputs = await self._inputs.embedding_inputs(
-            texts,
-            truncate_prompt_tokens=truncate_prompt_tokens,
-            params=[*where.values(), *params],
-        )
-        ids, vectors = await self._pool(request_id, inputs, priority=priority)
-        by_text = {text: (inputs[i], vectors[i]) for i, text in enumerate(distinct)}
-        out = []
-        for i, first in enumerate(firsts):
-            j = len(distinct) + i
-            first_ids, first_vector = by_text[first]
-            out.append(
-                ScoringRequestOutput(
-                    ids[j],
-                    first_ids + inputs[j],
-                    ScoringOutput(cosine(first_vector, vectors[j])),
-                )
-            )
-        return out
-
-    async def _pool(
-        self,
-        request_id: str | None,
-        inputs: list[list[int]],
-        token_type_starts: list[int] | None = None,
-        *,
-        priority: int,
-    ) -> tuple[list[str], list[np.ndarray]]:
-        """Send checked inputs to the pooling engine and wait for each one's output (float32:
-        an embedding, or one score per label), in order. Request i's engine id is
-        `request_id-i` (just `request_id` for one input); cancellation (or any exception)
-        aborts the inputs still in the engine."""
-        self._check_alive()
-        base = request_id or uuid.uuid4().hex
-        ids = [base] if len(inputs) == 1 else [f"{base}-{i}" for i in range(len(inputs))]
-        if any(map(self._embeddings.has_request, ids)):
-            raise ValueError(f"request id {base!r} is already in flight")
-        starts = token_type_starts or [0] * len(inputs)
-        arrival_time = time.time()
-        waiters = [self._embeddings.add(engine_id) for engine_id in ids]
-        try:
-            for engine_id, token_ids, start in zip(ids, inputs, starts, strict=True):
-                request = pooling_request(
-                    engine_id,
-                    token_ids,
-                    arrival_time=arrival_time,
-                    priority=priority,
-                    token_type_start=start,
-                )
-                self._post(encode(request))
-            outputs = [await waiter.wait() for waiter in waiters]
-        finally:
-            # No await here, as in generate(): this runs when the scope is cancelled too.
-            unfinished = [engine_id for engine_id in ids if self._embeddings.remove(engine_id)]
-            if unfinished:
-                self._post(encode(AbortRequests(request_ids=unfinished)))
-        return ids, outputs
 
     async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return await self._inputs.encode(text, add_special_tokens=add_special_tokens)

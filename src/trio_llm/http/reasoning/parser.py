@@ -22,8 +22,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from trio_llm.client.stop_strings import held_back
 from trio_llm.http.reasoning.formats import ReasoningFormat
-from trio_llm.http.tools.parser import _held_prefix as held_prefix  # the tags' one scan
 
 
 class _State(enum.Enum):
@@ -146,7 +146,7 @@ class ReasoningParser:
             self._buf = buf[at + len(close) :]
             self._state, self._gap = _State.ANSWER, True
             return True
-        keep = len(buf) - held_prefix(buf, close)
+        keep = len(buf) - held_back(buf, (close,))
         sent = buf[:keep].rstrip()
         self._think(sent, reasoning)
         self._buf = buf[len(sent) :]

@@ -36,6 +36,7 @@ from typing import Any
 import partial_json_parser
 from partial_json_parser import Allow
 
+from trio_llm.client.stop_strings import held_back
 from trio_llm.http.tools.formats import ToolFormat
 
 
@@ -115,14 +116,6 @@ class _Pending:
                     self.end = i
                     break
         self.scanned, self.depth, self.in_string, self.escaped = i, depth, in_string, escaped
-
-
-def _held_prefix(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that is a proper prefix of `tag`."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 @dataclass
@@ -206,7 +199,7 @@ class ToolCallParser:
             return
         at = buffer.find(tag)
         if at < 0:
-            held = _held_prefix(buffer, tag)
+            held = held_back(buffer, (tag,))
             self._text_out(content, buffer[: len(buffer) - held])
             self._text = buffer[len(buffer) - held :]
             return
@@ -258,7 +251,7 @@ class ToolCallParser:
             return
         at = self._region.find(close, searched)
         if at < 0:
-            visible = len(self._region) - _held_prefix(self._region, close)
+            visible = len(self._region) - held_back(self._region, (close,))
             self._scan(visible, deltas)
             return
         rest = self._region[at + len(close) :]
