@@ -10,6 +10,12 @@ set-ups run side by side in one sitting, on the same conversations:
 - two servers (one replica each) behind `vllm-router`: `--policy cache_aware` against
   `round_robin`.
 
+A fifth run gives the ceiling: one server with one replica (with the KV memory of both),
+where every turn finds its conversation's history in the one cache. No routing over two
+replicas can beat its hit rate (block granularity and the new question's tokens are never
+cached), so the ceiling over least-loaded's hit rate is the most any router can gain on this
+workload.
+
 Per set-up: the prefix-cache hit rate (the prompt tokens the servers found cached, from each
 response's `usage.prompt_tokens_details.cached_tokens`, over all prompt tokens), requests and
 output tokens per second, and the median end-to-end latency of a turn. The goal (issue 32):
@@ -239,6 +245,10 @@ def main() -> None:
                 trio.run(workload, url, name, f"one server, 2 replicas: {routing}", args)
             )
             print(table_row(results[-1]), flush=True)
+    # The two replicas' KV memory in one, so that the ceiling evicts no more than they do.
+    with serve(args.model, *common, "--kv-cache-memory", "512MiB", threads=args.threads) as url:
+        ceiling = trio.run(workload, url, name, "one server, 1 replica: the ceiling", args)
+        print(table_row(ceiling), flush=True)
     for policy in ("round_robin", "cache_aware"):
         # Fresh servers per policy: the second would otherwise find the first's conversations.
         with ExitStack() as stack:
@@ -261,9 +271,24 @@ def main() -> None:
         "",
         table(results),
         "",
+        ceiling_line(ceiling, results),
+        "",
     ])  # fmt: skip
     args.out.write_text(report)
     print(report)
+
+
+def ceiling_line(ceiling: Result, results: list[Result]) -> str:
+    """What the workload allows: the one-cache hit rate, and its ratio to each baseline's."""
+    baselines = [r for r in results if r.label.endswith(("least-loaded", "round_robin"))]
+    ratios = ", ".join(
+        f"{ceiling.hit_rate / r.hit_rate:.2f}x {r.label.split(': ')[1]}" for r in baselines
+    )
+    return (
+        f"Ceiling: one replica (every turn meets its history in the one cache) hits "
+        f"{ceiling.hit_rate:.1%} of prompt tokens, so no routing over two replicas can beat "
+        f"{ratios} on this workload."
+    )
 
 
 def table_row(result: Result) -> str:
