@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,21 +52,18 @@ class PoolingCalls:
     _inputs: InputProcessor
     _embeddings: PendingEmbeddings
 
-    @property
-    def task(self) -> str:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # EngineClient's, declared for the type checker only
 
-    def _check_alive(self) -> None:
-        raise NotImplementedError
+        @property
+        def task(self) -> str: ...
 
-    def _check_task(self, use: str) -> None:
-        raise NotImplementedError
+        def _check_alive(self) -> None: ...
 
-    def _check_priority(self, priority: int) -> None:
-        raise NotImplementedError
+        def _check_task(self, use: str) -> None: ...
 
-    def _post(self, message: bytes) -> None:
-        raise NotImplementedError
+        def _check_priority(self, priority: int) -> None: ...
+
+        def _post(self, message: bytes) -> None: ...
 
     async def embed(
         self,
