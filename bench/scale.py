@@ -60,6 +60,10 @@ TOPICS = (
 )  # fmt: skip
 
 
+BASELINES = ("least-loaded", "round_robin")
+"""The cache-blind policies each set-up's routing is compared with (its label's end)."""
+
+
 @dataclass
 class Result:
     label: str
@@ -199,8 +203,7 @@ async def workload(url: str, model: str, label: str, args: argparse.Namespace) -
 
 
 def table(results: list[Result]) -> str:
-    baselines = ("least-loaded", "round_robin")
-    base = {r.label.split(":")[0]: r for r in results if r.label.endswith(baselines)}
+    base = {r.label.split(":")[0]: r for r in results if r.label.endswith(BASELINES)}
     lines = [
         "| set-up | requests (errors) | prefix-cache hit rate | vs baseline | req/s | output tok/s "
         "| vs baseline | turn latency p50 (s) |",
@@ -280,7 +283,7 @@ def main() -> None:
 
 def ceiling_line(ceiling: Result, results: list[Result]) -> str:
     """What the workload allows: the one-cache hit rate, and its ratio to each baseline's."""
-    baselines = [r for r in results if r.label.endswith(("least-loaded", "round_robin"))]
+    baselines = [r for r in results if r.label.endswith(BASELINES)]
     ratios = ", ".join(
         f"{ceiling.hit_rate / r.hit_rate:.2f}x {r.label.split(': ')[1]}" for r in baselines
     )
