@@ -1,35 +1,41 @@
 #!/usr/bin/env bash
-# The device-machine check of issue 20 (the Triton kernels, CUDA graphs and the engine on an
-# H200), made to fit one call of the device tool:
+# The device-machine check of issues 20 and 44 (the Triton kernels, CUDA graphs, the engine's
+# paths on an H200), made to fit one call of the device tool:
 #
 #   VENV_PYTHON=.venv/bin/python bench/gpu_wheels.sh   # here, once: wheels + tokenizer in .whl/
-#   device run:  command "bash bench/gpu_check.sh"   carry [".whl"]   timeout_s 540
+#   device run:  command "bash bench/gpu_check.sh"   carry [".whl"]   timeout_s 450
 #
 # On a GPU it installs the carried wheels, then runs, each step cut at its own time limit and
-# all under one deadline (GPU_CHECK_SECONDS, 480 s), so a step that hangs cannot take the
-# others' time:
-#   1. the kernel tests compiled for CUDA (the files CI runs interpreted)       kernel_tests.log
-#   2. bench/kernels.py: decode bandwidth as a share of peak, prefill TFLOP/s,
-#      torch/SDPA beside each                                                  kernels.md
-#   3. bench/gpu_engine.py: random-weight SmolLM2-135M and Llama-1B shapes, engine
-#      tok/s with CUDA graphs and eager against HF generate at 1/32/256 seqs, and
-#      one sequence's step against its kernels' time                           gpu_engine.md
-#   4. the engine tests on CUDA (graphs captured by every engine they start)   engine_tests.log
-#   5. the decode launch-shape sweep, with what time is left                   kernels_sweep.md
+# all under one deadline (GPU_CHECK_SECONDS, 400 s), so a step that hangs cannot take the
+# others' time; GPU_CHECK_STEPS (e.g. "paths survey") runs only the steps named, for a rerun:
+#   kernels   the kernel tests compiled for CUDA (the files CI runs interpreted) kernel_tests.log
+#   bench     bench/attention_kernels.py: decode bandwidth as a share of peak,
+#             prefill TFLOP/s, torch/SDPA beside each                        attention_kernels.md
+#   engine    bench/gpu_engine.py: random-weight SmolLM2-135M and Llama-1B shapes, engine
+#             tok/s with CUDA graphs and eager against HF generate at 1/32/256 seqs, and
+#             one sequence's step against its kernels' time                  gpu_engine.md
+#   paths     bench/gpu_paths.py: the quantized weights (as a user starts them, and forced
+#             past the CPU gate), the quantized ops, batch invariance         gpu_paths.md
+#   survey    bench/survey_architectures.py on CUDA: the generic path (transformers' modules,
+#             paged attention) against transformers' generate, 16 families   architectures.md
+#   tests     the engine tests on CUDA (graphs captured by every engine they start)
+#                                                                            engine_tests.log
+#   sweep     the decode launch-shape sweep, with what time is left          attention_sweep.md
 # plus gpu_check.log (machine, versions, each step's exit status, time and last lines); a
 # benchmark's .log stays only when it wrote no table. Files go to $OUT (bench/results/gpu/ when
-# $OUT is unset: then, on a GPU, kernels.md with the sweep appended and gpu_engine.md are also
-# copied over bench/results/kernels.md and bench/results/gpu_engine.md).
+# $OUT is unset).
 #
-# Without CUDA (the proof run here) the CUDA steps are skipped: gpu_engine.py runs its tiny CPU
-# configuration and the engine tests run their CPU-side CUDA-graph and input-batch files.
+# Without CUDA (the proof run here) the CUDA steps are skipped: gpu_engine.py and gpu_paths.py
+# run their tiny CPU configurations, the survey two families, and the engine tests their
+# CPU-side CUDA-graph and input-batch files.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-bench/results/gpu}"
 mkdir -p "$out"
 log="$out/gpu_check.log"
 started=$(date +%s)
-deadline=$((started + ${GPU_CHECK_SECONDS:-480}))
+deadline=$((started + ${GPU_CHECK_SECONDS:-400}))
+steps=" ${GPU_CHECK_STEPS:-kernels bench engine paths survey tests sweep} "
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 py="${PYTHON:-python3}"
 
@@ -39,6 +45,9 @@ say() { echo "$*" | tee -a "$log"; }
 step() {
     local name="$1" budget="$2" logfile="$3"
     shift 3
+    if [[ "$steps" != *" ${name%% *} "* ]]; then
+        return 0
+    fi
     local left=$((deadline - $(date +%s) - 5))
     ((budget > left)) && budget=$left
     if ((budget < 10)); then
@@ -88,46 +97,61 @@ print("python", platform.python_version(), "torch", torch.__version__, "triton",
 PY
 
 parallel=()
-"$py" -c "import xdist" 2>/dev/null && parallel=(-n 4)
+"$py" -c "import xdist" 2>/dev/null && parallel=(-n 8)
 pytest_args=(-q -p no:cacheprovider -o addopts="-ra")
+
+# Families whose tiny models took the generic path on the CPU (bench/results/architectures.md),
+# with the own forward's Llama and Qwen2 beside them.
+families=llama,qwen2,qwen3,mistral,gemma2,gemma3_text,phi3,granite,mixtral,qwen3_moe,starcoder2
+families=$families,opt,phi,lfm2,olmo2,gemma
 
 if ((cuda)); then
     unset TRITON_INTERPRET
-    # Compiling each test's kernels dominates this step: 4 workers when xdist is there.
-    step "kernel tests (CUDA)" 90 "$out/kernel_tests.log" \
+    # Compiling each test's kernels dominates this step: workers when xdist is there.
+    step "kernels (tests, CUDA)" 50 "$out/kernel_tests.log" \
         "$py" -m pytest tests/kernels "${pytest_args[@]}" "${parallel[@]}"
 
-    step "kernel benchmark" 100 "$out/kernels.log" \
-        "$py" bench/kernels.py --device cuda --out "$out/kernels.md"
-    [[ -s "$out/kernels.md" ]] && rm -f "$out/kernels.log"
+    step "bench (attention kernels)" 60 "$out/attention_kernels.log" \
+        "$py" bench/attention_kernels.py --device cuda --out "$out/attention_kernels.md"
+    [[ -s "$out/attention_kernels.md" ]] && rm -f "$out/attention_kernels.log"
 
-    step "engine benchmark" 200 "$out/gpu_engine.log" \
-        "$py" bench/gpu_engine.py --out "$out/gpu_engine.md" ${GPU_ENGINE_ARGS:-}
+    step "engine (benchmark)" 110 "$out/gpu_engine.log" \
+        "$py" bench/gpu_engine.py --out "$out/gpu_engine.md" ${GPU_ENGINE_ARGS:---output 64}
     [[ -s "$out/gpu_engine.md" ]] && rm -f "$out/gpu_engine.log"
 
+    step "paths (quantized, invariance)" 45 "$out/gpu_paths.log" \
+        "$py" bench/gpu_paths.py --out "$out/gpu_paths.md"
+    [[ -s "$out/gpu_paths.md" ]] && rm -f "$out/gpu_paths.log"
+
+    step "survey (generic path)" 45 "$out/architectures.log" \
+        "$py" bench/survey_architectures.py --only "$families" --out "$out/architectures.md"
+    [[ -s "$out/architectures.md" ]] && rm -f "$out/architectures.log"
+
     # Not the tests that need the real default model (it cannot travel) or its embedding
-    # sibling, nor the engine-process tests (the rings are CPU code, tested by CI).
-    step "engine tests (CUDA)" 120 "$out/engine_tests.log" \
-        "$py" -m pytest tests/engine "${pytest_args[@]}" -x \
+    # sibling, nor the engine-process tests (the rings are CPU code, tested by CI), nor speech
+    # (its engine is CTranslate2's, on the CPU).
+    step "tests (engine, CUDA)" 70 "$out/engine_tests.log" \
+        "$py" -m pytest tests/engine "${pytest_args[@]}" "${parallel[@]}" --timeout 60 \
         --ignore tests/engine/test_pooling.py --ignore tests/engine/test_process.py \
+        --ignore tests/engine/test_speech_engine.py --ignore tests/engine/test_quant_quality.py \
         -k "not default_model"
 
-    step "launch-shape sweep" 100 "$out/kernels_sweep.log" \
-        "$py" bench/kernels.py --device cuda --sweep --out "$out/kernels_sweep.md"
-    [[ -s "$out/kernels_sweep.md" ]] && rm -f "$out/kernels_sweep.log"
-
-    if [[ -z "${OUT:-}" ]]; then
-        [[ -s "$out/kernels.md" ]] && cp "$out/kernels.md" bench/results/kernels.md &&
-            [[ -s "$out/kernels_sweep.md" ]] && cat "$out/kernels_sweep.md" >>bench/results/kernels.md
-        [[ -s "$out/gpu_engine.md" ]] && cp "$out/gpu_engine.md" bench/results/gpu_engine.md
-    fi
+    step "sweep (decode launch shapes)" 60 "$out/attention_sweep.log" \
+        "$py" bench/attention_kernels.py --device cuda --sweep --out "$out/attention_sweep.md"
+    [[ -s "$out/attention_sweep.md" ]] && rm -f "$out/attention_sweep.log"
 else
     say "== no CUDA device: the kernel tests, kernel benchmark and sweep are skipped"
     export TRITON_INTERPRET=1
-    step "engine benchmark (CPU, tiny)" 200 "$out/gpu_engine.log" \
+    step "engine (benchmark, CPU, tiny)" 200 "$out/gpu_engine.log" \
         "$py" bench/gpu_engine.py --out "$out/gpu_engine.md" ${GPU_ENGINE_ARGS:-}
     [[ -s "$out/gpu_engine.md" ]] && rm -f "$out/gpu_engine.log"
-    step "engine tests (CPU side of graphs, input batch)" 120 "$out/engine_tests.log" \
+    step "paths (CPU, tiny)" 100 "$out/gpu_paths.log" \
+        "$py" bench/gpu_paths.py --out "$out/gpu_paths.md"
+    [[ -s "$out/gpu_paths.md" ]] && rm -f "$out/gpu_paths.log"
+    step "survey (CPU, two families)" 100 "$out/architectures.log" \
+        "$py" bench/survey_architectures.py --only llama,gemma2 --out "$out/architectures.md"
+    [[ -s "$out/architectures.md" ]] && rm -f "$out/architectures.log"
+    step "tests (CPU side of graphs, input batch)" 120 "$out/engine_tests.log" \
         "$py" -m pytest "${pytest_args[@]}" -x \
         tests/engine/test_cuda_graphs.py tests/engine/test_input_batch.py
 fi

@@ -15,17 +15,20 @@ py="${PYTHON:-python3}"
 cd "$root"
 wheels=(
     trio==0.35.0 outcome==1.3.0.post0 sniffio==1.3.1
-    msgspec==0.23.0 gguf==0.19.0
+    msgspec==0.23.0 gguf==0.19.0 llguidance==1.9.1 partial-json-parser==0.2.1.1.post7
+    pyzmq==27.3.0
     hypercorn==0.18.0 h2==4.4.1 hpack==4.2.0 hyperframe==6.1.0 priority==2.0.0 wsproto==1.3.2
-    quart==0.22.0 quart-trio==0.12.0 flask==3.1.3 blinker==1.9.0 itsdangerous==2.2.0
+    quart==0.22.0 quart-trio==0.12.0 quart-cors==0.8.0 flask==3.1.3 blinker==1.9.0
+    itsdangerous==2.2.0
     pytest-trio==0.8.0
-    transformers==5.24.0 regex==2026.11.19
+    transformers==5.25.0 tokenizers==0.23.3 regex==2026.11.19 kernels==0.19.1 tomlkit==0.15.3
+    huggingface-hub==2.4.0 hf-xet==1.8.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
 )
 rm -rf .whl
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d .whl "${wheels[@]}"
+    --platform manylinux_2_31_x86_64 --platform manylinux1_x86_64 -d .whl "${wheels[@]}"
 # One version of each, or the device's install stops.
 dupes="$(ls .whl | sed -E 's/-[0-9].*//' | tr 'A-Z-' 'a-z_' | sort | uniq -d)"
 if [[ -n "$dupes" ]]; then

@@ -1,16 +1,17 @@
 """Decode attention's achieved bandwidth: the Triton kernel against a torch baseline (gather the
 paged K/V, then `F.scaled_dot_product_attention`), side by side in one run.
 
-    python bench/kernels.py                        # CUDA: correctness pass, batch x context grid
-    python bench/kernels.py --sweep                # CUDA: launch shapes at the target point only
-    python bench/kernels.py --device cpu --quick   # CPU: baseline timed, kernels interpreted
-                                                   #      for correctness, sm_90 compile report
+    python bench/attention_kernels.py               # CUDA: correctness pass, batch x context grid
+    python bench/attention_kernels.py --sweep       # CUDA: launch shapes at the target point only
+    python bench/attention_kernels.py --device cpu --quick
+                                # CPU: baseline timed, kernels interpreted for correctness,
+                                # and the sm_90 compile report
 
 Bandwidth counts the bytes decode must move at least once: each sequence's K and V, the query,
 the output, its block-table row and its length. Both columns divide the same bytes by their own
 time, so their ratio is the speedup. On CUDA, times are `triton.testing.do_bench` medians (L2
 flushed before every call, eager launches); on CPU, medians of wall-clock runs. Results go to
---out as markdown (default bench/results/kernels.md) with the machine they ran on.
+--out as markdown (default bench/results/attention_kernels.md) with the machine they ran on.
 """
 
 from __future__ import annotations
@@ -581,7 +582,7 @@ def main() -> None:
     )
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None)
     parser.add_argument("--peak-tbs", type=float, default=None, help="peak bandwidth, TB/s")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/kernels.md"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/attention_kernels.md"))
     args = parser.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -692,7 +693,7 @@ def sm90_report_in_subprocess() -> list[str]:
     """The interpreter is fixed per process at Triton's import, so the compiled report runs in
     a child process with TRITON_INTERPRET=0."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    code = "import kernels; print('\\n'.join(kernels.sm90_report()))"
+    code = "import attention_kernels; print('\\n'.join(attention_kernels.sm90_report()))"
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=Path(__file__).parent,
