@@ -3,7 +3,7 @@
 # paths on an H200), made to fit one call of the device tool:
 #
 #   VENV_PYTHON=.venv/bin/python bench/gpu_wheels.sh   # here, once: wheels + tokenizer in .whl/
-#   device run:  command "bash bench/gpu_check.sh"   carry [".whl"]   timeout_s 450
+#   device run:  command "bash bench/gpu_check.sh"   carry [".whl"]   timeout_s 450   (with $OUT set, the files come back in gpu_check.tar.gz)
 #
 # On a GPU it installs the carried wheels, then runs, each step cut at its own time limit and
 # all under one deadline (GPU_CHECK_SECONDS, 400 s), so a step that hangs cannot take the
@@ -156,3 +156,9 @@ else
         tests/engine/test_cuda_graphs.py tests/engine/test_input_batch.py
 fi
 say "== done in $(($(date +%s) - started)) s, $((deadline - $(date +%s))) s before the deadline"
+# The device tool brings back at most 8 files: with $OUT set, everything travels in one archive
+# beside the summary log.
+if [[ -n "${OUT:-}" ]]; then
+    tar -czf /tmp/gpu_check.tar.gz -C "$out" . && find "$out" -type f ! -name gpu_check.log -delete &&
+        mv /tmp/gpu_check.tar.gz "$out/"
+fi
