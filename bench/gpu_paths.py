@@ -7,8 +7,9 @@ is recorded. Their kernels are CPU ones, so the plan refuses them off the CPU; e
 forced past that gate (the plan asked as if for a CPU) to see what the quantized forward does
 on this device: its greedy tokens for 4 prompts against the same quantization on the CPU, or the
 error it dies with. Beside it, the torch ops a CUDA quantized path could use, each on the
-model's gate/up shape at 1, 32 and 256 rows: whether it runs here, its largest error against
-the dequantized matrix in bf16, and its time against bf16 `F.linear`.
+gate/up shapes of SmolLM2-135M and Llama-3.2-1B at 1, 32 and 256 rows: whether it runs here,
+its largest error against the dequantized matrix in bf16, and its time against bf16
+`F.linear`.
 
 Batch invariance: `--batch-invariant on`, as a user would ask: what the engine says. Then the
 default (auto) engine in bf16 with CUDA graphs: 32 greedy requests each alone, and all 32 in one
@@ -176,84 +177,87 @@ def time_ms(fn: Callable[[], object], device: str) -> float:
 Op = tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]
 
 
-def op_candidates(w: torch.Tensor) -> dict[str, Op]:
-    """name -> (x -> x @ W', W' dequantized in bf16) for each quantized op torch might have on
-    this device; building one may raise (the op is missing here)."""
-    out: dict[str, Op] = {}
+def op_candidates(w: torch.Tensor) -> dict[str, Callable[[], Op]]:
+    """name -> a builder of (x -> x @ W', W' dequantized in bf16) for each quantized op torch
+    might have on this device; a builder raises where its op is missing here."""
     wf = w.float()
     scales = wf.abs().amax(dim=1).clamp(min=1e-12) / 127.0
     q8 = torch.round(wf / scales[:, None]).clamp(-127, 127).to(torch.int8)
     deq8 = (q8.float() * scales[:, None]).to(torch.bfloat16)
-    s8 = scales.to(torch.bfloat16)
 
-    def int8pack(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x, q8, s8)
+    def int8pack() -> Op:
+        s8 = scales.to(torch.bfloat16)
+        return (lambda x: torch.ops.aten._weight_int8pack_mm(x, q8, s8)), deq8
 
-    out["_weight_int8pack_mm (int8 weight, bf16 act)"] = (int8pack, deq8)
+    def int_mm() -> Op:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            x32 = x.float()
+            step = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+            x8 = torch.round(x32 / step).to(torch.int8)
+            if x8.shape[0] <= 16:  # cuBLASLt's int8 GEMM wants more than 16 rows
+                x8 = F.pad(x8, (0, 0, 0, 17 - x8.shape[0]))
+            y = torch._int_mm(x8, q8.t())[: x.shape[0]]
+            return (y.float() * step * scales).to(torch.bfloat16)
 
-    def int_mm(x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        step = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
-        x8 = torch.round(x32 / step).to(torch.int8)
-        if x8.shape[0] <= 16:  # cuBLASLt's int8 GEMM wants more than 16 rows
-            x8 = F.pad(x8, (0, 0, 0, 17 - x8.shape[0]))
-        y = torch._int_mm(x8, q8.t())[: x.shape[0]]
-        return (y.float() * step * scales).to(torch.bfloat16)
+        return fn, deq8
 
-    out["_int_mm (W8A8, int8 act per row)"] = (int_mm, deq8)
-
-    group = 32
-    n, k = w.shape
-    groups = wf.view(n, k // group, group)
-    low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15.0).clamp(min=1e-12)
-    q4 = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).view(n, k)
-    zero = low + 8 * scale
-    deq4 = ((q4.view(n, k // group, group) - 8) * scale[..., None] + zero[..., None]).view(n, k)
-    sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
-    if w.device.type == "cuda":
-        q4u8 = (q4[:, ::2].to(torch.uint8) << 4) | q4[:, 1::2].to(torch.uint8)
-        packed = torch.ops.aten._convert_weight_to_int4pack(q4u8.contiguous(), 8)
-
-        def int4pack(x: torch.Tensor) -> torch.Tensor:
-            return torch.ops.aten._weight_int4pack_mm(x, packed, group, sz)
-    else:
+    def int4pack() -> Op:
+        group = 32
+        n, k = w.shape
+        groups = wf.view(n, k // group, group)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15.0).clamp(min=1e-12)
+        q4 = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+        zero = low + 8 * scale
+        deq4 = ((q4 - 8) * scale[..., None] + zero[..., None]).view(n, k).to(torch.bfloat16)
+        q4 = q4.view(n, k)
+        sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        if w.device.type == "cuda":
+            # tinygemm's layout: two values a byte, the inner dimension in tiles of 16 x tiles.
+            tiles = next(t for t in (8, 4, 2) if k % (16 * t) == 0)
+            q4u8 = (q4[:, ::2].to(torch.uint8) << 4) | q4[:, 1::2].to(torch.uint8)
+            packed = torch.ops.aten._convert_weight_to_int4pack(q4u8.contiguous(), tiles)
+            return (lambda x: torch.ops.aten._weight_int4pack_mm(x, packed, group, sz)), deq4
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.to(torch.int32), 1)
+        return (lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)), deq4
 
-        def int4pack(x: torch.Tensor) -> torch.Tensor:
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+    return {
+        "_weight_int8pack_mm (int8 weight, bf16 act)": int8pack,
+        "_int_mm (W8A8, int8 act per row)": int_mm,
+        "_weight_int4pack_mm (int4 groups of 32, bf16 act)": int4pack,
+    }
 
-    out["_weight_int4pack_mm (int4 groups of 32, bf16 act)"] = (int4pack, deq4.to(torch.bfloat16))
-    return out
 
-
-def op_rows(shape: str, device: str) -> list[str]:
-    """The quantized ops on the model's gate/up matrix ([2 * intermediate, hidden])."""
-    spec = SHAPES[shape]
-    n, k = 2 * int(spec["intermediate_size"]), int(spec["hidden_size"])
+def op_rows(device: str) -> list[str]:
+    """The quantized ops on gate/up matrices ([2 * intermediate, hidden]) of two models."""
+    shapes = {"SmolLM2-135M": (3072, 576), "Llama-3.2-1B": (16384, 2048)}
+    if device == "cpu":
+        shapes = {"tiny": (512, 128)}
     gen = torch.Generator(device="cpu").manual_seed(0)
-    w = (torch.randn(n, k, generator=gen) * 0.05).to(device=device, dtype=torch.bfloat16)
     rows = []
-    try:
-        candidates = op_candidates(w)
-    except Exception as error:  # the int4 packing is the one that may be missing
-        return [f"| building the quantized weights | {first_line(error)} | | | |"]
-    for name, (fn, deq) in candidates.items():
-        for m in ROWS:
-            x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.bfloat16)
+    for model, (n, k) in shapes.items():
+        w = (torch.randn(n, k, generator=gen) * 0.05).to(device=device, dtype=torch.bfloat16)
+        for name, build in op_candidates(w).items():
             try:
-                y = fn(x)
-                ref = F.linear(x.float(), deq.float())
-                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
-                ms = time_ms(lambda fn=fn, x=x: fn(x), device)
-                base = time_ms(lambda x=x: F.linear(x, w), device)
-                rows.append(
-                    f"| {name} | {m} | {err:.1e} | {ms * 1e3:.1f} us | {base * 1e3:.1f} us "
-                    f"({base / ms:.2f}x) |"
-                )
-            except Exception as error:
-                rows.append(f"| {name} | {m} | {first_line(error)} | | |")
-                break
+                fn, deq = build()
+            except Exception as error:  # the op, or its packing, is missing here
+                rows.append(f"| {model} | {name} | | {first_line(error)} | | |")
+                continue
+            for m in ROWS:
+                x = torch.randn(m, k, generator=gen).to(device=device, dtype=torch.bfloat16)
+                try:
+                    y = fn(x)
+                    ref = F.linear(x.float(), deq.float())
+                    err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
+                    ms = time_ms(lambda fn=fn, x=x: fn(x), device)
+                    base = time_ms(lambda x=x, w=w: F.linear(x, w), device)
+                    rows.append(
+                        f"| {model} | {name} | {m} | {err:.1e} | {ms * 1e3:.1f} us "
+                        f"| {base * 1e3:.1f} us ({base / ms:.2f}x) |"
+                    )
+                except Exception as error:
+                    rows.append(f"| {model} | {name} | {m} | {first_line(error)} | | |")
+                    break
     return rows
 
 
@@ -316,9 +320,9 @@ def main() -> None:
         "| --- | --- | --- | --- |",
         *quantized_rows(path, device, prompts[:4]),
         "",
-        "| op | rows | max error / max | time | bf16 F.linear (op speed-up) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        *op_rows(shape, device),
+        "| gate/up of | op | rows | max error / max | time | bf16 F.linear (op speed-up) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+        *op_rows(device),
         "",
         "## Batch invariance",
         "",

@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import architectures
+import engine_helpers
 import numpy as np
 import pytest
 import torch
 import transformers
-from engine_helpers import make_core, random_prompts, request, run
+from engine_helpers import random_prompts, request, run
 
 from trio_llm.constraint import Constraint
 from trio_llm.engine import invariance, loader
@@ -40,6 +41,13 @@ AVX2_ONLY = frozenset({"avx", "avx2", "fma"})
 AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_bf16"}
 AMX = AVX512_BF16 | {"amx_tile", "amx_bf16"}
 DTYPES = ["bfloat16", "float32"]
+
+
+def make_core(model_dir: Path, **kwargs: object) -> EngineCore:
+    """On the CPU whatever this machine has: batch invariance is built for the CPU path (on
+    CUDA `on` is refused and `auto` is off, test_unavailable_reasons)."""
+    kwargs.setdefault("device", "cpu")
+    return engine_helpers.make_core(model_dir, **kwargs)
 
 
 def requests(n: int = 32, max_tokens: int = 12) -> list[EngineCoreRequest]:

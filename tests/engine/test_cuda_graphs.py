@@ -81,7 +81,7 @@ def test_a_cpu_engine_runs_eagerly_whatever_the_flag(tiny_model_dir: Path) -> No
     prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
     outs = {}
     for eager in (False, True):
-        core = make_core(tiny_model_dir, enforce_eager=eager)
+        core = make_core(tiny_model_dir, enforce_eager=eager, device="cpu")
         assert core.runner.graphs is None
         done = run(core, [request(str(i), p, max_tokens=6) for i, p in enumerate(prompts)])
         outs[eager] = [done[str(i)].token_ids for i in range(len(prompts))]

@@ -130,7 +130,7 @@ def test_an_auto_engine_takes_bf16_only_where_the_cpu_can_and_the_measurement_ag
 
     monkeypatch.setattr(loader, "cpu_flags", lambda: flags)
     monkeypatch.setattr(dtype_policy, "choose_cpu_dtype", measure)
-    core = EngineCore(EngineArgs(model=str(tiny_model_dir), kv_cache_memory="1MiB"))
+    core = EngineCore(EngineArgs(model=str(tiny_model_dir), kv_cache_memory="1MiB", device="cpu"))
     expected = measured or "float32"
     assert core.ready.dtype == expected
     assert core.runner.k_caches[0].dtype is getattr(torch, expected)

@@ -55,6 +55,7 @@ def test_a_stream_with_drafts_equals_the_stream_without(
             dtype="auto",
             ngram_speculation=mode,
             batch_invariant="on",
+            device="cpu",  # where batch invariance and the quantized kernels are
         )
         for mode in ("off", "on")
     }
@@ -83,7 +84,9 @@ def test_a_stream_with_drafts_equals_the_stream_without(
 
 
 def test_penalized_requests_get_no_drafts(tiny_model_dir: Path) -> None:
-    core = make_core(tiny_model_dir, quantization="int8", dtype="auto", ngram_speculation="on")
+    core = make_core(
+        tiny_model_dir, quantization="int8", dtype="auto", ngram_speculation="on", device="cpu"
+    )
     prompt = [101, 102, 103] * 8
     for extra in ({"repetition_penalty": 1.2}, {"presence_penalty": 0.5}):
         core.add_request(request("r", prompt, max_tokens=8, **extra))
