@@ -1,10 +1,23 @@
-"""What every benchmark's report says about the machine it ran on (one place for all of them)."""
+"""What every benchmark's report says about the machine it ran on and the command that wrote it
+(one place for all of them).
+
+    python bench/hostinfo.py        # the machine line, as the reports write it
+
+Every bench script imports this module by its name, after putting bench/ on the path (each
+entry point's first lines do: `python bench/<folder>/<script>.py` puts only <folder> there).
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
+import shlex
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_name() -> str:
@@ -43,3 +56,37 @@ def describe() -> str:
         f"Python {platform.python_version()}, "
         f"{platform.system()}, {datetime.date.today().isoformat()}"
     )
+
+
+def machine() -> str:
+    """`describe()` and the torch build, for the reports of what runs torch."""
+    import torch
+
+    return f"{describe()}; torch {torch.__version__}"
+
+
+def heading(title: str, details: str = "") -> list[str]:
+    """A report's first lines: its title, the command that wrote it, then the machine (with
+    torch) and the date, `details` after them on the same line."""
+    when = datetime.datetime.now().isoformat(timespec="minutes")
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{command()}`",
+        "",
+        f"Machine: {machine()}. Date: {when}. {details}".rstrip(),
+    ]
+
+
+def command() -> str:
+    """This run's command as a user types it at the repository's root: `python bench/...py` and
+    the arguments it was given (what a report's "Command:" line says)."""
+    script = Path(sys.argv[0]).resolve()
+    if script.is_relative_to(REPO):
+        script = script.relative_to(REPO)
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    print(describe())

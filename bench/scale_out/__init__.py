@@ -1,0 +1,1 @@
+"""Scale-out: what routing across replicas gains from the prefix cache (scale.py)."""
