@@ -120,6 +120,7 @@ def runner_state(max_model_len: int, attention: object) -> SimpleNamespace:
         k_caches=[torch.zeros(CACHE_SHAPE)],
         input_batch=InputBatch(BLOCK, max_model_len),
         staging=Staging(device),
+        lora=None,  # ModelRunner.prepare reads it (LoRA off)
     )
 
 
