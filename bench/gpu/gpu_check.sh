@@ -17,7 +17,7 @@
 #             one sequence's step against its kernels' time                  gpu_engine.md
 #   paths     bench/gpu/gpu_paths.py: the quantized weights (as a user starts them, and forced
 #             past the CPU gate), the quantized ops, batch invariance         gpu_paths.md
-#   survey    bench/architectures/survey.py on CUDA: the generic path (transformers' modules,
+#   survey    bench/model_types/survey.py on CUDA: the generic path (transformers' modules,
 #             paged attention) against transformers' generate, 16 families   architectures.md
 #   tests     the engine tests on CUDA (graphs captured by every engine they start)
 #                                                                            engine_tests.log
@@ -129,7 +129,7 @@ if ((cuda)); then
     [[ -s "$out/gpu_paths.md" ]] && rm -f "$out/gpu_paths.log"
 
     step "survey (generic path)" 45 "$out/architectures.log" \
-        "$py" bench/architectures/survey.py --only "$families" --out "$out/architectures.md"
+        "$py" bench/model_types/survey.py --only "$families" --out "$out/architectures.md"
     [[ -s "$out/architectures.md" ]] && rm -f "$out/architectures.log"
 
     # Not the tests that need the real default model (it cannot travel) or its embedding
@@ -154,7 +154,7 @@ else
         "$py" bench/gpu/gpu_paths.py --out "$out/gpu_paths.md"
     [[ -s "$out/gpu_paths.md" ]] && rm -f "$out/gpu_paths.log"
     step "survey (CPU, two families)" 100 "$out/architectures.log" \
-        "$py" bench/architectures/survey.py --only llama,gemma2 --out "$out/architectures.md"
+        "$py" bench/model_types/survey.py --only llama,gemma2 --out "$out/architectures.md"
     [[ -s "$out/architectures.md" ]] && rm -f "$out/architectures.log"
     step "tests (CPU side of graphs, input batch)" 120 "$out/engine_tests.log" \
         "$py" -m pytest "${pytest_args[@]}" -x \

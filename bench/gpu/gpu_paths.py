@@ -1,5 +1,5 @@
 """The engine's paths besides the float own forward, each run once on a GPU: quantized weights
-and batch invariance (the generic path runs through bench/architectures/survey.py).
+and batch invariance (the generic path runs through bench/model_types/survey.py).
 
 Quantized weights: a random-weight Llama (SmolLM2-135M's layer shapes, 4 layers) is started as
 a user would start it, with `--quantization int8`, `int4` and `w8a8`, and what the engine says

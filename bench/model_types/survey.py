@@ -12,7 +12,7 @@ transformers' own `generate`. Each architecture ends in one of:
 - not surveyed: no tiny model could be built from the config alone (a multimodal or composite
   config, a remote-code model); says nothing about the engine.
 
-Usage: python bench/architectures/survey.py [--only llama,gemma2]
+Usage: python bench/model_types/survey.py [--only llama,gemma2]
        [--out bench/results/architectures.md]
 """
 

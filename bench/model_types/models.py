@@ -14,7 +14,7 @@ cell is the median of the rounds' medians.
 Goals (issue 26): the generic path at N=32 at least 2x transformers' generate at batch 32; an
 own forward at least 1.15x the generic path, or it is not kept.
 
-Usage: python bench/architectures/models.py [--models gemma3,qwen3,...] [--ns 1,32] [--threads 1]
+Usage: python bench/model_types/models.py [--models gemma3,qwen3,...] [--ns 1,32] [--threads 1]
        [--rounds 2] [--clock cpu|wall] [--mixed gemma3] [--out bench/results/models.md]
 """
 
