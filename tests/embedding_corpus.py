@@ -1,5 +1,5 @@
 """A corpus of sentences of mixed lengths, made from a seed, for the embedding tests and
-bench/embed.py: mostly short (a search query, a title), some a paragraph, a few longer than
+bench/apis/embed.py: mostly short (a search query, a title), some a paragraph, a few longer than
 all-MiniLM-L6-v2's 256 tokens (which sentence-transformers truncates)."""
 
 from __future__ import annotations

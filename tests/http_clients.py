@@ -1,5 +1,5 @@
 """Test clients the HTTP tests share: SSE framing checks, a bare HTTP/2 client, and clients
-that hang up at a chosen moment (for disconnect tests and bench/soak.py)."""
+that hang up at a chosen moment (for disconnect tests and bench/serving/soak.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`python -m trio_llm serve` in a subprocess on a loopback port, for integration tests (and
-bench/soak.py), plus what they read about its processes from /proc."""
+bench/serving/soak.py), plus what they read about its processes from /proc."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The structured-output cases the tests and bench/structured.py share: 20 JSON schemas of the
+"""The structured-output cases the tests and bench/apis/structured.py share: 20 JSON schemas of the
 kinds people send (nested objects, arrays with min/max items, enums, integer ranges, required and
 optional fields, string patterns and lengths, anyOf, $ref, const, nullable types, formats), and
 regex, choice and grammar constraints, each with a prompt that suits it.

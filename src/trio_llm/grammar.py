@@ -18,7 +18,7 @@ Invariants:
   mask with no model token in it, which the sampler reports as a dead end.
 - No message from the grammar engine carries its parser state or the grammar (`clean_error`).
 
-llguidance was chosen over xgrammar by bench/structured.py (table in
+llguidance was chosen over xgrammar by bench/apis/structured.py (table in
 bench/results/structured.md): no dependencies, forced-token computation for jump-forward, masks
 for draft tokens in one parallel call, and Lark and GBNF both accepted.
 

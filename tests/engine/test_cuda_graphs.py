@@ -1,6 +1,6 @@
 """The CUDA-graph bookkeeping that runs without a GPU: which padded size a step takes, what the
 static buffers hold between replays, and the replay path end to end with each graph replaced by
-a call of its forward. The capture itself is checked by bench/gpu_check.sh on a GPU."""
+a call of its forward. The capture itself is checked by bench/gpu/gpu_check.sh on a GPU."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_static_rows_past_a_step_are_padding_again() -> None:
 
 def test_capture_needs_cuda() -> None:
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: bench/gpu_check.sh captures for real")
+        pytest.skip("a GPU is here: bench/gpu/gpu_check.sh captures for real")
     graphs = DecodeGraphs([1], max_blocks=1, device=torch.device("cpu"))
     with pytest.raises(RuntimeError, match="CUDA"):
         graphs.capture(lambda ids, pos, meta: ids)

@@ -1,7 +1,7 @@
 """The default model's GGUF in its own formats keeps its quality: perplexity on a fixed text
 (tests/data/perplexity_text.txt) within 1% of llama.cpp's on the same file and tokens (measured
-by bench/quant_quality.py, recorded in tests/data/perplexity_llama_cpp.json), and close to the
-same file dequantized to bfloat16."""
+by bench/weights/quant_quality.py, recorded in tests/data/perplexity_llama_cpp.json), and close to
+the same file dequantized to bfloat16."""
 
 from __future__ import annotations
 

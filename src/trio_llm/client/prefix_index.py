@@ -82,7 +82,7 @@ class PrefixPolicy:
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
     enabled: bool = True
-    """False: always the least loaded (the figure `bench/scale.py` compares against)."""
+    """False: always the least loaded (the figure `bench/scale_out/scale.py` compares against)."""
 
     def imbalanced(self, loads: Sequence[int]) -> bool:
         most, least = max(loads), min(loads)

@@ -40,7 +40,7 @@ _SM_COUNT: dict[int, int] = {}
 # same launch shapes the device takes.
 _DEFAULT_SM_COUNT = 132
 # Programs wanted per SM. About 8 bf16 decode programs fit on an sm_90 SM at once (58 registers
-# x 128 threads, 20 KB of shared memory each, per bench/attention_kernels.py's compile report),
+# x 128 threads, 20 KB of shared memory each, per bench/gpu/attention_kernels.py's compile report),
 # so 16 is two full waves: a program's work is one context chunk, all about equal, and the last
 # wave is never a small remainder. Checked on an H200 (bench/results/attention_kernels.md, the
 # sweep): at both target points this default was within 4% of the best of 18 launch shapes.

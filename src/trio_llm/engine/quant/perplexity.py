@@ -2,7 +2,7 @@
 
 The text is cut into windows of `window` tokens (non-overlapping, each scored from its second
 token on, as a fresh context); every window is one request asking for its prompt tokens'
-log-probabilities. bench/quant_quality.py computes the same windows with llama.cpp (through
+log-probabilities. bench/weights/quant_quality.py computes the same windows with llama.cpp (through
 llama-cpp-python) on the same token ids, so the two numbers differ only by the engines.
 """
 
