@@ -87,7 +87,7 @@ def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float
     from transformers import AutoTokenizer
 
     import engine as engine_bench  # bench/engine.py
-    from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.step.core import EngineCore
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir())
     load = serve.parse_args(prompt_shape(args))

@@ -34,7 +34,7 @@ import torch
 import engine as engine_bench  # bench/engine.py
 import hostinfo  # bench/hostinfo.py
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 
 SHAPES: dict[str, dict[str, object]] = {
