@@ -13,7 +13,7 @@ from pathlib import Path
 
 # Batch invariance in float32 needs MKL's reproducibility mode, which MKL takes only before its
 # first call: the engine process sets it first thing, and in-process engines here find it set
-# (engine/invariance.py).
+# (engine/plans/invariance.py).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import pytest

@@ -51,7 +51,7 @@ def write_section(out: Path, name: str, body: str) -> None:
 def libraries(args: argparse.Namespace) -> str:
     from apis.structured_libraries import measure, report
     from trio_llm import model_files
-    from trio_llm.engine import loader
+    from trio_llm.engine.models import loader
 
     source = model_files.resolve_model(args.model)
     tokenizer = model_files.load_tokenizer(source)

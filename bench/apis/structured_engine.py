@@ -25,8 +25,8 @@ from structured_cases import SCHEMAS  # tests/structured_cases.py
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
 from trio_llm.constraint import Constraint
-from trio_llm.engine import model_runner
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step import model_runner
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import llama
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.models import llama
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
 

@@ -1,5 +1,5 @@
 """A step's input preparation on this CPU: rebuilt from the sequences' Python lists (the runner
-before engine/input_batch.py, kept here as `legacy_prepare`) against the persistent input batch
+before engine/step/input_batch.py, kept here as `legacy_prepare`) against the persistent input batch
 (`ModelRunner.prepare` now), side by side in one process.
 
 For each N and context length, N sequences decode one token per step (sampled with temperature,
@@ -26,14 +26,15 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from trio_llm.engine import invariance
 from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.interface import as_tensor
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
-from trio_llm.engine.input_batch import InputBatch, Staging
-from trio_llm.engine.model_runner import ModelRunner
-from trio_llm.engine.sampler import SamplingTensors
-from trio_llm.engine.sequence import ScheduledBatch, Sequence
+from trio_llm.engine.ops.matmul import Matmul
+from trio_llm.engine.plans import invariance
+from trio_llm.engine.step.input_batch import InputBatch, Staging
+from trio_llm.engine.step.model_runner import ModelRunner
+from trio_llm.engine.step.sampler import SamplingTensors
+from trio_llm.engine.step.sequence import ScheduledBatch, Sequence
 from trio_llm.sampling_params import SamplingParams
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -115,7 +116,7 @@ def runner_state(max_model_len: int, attention: object) -> SimpleNamespace:
     return SimpleNamespace(
         block_size=BLOCK,
         device=device,
-        invariance=invariance.Decision(invariance.Matmul(), False, "benchmark"),
+        invariance=invariance.Decision(Matmul(), False, "benchmark"),
         _attention=attention,
         k_caches=[torch.zeros(CACHE_SHAPE)],
         input_batch=InputBatch(BLOCK, max_model_len),
@@ -198,7 +199,7 @@ def main() -> None:
         "Decode steps of N sequences at the given context (temperature, top-k and top-p "
         "sampling), each step one token more per sequence; the two paths take turns on the "
         f"same batches in one process, median of {args.steps} steps each. `lists`: the runner's "
-        "prepare before engine/input_batch.py (bench/engine_step/input_batch.py's "
+        "prepare before engine/step/input_batch.py (bench/engine_step/input_batch.py's "
         "`legacy_prepare`); `persistent`: `ModelRunner.prepare` now. Both include the sampling "
         "tensors; the right half adds the torch backend's attention metadata (the same work on "
         "both paths). CPU device: no host-to-device copies on either path.",

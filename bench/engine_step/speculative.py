@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.model_files import load_tokenizer, resolve_model
 from trio_llm.sampling_params import SamplingParams
@@ -106,7 +106,7 @@ def main() -> None:
         "EngineCore in process, the default model in its own formats (Q4_1 as int4), one greedy "
         f"request alone, {args.tokens} output tokens (EOS ignored), decode time after the "
         f"prefill step; medians of {args.rounds} runs, the two cores taking turns. Drafts: up "
-        "to 4 tokens by n-gram prompt lookup (engine/speculative.py). `repetitive`: rename a "
+        "to 4 tokens by n-gram prompt lookup (engine/step/speculative.py). `repetitive`: rename a "
         "function in a 9-line snippet and give the code back; `free`: a short story.",
         "",
         "| workload | prompt tokens | drafts off (ms/token) | drafts on (ms/token) | on / off "

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import invariance
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.ops import threads
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
 
@@ -279,7 +279,7 @@ def main() -> None:
     if any(v.invariant != "off" for v in variants):
         # fp32 invariance needs MKL's CNR mode from MKL's first call on, as the engine process
         # sets it: here it is on for the variants without invariance too.
-        invariance.enable_reproducible_mkl()
+        threads.enable_reproducible_mkl()
     cores = {
         v: EngineCore(v.args(args.threads, kv_bytes(v.dtype, cases, args.rounds)))  # type: ignore[arg-type]
         for v in variants
@@ -323,10 +323,10 @@ def main() -> None:
         f"turns of {STEPS_PER_TURN} steps in one process (the first of each turn untimed); "
         f"medians of {args.rounds * (STEPS_PER_TURN - 1)} steps. `forward`: the decoder's "
         "forward alone (hf: transformers' modules with the paged attention hooked in; own: "
-        "engine/llama.py), `LM head`, `prepare` (the step's input tensors) and `sampling` (the "
-        "sampler and its tensors) apart; `rest`: scheduling and outputs. `bare share`: "
-        "(forward + LM head) / step, what a bare forward of the same code on the same batch "
-        "would take of the engine's step.",
+        "engine/models/llama.py), `LM head`, `prepare` (the step's input tensors) and "
+        "`sampling` (the sampler and its tensors) apart; `rest`: scheduling and outputs. "
+        "`bare share`: (forward + LM head) / step, what a bare forward of the same code on the "
+        "same batch would take of the engine's step.",
         "",
         "| N | C | variant | step (ms) | tok/s | forward | LM head | prepare | sampling | rest "
         "| bare share |",

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc import ShmRing
 from trio_llm.ipc.codec import decode_engine_message, encode
 from trio_llm.ipc.messages import (

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 
 BENCH = Path(__file__).resolve().parents[1]

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine import quant
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.models import quantized as quant
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
 

@@ -81,7 +81,7 @@ def survey(model_type: str, directory: Path) -> tuple[str, str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from trio_llm.config import EngineArgs
-    from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.step.core import EngineCore
     from trio_llm.ipc.messages import EngineCoreRequest
     from trio_llm.model_files import UnsupportedModelError
     from trio_llm.sampling_params import SamplingParams

@@ -30,7 +30,7 @@ class Level:
 
 
 def prompt_shape(args: argparse.Namespace) -> list[str]:
-    """bench/serve.py flags that decide the prompts: the servers and the offline reference
+    """serve.py flags that decide the prompts: the servers and the offline reference
     must draw the same ones."""
     return [
         "--input-len",
@@ -87,7 +87,7 @@ def offline_reference(args: argparse.Namespace, concurrency: int) -> tuple[float
     from transformers import AutoTokenizer
 
     from engine_step import throughput
-    from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.step.core import EngineCore
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir())
     load = serve.parse_args(prompt_shape(args))

@@ -1,7 +1,7 @@
 """Perplexity of each weight format against llama.cpp's on the same GGUF file and tokens.
 
 The text is tests/data/perplexity_text.txt (the Apache License 2.0, 2,224 tokens), cut into
-512-token windows (engine/quant/perplexity.py). For each GGUF file: trio-llm in-process in its
+512-token windows (engine/perplexity.py). For each GGUF file: trio-llm in-process in its
 own formats (quantization auto, bf16 activations) and dequantized (quantization none, bf16 and
 fp32), and llama.cpp through llama-cpp-python (the peers' venv, bench/serving/setup_peers.sh) on the
 same token ids. Files other than the default one are made from it with llama.cpp's quantizer:
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
-from trio_llm.engine.quant.perplexity import perplexity, windows
+from trio_llm.engine.perplexity import perplexity, windows
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.model_files import default_gguf_path, load_tokenizer, resolve_model
 
 BENCH = Path(__file__).resolve().parents[1]

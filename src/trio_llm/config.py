@@ -76,7 +76,7 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     last), FCFS among equals."""
     kv_events_endpoint: str | None = None
     """A ZeroMQ endpoint (e.g. tcp://*:5557) on which the engine publishes its KV-cache events
-    in vLLM's format, for a KV-aware router (engine/kv_events.py); None: none are published."""
+    in vLLM's format, for a KV-aware router (engine/step/kv_events.py); None: none are published."""
     kv_events_topic: str = ""
     data_parallel_rank: int | None = None
     """This engine's replica index among its model's (stamped on its KV events); None: the
@@ -84,12 +84,12 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     model_impl: str = "auto"
     """auto | own | transformers: the engine's own forward where one covers the model (the
     Llama family: Llama, Qwen2, Mistral), transformers' modules with the paged attention for any
-    other causal LM (engine/forwards.py); own refuses a model no own forward covers."""
+    other causal LM (engine/models/forwards.py); own refuses a model no own forward covers."""
     batch_invariant: str = "auto"
     """auto | on | off: compute every row of a step one way whatever else the step holds, so a
     request gets the same tokens alone or in company, however its prompt is chunked, after a
-    preemption or from the prefix cache (engine/invariance.py). auto: on where this CPU class's
-    matmul plan passes its start-up check (every class measured so far), off with quantized
+    preemption or from the prefix cache (engine/plans/invariance.py). auto: on where this CPU
+    class's matmul plan passes its start-up check (every class measured so far), off with quantized
     weights (their prefill chunks would stay on the slower quantized kernels); on: also padded
     matmuls where only those pass, quantized weights on their kernels for every row, and
     refused at start-up where it cannot be kept (CUDA, the Triton backend, single-token weight
@@ -105,7 +105,7 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Structured outputs: tokens a request's grammar forces are proposed as drafts and computed
     in one chunk, verified by the step's samples (the output is the same as without)."""
     ngram_speculation: str = "auto"
-    """auto | on | off: n-gram prompt-lookup drafts (engine/speculative.py), verified by the
+    """auto | on | off: n-gram prompt-lookup drafts (engine/step/speculative.py), verified by the
     step's samples. auto is off: measured on the CPU path, drafting made streams slower."""
     num_threads: int | None = None
     """torch intra-op threads in the engine (CTranslate2's, in a speech engine); None: one per

@@ -2,7 +2,7 @@
 
 It travels inside `SamplingParams` (and so inside `EngineCoreRequest`) as its kind and its text,
 never as a compiled object: the engine compiles it, in a worker thread of its own process
-(`trio_llm.engine.structured`). The frontend builds one from whichever field a caller used
+(`trio_llm.engine.step.structured`). The frontend builds one from whichever field a caller used
 (`response_format`, vLLM's `structured_outputs`, the legacy `guided_*`), validates it with the
 grammar library before anything reaches the engine (`trio_llm.grammar.check`), and the
 library user builds one with the constructors below.

@@ -5,7 +5,7 @@ What it owns: the mapping from a model name (the embedded default, the embedded 
 model, a local Hugging Face directory, a `.gguf` file, or a hub id already in the local cache)
 to a `ModelSource` whose `path` is a directory `transformers` loads quickly (the tasks a model
 may serve are trio_llm/tasks.py's). The frontend (tokenizer, generation config) and the engine
-(config, weights: engine/loader.py) both resolve the model through here, so they always read
+(config, weights: engine/models/loader.py) both resolve the model through here, so they always read
 the same directory; nothing here imports torch unless a GGUF file has to be converted.
 
 Why GGUF files are converted once: transformers reads a GGUF by de-quantizing every tensor and

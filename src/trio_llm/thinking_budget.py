@@ -7,7 +7,7 @@ closes the block by itself, and such a grammar cannot roll back for jump-forward
 grammar keeps the thinking free up to its tag (a `suffix` lexeme: grammar.py), and this
 counter takes the committed tokens' bytes, notices the tag, and when the budget runs out first
 names the tokens that finish it (the rest of a tag the model had begun, or the whole tag); the
-step's mask then allows only the next of them (engine/structured.py).
+step's mask then allows only the next of them (engine/step/structured.py).
 
 Invariant: it forces only while the block is open (the tag not yet seen in the output's bytes),
 so it never writes into the answer; what it forces is text the grammar allows there.

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 

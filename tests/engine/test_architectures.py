@@ -19,7 +19,7 @@ from architectures import COMMON, CONFIGS, VOCAB, WINDOW, build
 from engine_helpers import hf_greedy, make_core, random_prompts, request, run
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.model_files import UnsupportedModelError
 
 NEW_TOKENS = 24

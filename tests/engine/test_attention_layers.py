@@ -14,7 +14,7 @@ import torch
 
 from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
-from trio_llm.engine.generic import AttentionLayer, attention_backend
+from trio_llm.engine.models.attention_layers import AttentionLayer, attention_backend
 from trio_llm.kernels import prefill_attention_ref
 from trio_llm.model_files import UnsupportedModelError
 

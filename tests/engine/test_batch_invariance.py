@@ -1,5 +1,5 @@
-"""Batch invariance (engine/invariance.py) on this machine's real matmuls: a request gets the same
-tokens alone, in any company, however its prompt is chunked, after a preemption, from a
+"""Batch invariance (engine/plans/invariance.py) on this machine's real matmuls: a request gets
+the same tokens alone, in any company, however its prompt is chunked, after a preemption, from a
 prefix-cache hit on blocks that decodes filled, with jump-forward drafts, and as one of n
 choices; and each CPU class's choice, with faked flags.
 
@@ -19,11 +19,11 @@ import transformers
 from engine_helpers import random_prompts, request, run
 
 from trio_llm.constraint import Constraint
-from trio_llm.engine import invariance, loader
 from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
-from trio_llm.engine.core import EngineConfigError, EngineCore
-from trio_llm.engine.invariance import (
+from trio_llm.engine.models import loader
+from trio_llm.engine.ops import matmul, threads
+from trio_llm.engine.ops.matmul import (
     BF16_AMX,
     BF16_AVX512,
     BF16_PLAIN,
@@ -32,6 +32,8 @@ from trio_llm.engine.invariance import (
     Matmul,
     MatmulPlan,
 )
+from trio_llm.engine.plans import invariance, invariant_modules
+from trio_llm.engine.step.core import EngineConfigError, EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 
 LENGTHS = [5, 17, 33, 65, 90, 120, 1, 45] * 4
@@ -216,9 +218,9 @@ def test_a_final_logit_soft_cap_keeps_invariance_on_one_thread_only() -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert "soft-cap" in (invariance.unsupported_modules(model) or "")
+        assert "soft-cap" in (invariant_modules.unsupported_modules(model) or "")
         torch.set_num_threads(1)
-        assert invariance.unsupported_modules(model) is None
+        assert invariant_modules.unsupported_modules(model) is None
     finally:
         torch.set_num_threads(before)
 
@@ -243,7 +245,7 @@ def test_the_transformers_path_is_invariant_too(wide_model_dir: Path) -> None:
 def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
     dtype: torch.dtype, window: int | None, softcap: float | None
 ) -> None:
-    """Sliding-window and soft-capped layers too (engine/generic.py's models)."""
+    """Sliding-window and soft-capped layers too (engine/models/generic.py's models)."""
     heads, kv_heads, dim, block = 4, 2, 16, 16
     length = 150
     g = torch.Generator().manual_seed(3)
@@ -334,9 +336,9 @@ def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> 
 def test_each_cpu_class_gets_its_plan(
     flags: frozenset[str], bf16: MatmulPlan, fp32: MatmulPlan
 ) -> None:
-    assert invariance.plan_for(torch.bfloat16, flags) is bf16
-    assert invariance.plan_for(torch.float32, flags) is fp32
-    assert invariance.plan_for(torch.float16, flags) is None
+    assert matmul.plan_for(torch.bfloat16, flags) is bf16
+    assert matmul.plan_for(torch.float32, flags) is fp32
+    assert matmul.plan_for(torch.float16, flags) is None
 
 
 def test_an_amx_plan_tiles_its_calls(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,13 +346,13 @@ def test_an_amx_plan_tiles_its_calls(tiny_model_dir: Path, monkeypatch: pytest.M
     oneDNN computes those row-exactly where no inner dimension passes 1024 (the tiny model)."""
     monkeypatch.setattr(loader, "cpu_flags", lambda: AMX)
     core = make_core(tiny_model_dir, dtype="bfloat16")
-    matmul = core.runner.invariance.matmul
-    assert core.runner.invariance.on and matmul.plan is BF16_AMX
+    engine_matmul = core.runner.invariance.matmul
+    assert core.runner.invariance.on and engine_matmul.plan is BF16_AMX
     calls: list[int] = []
-    monkeypatch.setattr(
-        invariance.F, "linear", lambda x, w, b=None: calls.append(len(x)) or x @ w.T
+    monkeypatch.setattr(matmul.F, "linear", lambda x, w, b=None: calls.append(len(x)) or x @ w.T)
+    engine_matmul(
+        torch.zeros(70, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
     )
-    matmul(torch.zeros(70, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16))
     assert calls == [32, 32, 6]
 
 
@@ -401,11 +403,11 @@ def test_unavailable_reasons() -> None:
     from transformers.pytorch_utils import Conv1D
 
     model = torch.nn.Sequential(Conv1D(8, 4), torch.nn.Linear(8, 8))
-    assert "Conv1D" in (invariance.unsupported_modules(model) or "")
-    assert invariance.unsupported_modules(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None
+    assert "Conv1D" in (invariant_modules.unsupported_modules(model) or "")
+    assert invariant_modules.unsupported_modules(torch.nn.Sequential(torch.nn.Linear(4, 4))) is None
 
 
 def test_mkl_reproducibility_is_on_in_this_process() -> None:
     """tests/conftest.py sets MKL_CBWR as the engine process sets CNR first thing."""
-    assert invariance.mkl_reproducible()
-    assert invariance.enable_reproducible_mkl()
+    assert threads.mkl_reproducible()
+    assert threads.enable_reproducible_mkl()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from trio_llm.engine import block_manager
-from trio_llm.engine.block_manager import BlockManager
-from trio_llm.engine.scheduler import Scheduler
-from trio_llm.engine.sequence import Sequence, SequenceStatus
+from trio_llm.engine.step import block_manager
+from trio_llm.engine.step.block_manager import BlockManager
+from trio_llm.engine.step.scheduler import Scheduler
+from trio_llm.engine.step.sequence import Sequence, SequenceStatus
 from trio_llm.sampling_params import SamplingParams
 
 BS = 4

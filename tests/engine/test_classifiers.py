@@ -20,7 +20,7 @@ from classifier_models import (
 )
 from embedding_corpus import sentences
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, EngineArgs
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.model_files import ModelSource, UnsupportedModelError, load_tokenizer
 from trio_llm.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import hf_greedy, make_core, random_prompts, request, run
 
-from trio_llm.engine.core import EngineConfigError, EngineCore
+from trio_llm.engine.step.core import EngineConfigError, EngineCore
 from trio_llm.model_files import ModelSource, load_tokenizer
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from engine_helpers import make_core, request, run
 
-from trio_llm.engine.cuda_graphs import (
+from trio_llm.engine.step.cuda_graphs import (
     MAX_CAPTURE_SIZE,
     Captured,
     DecodeGraphs,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trio_llm.config import CPU_KV_CACHE_BYTES, DEVICE_DEFAULTS, EngineArgs
-from trio_llm.engine import loader
+from trio_llm.engine.models import loader
 
 GIB = 1 << 30
 

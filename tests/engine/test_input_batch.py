@@ -8,8 +8,8 @@ import random
 import numpy as np
 import torch
 
-from trio_llm.engine.input_batch import InputBatch, Staging
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.step.input_batch import InputBatch, Staging
+from trio_llm.engine.step.sequence import Sequence
 from trio_llm.sampling_params import SamplingParams
 
 BLOCK = 4

@@ -9,9 +9,9 @@ import socket
 import msgspec
 import zmq
 
-from trio_llm.engine.block_manager import BlockManager
-from trio_llm.engine.kv_events import KVEventPublisher
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.step.block_manager import BlockManager
+from trio_llm.engine.step.kv_events import KVEventPublisher
+from trio_llm.engine.step.sequence import Sequence
 from trio_llm.sampling_params import SamplingParams
 
 

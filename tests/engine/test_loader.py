@@ -4,7 +4,7 @@ import pytest
 
 from trio_llm import model_files
 from trio_llm.config import DEFAULT_MODEL
-from trio_llm.engine import loader
+from trio_llm.engine.models import loader
 
 
 def test_default_model_resolves_to_a_converted_directory(
@@ -118,8 +118,8 @@ def test_an_auto_engine_takes_bf16_only_where_the_cpu_can_and_the_measurement_ag
     import torch
 
     from trio_llm.config import EngineArgs
-    from trio_llm.engine import dtype_policy
-    from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.plans import dtype_policy
+    from trio_llm.engine.step.core import EngineCore
 
     asked: list[int] = []
 
@@ -143,7 +143,7 @@ def test_the_measured_choice_needs_bf16_no_slower_alone_and_faster_batched(
 ) -> None:
     import torch
 
-    from trio_llm.engine import dtype_policy
+    from trio_llm.engine.plans import dtype_policy
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     weights = [torch.randn(32, 16), torch.randn(100, 16)]

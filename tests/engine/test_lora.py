@@ -16,9 +16,9 @@ import torch
 from engine_helpers import make_core, random_prompts, run
 
 from lora_adapters import ALL_PROJECTIONS, make_adapter, merged_model, peft_greedy, peft_logprobs
-from trio_llm.engine.core import EngineConfigError, EngineCore
 from trio_llm.engine.lora import LoraBatch, LoraStacks, adapter_root
 from trio_llm.engine.lora.targets import Part, Target
+from trio_llm.engine.step.core import EngineConfigError, EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest, LoadLora, UnloadLora
 from trio_llm.sampling_params import SamplingParams
 

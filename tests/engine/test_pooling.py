@@ -14,8 +14,8 @@ import torch
 
 from embedding_corpus import sentences
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, EngineArgs
-from trio_llm.engine.core import EngineCore
-from trio_llm.engine.pooling import PoolingConfig, PoolingConfigError, pool, pooling_config
+from trio_llm.engine.models.pooling import PoolingConfig, PoolingConfigError, pool, pooling_config
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest
 from trio_llm.model_files import load_tokenizer, resolve_model
 from trio_llm.sampling_params import SamplingParams

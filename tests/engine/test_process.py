@@ -183,8 +183,8 @@ def alive(pid: int) -> bool:
 def test_outputs_too_large_for_the_ring_are_split_or_fail_their_request(
     tiny_model_dir: Path,
 ) -> None:
-    from trio_llm.engine.core import EngineCore
     from trio_llm.engine.process import EngineLoop
+    from trio_llm.engine.step.core import EngineCore
 
     core = EngineCore(tiny_args(tiny_model_dir))
     with ShmRing.create(1 << 16) as requests, ShmRing.create(1 << 16) as outputs:

@@ -14,13 +14,13 @@ from engine_helpers import make_core, random_prompts, request, run
 from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as Q
 
-from trio_llm.engine.llama import LlamaForward
+from trio_llm.engine.models import gguf_weights
+from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.quant import (
     Int4Weight,
     Int8Weight,
     dispatching,
     gguf_blocks,
-    gguf_model,
     quantize_int4,
     quantize_int8,
 )
@@ -198,7 +198,7 @@ def test_gguf_tensors_load_into_the_fused_layers_in_their_formats(
         "attn_output": Q.Q8_0,
     }
     path = write_gguf(tiny, tmp_path / "tiny.gguf", kinds)
-    weights = gguf_model.load_weights(path, tiny.config, BF16)
+    weights = gguf_weights.load_weights(path, tiny.config, BF16)
     reference = LlamaForward(tiny, 64)
     for ours, theirs in zip(weights.layers, reference.layers, strict=True):
         assert isinstance(ours.qkv, Int4Weight)  # Q4_0 and Q4_1 share the int4 form
@@ -228,7 +228,7 @@ def test_the_q_and_k_rows_come_back_in_transformers_order(
     path = tmp_path / "f32.gguf"
     writer_kinds = {n: Q.F32 for n in ("attn_q", "attn_k", "attn_v")}
     write_gguf(tiny, path, writer_kinds)
-    weights = gguf_model.load_weights(path, tiny.config, torch.float32)
+    weights = gguf_weights.load_weights(path, tiny.config, torch.float32)
     reference = LlamaForward(tiny, 64)
     assert torch.equal(weights.layers[0].qkv, reference.layers[0].qkv)
 

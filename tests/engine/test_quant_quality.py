@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from engine_helpers import make_core
 
-from trio_llm.engine.core import EngineCore
+from trio_llm.engine.models.gguf_weights import weights_nbytes
+from trio_llm.engine.perplexity import perplexity
 from trio_llm.engine.quant import Int4Weight, Int8Weight
-from trio_llm.engine.quant.gguf_model import weights_nbytes
-from trio_llm.engine.quant.perplexity import perplexity
+from trio_llm.engine.step.core import EngineCore
 from trio_llm.model_files import ModelSource, default_gguf_path, load_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
-from trio_llm.engine.sequence import DEAD_END, Sequence
-from trio_llm.engine.token_bans import TokenBans
+from trio_llm.engine.step.sampler import Sampler, SamplingTensors, compute_logprobs
+from trio_llm.engine.step.sequence import DEAD_END, Sequence
+from trio_llm.engine.step.token_bans import TokenBans
 from trio_llm.sampling_params import SamplingParams
 
 EOS = 2
@@ -163,14 +163,14 @@ def test_penalties() -> None:
         seqs = seqs_for(params, outputs=outputs, prompt=(4,))
         st = SamplingTensors.build(seqs, frozenset({EOS}), 5, CPU)
         logits = base.clone()
-        from trio_llm.engine.sampler import apply_penalties
+        from trio_llm.engine.step.sampler import apply_penalties
 
         apply_penalties(logits, st)
         assert logits[0].tolist() == pytest.approx(expected), name
 
 
 def test_repetition_penalty_covers_prompt_and_output() -> None:
-    from trio_llm.engine.sampler import apply_penalties
+    from trio_llm.engine.step.sampler import apply_penalties
 
     seq = Sequence(
         request_id="r",

@@ -1,4 +1,4 @@
-"""N-gram prompt-lookup drafts (engine/speculative.py): what is proposed, when, and that a
+"""N-gram prompt-lookup drafts (engine/step/speculative.py): what is proposed, when, and that a
 stream decoded with drafts equals the same stream decoded one token at a time."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import make_core, request, run
 
-from trio_llm.engine import speculative
+from trio_llm.engine.step import speculative
 
 
 def test_the_longest_recurring_suffix_proposes_what_followed_it_last() -> None:

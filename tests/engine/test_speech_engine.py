@@ -161,7 +161,7 @@ def test_the_temperature_ladder_is_whispers() -> None:
 def test_a_task_the_model_cannot_serve_stops_the_start() -> None:
     from transformers import LlamaConfig
 
-    from trio_llm.engine.loader import resolve_task
+    from trio_llm.engine.models.loader import resolve_task
     from trio_llm.engine.speech.core import SpeechModelError
     from trio_llm.model_files import ModelSource, UnsupportedModelError, resolve_model
 

@@ -22,8 +22,8 @@ from structured_cases import (
     assert_valid,
 )
 from trio_llm.constraint import Constraint
-from trio_llm.engine.core import EngineCore
-from trio_llm.engine.scheduler import accept_drafts
+from trio_llm.engine.step.core import EngineCore
+from trio_llm.engine.step.scheduler import accept_drafts
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.model_files import ModelSource, load_tokenizer
 

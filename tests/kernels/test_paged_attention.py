@@ -12,9 +12,9 @@ Tolerances, on the output against an fp32 reference computed from the same (roun
 - bf16: atol = rtol = 3e-2 (the same, with bf16's 8-bit mantissa: about 4 ulps at |x| = 1).
 Largest errors seen in the interpreter: fp32 1.2e-6, fp16 2.0e-3, bf16 1.6e-2.
 
-The engine's torch attention backend implements the same contract with the same signatures: every
-test that states the contract (rather than a launch shape of the kernels) runs on both
-implementations (`impl`), with the same tolerances.
+The engine's torch attention backend implements the same contract (behind the kernels'
+signatures in torch_signatures.py): every test that states the contract (rather than a launch
+shape of the kernels) runs on both implementations (`impl`), with the same tolerances.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch_signatures
 
 from trio_llm import kernels
-from trio_llm.engine.attention import torch_backend
 from trio_llm.kernels import (
     DecodeConfig,
     PrefillConfig,
@@ -61,15 +61,15 @@ class Impl:
     def decode(self, *args: object, config: DecodeConfig | None = None) -> torch.Tensor:
         if self.name == "triton":
             return decode_attention(*args, config=config)  # type: ignore[arg-type]
-        return torch_backend.decode_attention(*args)  # type: ignore[arg-type]
+        return torch_signatures.decode_attention(*args)  # type: ignore[arg-type]
 
     def prefill(self, *args: object, config: PrefillConfig | None = None) -> torch.Tensor:
         if self.name == "triton":
             return prefill_attention(*args, config=config)  # type: ignore[arg-type]
-        return torch_backend.prefill_attention(*args)  # type: ignore[arg-type]
+        return torch_signatures.prefill_attention(*args)  # type: ignore[arg-type]
 
     def write_kv(self, *args: torch.Tensor) -> None:
-        (write_kv if self.name == "triton" else torch_backend.write_kv)(*args)
+        (write_kv if self.name == "triton" else torch_signatures.write_kv)(*args)
 
 
 @pytest.fixture(

@@ -59,8 +59,8 @@ from trio_llm.ipc.messages import (
 
 if TYPE_CHECKING:
     from trio_llm.config import EngineArgs
-    from trio_llm.engine.core import EngineCore
     from trio_llm.engine.speech.core import SpeechCore
+    from trio_llm.engine.step.core import EngineCore
 
     Core = EngineCore | SpeechCore
 
@@ -127,7 +127,7 @@ def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:
         from trio_llm.engine.speech.core import SpeechCore
 
         return SpeechCore(args, source.path, source.name, on_stage)
-    from trio_llm.engine.core import EngineCore
+    from trio_llm.engine.step.core import EngineCore
 
     core = EngineCore(args, on_stage=on_stage)
     if not core.pooling:

@@ -52,7 +52,7 @@ class StepLayout:
     """0: each query attends over exactly its context. B > 0: every query, decode or prefill,
     attends as a decode does, over its context rounded up to a multiple of B (the rest
     masked), so that its attention depends neither on the batch nor on the path that computes
-    it (batch invariance, engine/invariance.py; torch backend only, the Triton kernels ignore
+    it (batch invariance, engine/plans/invariance.py; torch backend only, the Triton kernels ignore
     it and the engine does not run them with invariance on)."""
 
 
@@ -95,9 +95,9 @@ def paged_attention(
     (rotary already applied) -> ([1, T, Hq, D], no weights).
 
     Of the keyword arguments a model's layers pass, `sliding_window` and `softcap` change the
-    result and are honoured; the engine's start-up inspection (`engine/generic.py`) refuses a
-    model whose layers pass any other that would (attention sinks, a position bias, a mask of
-    the model's own)."""
+    result and are honoured; the engine's start-up inspection
+    (`engine/models/attention_layers.py`) refuses a model whose layers pass any other that would
+    (attention sinks, a position bias, a mask of the model's own)."""
     if trio_attn is None:
         raise RuntimeError(
             "the trio_paged attention runs only inside the engine's model runner "

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trio_llm.engine.hf import decoder_of, text_config
+
 
 @dataclass(frozen=True, slots=True)
 class Part:
@@ -46,10 +48,7 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The decoder's list of layers, whatever the family calls it (`model.layers` for the Llama
     family and most others, `transformer.h` for GPT-2's): its list of `num_hidden_layers`
     modules."""
-    from trio_llm.engine.generic import decoder_of
-
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(model.config)
     count = getattr(text, "num_hidden_layers", None)
     for module in decoder_of(model).children():
         if isinstance(module, torch.nn.ModuleList) and (count is None or len(module) == count):

@@ -1,20 +1,11 @@
-"""Weights that run quantized on a CPU: a GGUF file in its own formats, or a float checkpoint
-quantized at load (`--quantization int8|int4`, weight-only, group-wise for int4).
+"""Quantized weight formats the own forward multiplies by: 4- and 8-bit weights on torch's CPU
+kernels (`weights`), and a GGUF file's blocks unpacked into them (`gguf_blocks`, `gguf_file`).
 
-What it owns: the choice of how a model's weights run (`plan`), the weights' quantized forms
-(`weights`), reading them from a GGUF file (`gguf_model`, `gguf_blocks`), and quantizing a
-loaded forward's float weights (`quantize_forward`). The forward sees them only through its
-`linear` hook (`dispatching`) and its embedding lookup; everything else stays float in the
-activations' dtype (norms, biases, rotary tables, the KV cache).
+Which weights run quantized, and how a model's forward gets them, is the models' business
+(models/quantized.py, models/gguf.py); this package knows formats and kernels only, and imports
+nothing else of the engine. Everything but the linear layers' matrices (and the embedding and
+LM head) stays float in the activations' dtype: norms, biases, rotary tables, the KV cache.
 """
-
-from __future__ import annotations
-
-import logging
-from typing import TYPE_CHECKING
-
-import torch
-from torch import Tensor
 
 from trio_llm.engine.quant.weights import (
     Int4Weight,
@@ -27,137 +18,13 @@ from trio_llm.engine.quant.weights import (
     quantize_int8,
 )
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from transformers import PretrainedConfig
-
-    from trio_llm.engine.llama import LlamaForward
-    from trio_llm.model_files import ModelSource
-
 __all__ = [
-    "AT_LOAD",
-    "QUANTIZATIONS",
     "Int4Weight",
     "Int8Weight",
     "QuantizedWeight",
-    "activation_dtype",
     "dispatching",
     "embedding",
     "is_quantized",
-    "meta_model",
-    "plan",
-    "quantize_forward",
     "quantize_int4",
     "quantize_int8",
 ]
-
-log = logging.getLogger(__name__)
-
-QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
-"""auto: a quantized GGUF file runs in its own formats, a float checkpoint in its float dtype;
-none: every weight dequantized to the float dtype (what transformers' GGUF reader gives);
-int8 / int4: the linear layers quantized at load (int8 per row; int4 in groups of 32), the
-LM head and embeddings in int8; w8a8: every matrix in int8 per row (a GGUF's values requantized)
-multiplied by int8 activations (`Int8Weight.int8_activations`)."""
-AT_LOAD = ("int8", "int4", "w8a8")
-"""The quantizations applied to the own forward's weights at start-up (`quantize_forward`)."""
-
-
-def plan(
-    quantization: str, source: ModelSource, config: PretrainedConfig, device: str, model_impl: str
-) -> tuple[str, Path | None]:
-    """How this model's weights run: ("gguf", its file), ("int8" | "int4", None), or
-    ("none", None). Quantized weights need the own forward and a CPU (their kernels are CPU
-    ones); elsewhere `auto` keeps the float path and an explicit request is refused."""
-    from trio_llm.engine import llama
-    from trio_llm.engine.quant.gguf_model import gguf_path_of, is_quantized_file
-
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
-    if quantization == "none":
-        return "none", None
-    runnable = (
-        device == "cpu"
-        and model_impl in ("auto", "own")
-        and bool(set(getattr(config, "architectures", None) or ()) & llama.ARCHITECTURES)
-    )
-    if quantization in AT_LOAD:
-        if not runnable:
-            raise ValueError(
-                f"--quantization {quantization} runs on a CPU with the engine's own forward "
-                f"(architectures {', '.join(sorted(llama.ARCHITECTURES))}, --model-impl auto "
-                "or own)"
-            )
-        path = gguf_path_of(source) if quantization == "w8a8" else None
-        return quantization, path if path is not None and is_quantized_file(path) else None
-    path = gguf_path_of(source)
-    if path is None or not runnable or not is_quantized_file(path):
-        return "none", None
-    return "gguf", path
-
-
-def activation_dtype(dtype: str) -> torch.dtype:
-    """bfloat16 unless asked otherwise: the quantized kernels are vectorized for bf16
-    activations only (their float32 paths measured 15x slower)."""
-    from trio_llm.engine import loader
-
-    return torch.bfloat16 if dtype == "auto" else loader.resolve_dtype(dtype, "cpu")
-
-
-def meta_model(source: ModelSource, dtype: torch.dtype) -> torch.nn.Module:
-    """The transformers model without weights (meta device): the own forward takes its
-    config and rotary embedding, which is rebuilt on the CPU."""
-    from transformers import AutoModelForCausalLM
-
-    from trio_llm.engine import attention, loader
-
-    config = loader.load_config(source)
-    attention.register()
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION
-        )
-    decoder = model.model
-    with torch.device("cpu"):
-        decoder.rotary_emb = type(decoder.rotary_emb)(config=model.config)
-    return model.eval()
-
-
-def quantize_forward(forward: LlamaForward, kind: str) -> None:
-    """Replace the forward's matrices by quantized ones: `kind` int8 or int4 for the layers,
-    the LM head and embeddings in int8 (one copy when they are tied); w8a8 for all of them,
-    from float or already quantized (a GGUF's) weights."""
-    dtype = forward.norm.dtype
-    w8a8 = kind == "w8a8"
-
-    def layer_quantize(weight: Tensor | QuantizedWeight) -> QuantizedWeight:
-        if is_quantized(weight):
-            weight = weight.dequantize()  # type: ignore[union-attr]
-        if kind == "int4":
-            return quantize_int4(weight, dtype)  # type: ignore[arg-type]
-        return quantize_int8(weight, dtype, int8_activations=w8a8)  # type: ignore[arg-type]
-
-    for layer in forward.layers:
-        layer.qkv = layer_quantize(layer.qkv)  # type: ignore[assignment]
-        layer.o = layer_quantize(layer.o)  # type: ignore[assignment]
-        layer.gate_up = layer_quantize(layer.gate_up)  # type: ignore[assignment]
-        layer.down = layer_quantize(layer.down)  # type: ignore[assignment]
-    tied = forward.embed is forward.lm_head or (
-        isinstance(forward.embed, torch.Tensor)
-        and isinstance(forward.lm_head, torch.Tensor)
-        and forward.embed.data_ptr() == forward.lm_head.data_ptr()
-    )
-    head = forward.lm_head
-    if not isinstance(head, Int8Weight):
-        head = quantize_int8(
-            head.dequantize() if is_quantized(head) else head,  # type: ignore[union-attr,arg-type]
-            dtype,
-        )
-    head.int8_activations = w8a8
-    forward.lm_head = head  # type: ignore[assignment]
-    if tied:
-        forward.embed = head  # type: ignore[assignment]
-    elif not isinstance(forward.embed, Int8Weight):
-        forward.embed = quantize_int8(forward.embed, dtype)  # type: ignore[assignment]
-    log.info("weights quantized at load: %s (LM head and embeddings int8)", kind)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trio_llm.engine.input_batch import SamplingColumns
-from trio_llm.engine.sequence import DEAD_END, Sequence
+from trio_llm.engine.step.input_batch import SamplingColumns
+from trio_llm.engine.step.sequence import DEAD_END, Sequence
 from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 

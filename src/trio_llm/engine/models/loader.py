@@ -37,14 +37,14 @@ CLASSIFIER_ARCHITECTURES = frozenset(
     }
 )
 """Sequence classifiers (cross-encoders with one label) whose head the pooling engine applies
-(`engine/classifier.py`): an encoder's on its first token, a decoder's on its last."""
+(`engine/models/classifier.py`): an encoder's on its first token, a decoder's on its last."""
 
 
 def load_config(source: ModelSource) -> PretrainedConfig:
     """Read the model's config and refuse what the engine cannot run: anything but a causal LM
     that transformers implements, a classifier the pooling engine applies, or an encoder (for
     embeddings). What a causal LM's layers ask of attention is checked once it is loaded
-    (`generic.inspect`)."""
+    (`attention_layers.inspect`)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

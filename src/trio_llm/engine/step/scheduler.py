@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import heapq
 
-from trio_llm.engine.block_manager import BlockManager
-from trio_llm.engine.sequence import DEAD_END, ScheduledBatch, Sequence, SequenceStatus
+from trio_llm.engine.step.block_manager import BlockManager
+from trio_llm.engine.step.sequence import DEAD_END, ScheduledBatch, Sequence, SequenceStatus
 from trio_llm.ipc.messages import SchedulerStats
 
 

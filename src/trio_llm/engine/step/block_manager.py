@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.step.sequence import Sequence
 
 
 class Block:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.step.sequence import Sequence
 
 _MIN_TOKENS = 256
 """Token columns a fresh table starts with; it doubles when a sequence outgrows it."""

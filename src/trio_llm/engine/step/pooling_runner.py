@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from trio_llm.engine.attention.packed import PackedAttentionMetadata
-from trio_llm.engine.classifier import ClassifierHead
-from trio_llm.engine.pooling import PoolingConfig, pool, token_rows
-from trio_llm.engine.sequence import ScheduledBatch
+from trio_llm.engine.models.classifier import ClassifierHead
+from trio_llm.engine.models.pooling import PoolingConfig, pool, token_rows
+from trio_llm.engine.step.sequence import ScheduledBatch
 
 
 class PoolingRunner:

@@ -64,7 +64,7 @@ from trio_llm.thinking_budget import ThinkingBudget
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from trio_llm.engine.sequence import ScheduledBatch, Sequence
+    from trio_llm.engine.step.sequence import ScheduledBatch, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,11 @@ Invariant: the input tensors are numpy gathers over the persistent input batch (
 no per-token Python, and per-sequence Python is limited to noticing what each sequence appended
 since the last step (its sampled token, a new block).
 
-Why over 400 lines: one step's tensors (inputs, masks, LoRA grouping, sampling rows) are
-built and consumed here in order; the pieces that stand alone already live in input_batch,
-sampler, weight_sets and lora.
+Why over 400 lines: construction picks the forward once (own or generic, quantized or not,
+invariant or not, with LoRA stacks, weight sets and graphs), and a step builds and consumes its
+tensors in order (inputs, masks, LoRA grouping, sampling rows); each piece that stands alone
+lives in its own module (input_batch, kv_cache, sampler, cuda_graphs, models/weight_sets,
+lora), and what is left is their sequence.
 """
 
 from __future__ import annotations
@@ -29,40 +31,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from trio_llm.engine import forwards, invariance, llama, quant
+from trio_llm.engine import quant
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
-from trio_llm.engine.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
-from trio_llm.engine.generic import AttentionLayer, GenericForward, decoder_of
-from trio_llm.engine.input_batch import InputBatch, SamplingColumns, Staging
-from trio_llm.engine.llama import LlamaForward
+from trio_llm.engine.hf import decoder_of
 from trio_llm.engine.lora import LoraBatch, LoraHook, LoraStacks, fused_targets, wrap_linears
-from trio_llm.engine.sampler import Sampler, SamplingTensors, compute_logprobs
-from trio_llm.engine.sequence import ScheduledBatch, Sequence
-from trio_llm.engine.structured import StepMasks, apply_bitmask
-from trio_llm.engine.weight_sets import WeightSets
+from trio_llm.engine.models import forwards, llama
+from trio_llm.engine.models import quantized as quantization_plan
+from trio_llm.engine.models.attention_layers import AttentionLayer
+from trio_llm.engine.models.generic import GenericForward
+from trio_llm.engine.models.llama import LlamaForward
+from trio_llm.engine.models.weight_sets import WeightSets
+from trio_llm.engine.plans import invariance, invariant_modules
+from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
+from trio_llm.engine.step.input_batch import InputBatch, SamplingColumns, Staging
+from trio_llm.engine.step.kv_cache import KVCacheSpec
+from trio_llm.engine.step.sampler import Sampler, SamplingTensors, compute_logprobs
+from trio_llm.engine.step.sequence import ScheduledBatch, Sequence
+from trio_llm.engine.step.structured import StepMasks, apply_bitmask
 from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.model_files import UnsupportedModelError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class KVCacheSpec:
-    layers: tuple[tuple[int, int], ...]
-    """(KV heads, head dim) of each attention layer's cache, in the order the forward calls
-    them; layers may differ (a model's global layers may have wider heads than its local)."""
-    block_size: int
-    dtype: torch.dtype
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    @property
-    def bytes_per_block(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.block_size * elem * sum(heads * dim for heads, dim in self.layers)
 
 
 @dataclass(slots=True)
@@ -105,15 +95,6 @@ class LoraSettings:
     max_rank: int
 
 
-def kv_cache_spec(layers: list[AttentionLayer], block_size: int, dtype: torch.dtype) -> KVCacheSpec:
-    """The caches of the attention layers `generic.inspect` found."""
-    return KVCacheSpec(
-        layers=tuple((layer.num_kv_heads, layer.head_dim) for layer in layers),
-        block_size=block_size,
-        dtype=dtype,
-    )
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -136,17 +117,17 @@ class ModelRunner:
         weights: llama.Weights | None = None,
         quantization: str = "none",
     ) -> None:
-        """`layers`: the model's attention layers as `generic.inspect` found them (`spec` holds
-        their cache shapes). `cuda_graphs`: capture decode-only steps (up to `max_num_seqs`
-        sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on CUDA, with the
-        Triton kernels and the engine's own forward, without single-token weight sets.
-        Elsewhere it is ignored (and steps with LoRA adapters run eagerly). `lora`: serve
+        """`layers`: the model's attention layers as `attention_layers.inspect` found them
+        (`spec` holds their cache shapes). `cuda_graphs`: capture decode-only steps (up to
+        `max_num_seqs` sequences, at most MAX_CAPTURE_SIZE) where they can run from graphs: on
+        CUDA, with the Triton kernels and the engine's own forward, without single-token weight
+        sets. Elsewhere it is ignored (and steps with LoRA adapters run eagerly). `lora`: serve
         adapters (`self.lora`). `weights`: the own forward's weights when they do not come
         from `model` (a GGUF file's, `engine.quant`); `quantization` int8, int4 or w8a8
         quantizes the model's at start-up. Quantized weights run on the own forward only.
 
         `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
-        (engine/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable."""
+        (engine/plans/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable."""
         self.model = model
         self.spec = spec
         self.block_size = spec.block_size
@@ -155,7 +136,7 @@ class ModelRunner:
             model, model_impl, single_token_dtype=single_token_dtype is not None
         )
         """Which forward computes the steps, and why (`forwards`)."""
-        quantized = weights is not None or quantization in quant.AT_LOAD
+        quantized = weights is not None or quantization in quantization_plan.AT_LOAD
         if quantized and not self.choice.own:
             raise UnsupportedModelError(
                 f"quantized weights (--quantization {quantization}) run on the engine's own "
@@ -179,18 +160,18 @@ class ModelRunner:
             self.own = self.forward = LlamaForward(
                 model, max_model_len, weights=weights, windows=windows
             )
-            if quantization in quant.AT_LOAD:
-                quant.quantize_forward(self.own, quantization)
+            if quantization in quantization_plan.AT_LOAD:
+                quantization_plan.quantize_forward(self.own, quantization)
         self.invariance = invariance.decide(
             batch_invariant,
             dtype=spec.dtype,
             device=device,
             flags=cpu_flags,
-            shapes=self.own.weight_shapes() if self.own else invariance.linear_shapes(model),
+            shapes=self.own.weight_shapes() if self.own else invariant_modules.linear_shapes(model),
             heads=invariance.attention_shapes(model.config, layers),
             backend=backend,
             single_token=single_token_dtype is not None,
-            model_path=None if self.own else invariance.unsupported_modules(model),
+            model_path=None if self.own else invariant_modules.unsupported_modules(model),
             quantized=self.own is not None and self.own.quantized,
             lora=lora is not None,
         )
@@ -222,7 +203,7 @@ class ModelRunner:
             decoder_of(model).layers = torch.nn.ModuleList()
         else:
             if self.invariance.on:
-                invariance.replace_linears(model, self.invariance.matmul)
+                invariant_modules.replace_linears(model, self.invariance.matmul)
             self.forward = GenericForward(
                 model, layers, self.k_caches, self.v_caches, self._lora_hook
             )

@@ -1,28 +1,18 @@
-"""The generic path: any causal LM that transformers implements, on the engine's paged KV cache.
+"""What each attention layer of a transformers model asks of attention, found at start-up, and
+the refusal of what the engine's paged attention cannot honour.
 
-transformers' own modules compute everything but attention; every attention layer calls the
-engine's `paged_attention` (the model is loaded with `attn_implementation="trio_paged"`), which
-writes the layer's keys and values into its paged cache and attends over each sequence's blocks.
-So prefix caching, chunked prefill, preemption and continuous batching work for any model whose
-layers attend through transformers' attention interface, as vLLM's Transformers backend does.
-
-What a model's layers ask of attention must reach the call, or the model must be refused: the
-engine never runs a model wrong. `inspect` finds out at start-up by running the decoder once on
-a few tokens with recording functions in place of the attention and of the mask builder, and
-reads what each layer passed: its key/value heads and head dim (the layer's cache shape, which
-may differ between layers), its sliding window and score soft-cap (which the backends honour),
-and the mask the model built for it, evaluated on a grid of positions, which must be causal
-(with the layer's window). Everything else is refused with the reason: layers that keep
-recurrent or convolutional state instead of attending, attention sinks, position biases,
-chunked or bidirectional masks, keys and values of different widths.
-
-The logits are the model's own too: `GenericForward.logits` runs the causal LM's forward on the
-given hidden states (its decoder swapped for a stand-in that returns them), so whatever follows
-the decoder (a final soft-cap, a logit scale) is applied as transformers applies it.
-
-Why over 400 lines: the start-up inspection and the forward it licenses are one contract
-(what a layer asks of attention must reach the call); the recording functions and the
-refusal reasons are most of it.
+The generic path (generic.py) runs any causal LM that transformers implements with every
+attention layer calling the engine's `paged_attention`. What a model's layers ask of attention
+must reach that call, or the model must be refused: the engine never runs a model wrong.
+`inspect` finds out by running the decoder once on a few tokens with recording functions in
+place of the attention and of the mask builder, and reads what each layer passed: its
+key/value heads and head dim (the layer's cache shape, which may differ between layers), its
+sliding window and score soft-cap (which the backends honour), and the mask the model built for
+it, evaluated on a grid of positions, which must be causal (with the layer's window).
+Everything else is refused with the reason: layers that keep recurrent or convolutional state
+instead of attending, attention sinks, position biases, chunked or bidirectional masks, keys and
+values of different widths. `attention_backend` then picks the backend that honours what the
+layers ask.
 """
 
 from __future__ import annotations
@@ -30,16 +20,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from trio_llm.engine.attention import ATTN_IMPLEMENTATION, AttentionMetadata
+from trio_llm.engine.attention import ATTN_IMPLEMENTATION
+from trio_llm.engine.hf import decoder_of, text_config
 from trio_llm.model_files import UnsupportedModelError
-
-if TYPE_CHECKING:
-    from trio_llm.engine.lora import LoraBatch, LoraHook
 
 INSPECT_IMPLEMENTATION = "trio_inspect"
 """The attention and mask implementation `inspect` switches the model to while it records."""
@@ -174,7 +161,7 @@ def check_class(config: object, name: str) -> None:
     MPT and Falcon among them): the paged attention could not take its place."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     _refuse_layer_types(name, text)
     cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if cls is not None and not getattr(cls, "_supports_attention_backend", False):
@@ -182,15 +169,6 @@ def check_class(config: object, name: str) -> None:
             f"{name}: {cls.__name__} computes its attention itself rather than through "
             "transformers' attention interface, which the engine's paged attention plugs into"
         )
-
-
-def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The causal LM's decoder: the base model under its prefix (`model`, `transformer`, ...)."""
-    prefix = getattr(model, "base_model_prefix", "model")
-    decoder = getattr(model, prefix, None)
-    if not isinstance(decoder, torch.nn.Module):
-        decoder = model.get_decoder()  # type: ignore[operator]
-    return decoder
 
 
 @contextlib.contextmanager
@@ -209,7 +187,7 @@ def inspect(model: torch.nn.Module, name: str) -> list[AttentionLayer]:
     global _recording, _grid
     config = model.config
     check_class(config, name)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     windows = [
         w for w in (getattr(text, "sliding_window", None), getattr(text, "window_size", None)) if w
     ]
@@ -324,101 +302,6 @@ def _check_mask(where: str, mask: object, window: int | None) -> None:
             f"{where} masks its attention in a way that is not {shape} (chunked, bidirectional "
             "or token-type attention), which the paged attention cannot compute"
         )
-
-
-class _HiddenStates(torch.nn.Module):
-    """Stands in for the decoder while the causal LM's forward turns hidden states into logits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hidden: Tensor | None = None
-        from transformers.modeling_outputs import BaseModelOutputWithPast
-
-        class Outputs(BaseModelOutputWithPast):
-            """The hidden states; None for whatever else a causal LM reads of its decoder's
-            outputs (router logits, cross attentions, ...)."""
-
-            def __getattr__(self, name: str) -> None:
-                if name.startswith("__"):
-                    raise AttributeError(name)
-                return None
-
-        self._outputs = Outputs
-
-    @property
-    def decoder(self) -> _HiddenStates:
-        """OPT's causal LM calls its base model's `decoder`, not the base model itself."""
-        return self
-
-    def forward(self, *args: object, **kwargs: object) -> object:
-        return self._outputs(last_hidden_state=self.hidden)
-
-
-class GenericForward:
-    """transformers' modules of a causal LM on the packed row, attention through the paged
-    cache: the same call shape as the engine's own forwards (`__call__` for hidden states,
-    `logits` for the LM head and what follows it)."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        layers: Sequence[AttentionLayer],
-        k_caches: Sequence[Tensor],
-        v_caches: Sequence[Tensor],
-        lora_hook: LoraHook | None = None,
-    ) -> None:
-        """`lora_hook`: where the decoder's wrapped Linears read a step's adapter rows
-        (`lora.wrap_linears`), when LoRA is on."""
-        self.model = model
-        self.lora_hook = lora_hook
-        self.decoder = decoder_of(model)
-        self._prefix = getattr(model, "base_model_prefix", "model")
-        self._stand_in = _HiddenStates()
-        self._ids = torch.zeros(1, 1, dtype=torch.long, device=k_caches[0].device)
-        for layer, k, v in zip(layers, k_caches, v_caches, strict=True):
-            layer.module.k_cache = k  # type: ignore[assignment]
-            layer.module.v_cache = v  # type: ignore[assignment]
-
-    def __call__(
-        self,
-        input_ids: Tensor,
-        positions: Tensor,
-        attn: AttentionMetadata,
-        k_caches: Sequence[Tensor],
-        v_caches: Sequence[Tensor],
-        lora: LoraBatch | None = None,
-    ) -> Tensor:
-        """Hidden states after the final norm, [T, hidden] (the caches hang on the layers);
-        `lora`: the step's adapter rows, if any."""
-        hook = self.lora_hook
-        if hook is not None:
-            hook.batch = lora
-        try:
-            out = self.decoder(
-                input_ids=input_ids.unsqueeze(0),
-                position_ids=positions.unsqueeze(0),
-                use_cache=False,
-                trio_attn=attn,
-            )
-        finally:
-            if hook is not None:
-                hook.batch = None
-        return out.last_hidden_state[0]
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        """The causal LM's logits of `hidden` rows ([N, hidden] -> [N, vocab])."""
-        rows = hidden.shape[0]
-        if self._ids.shape[1] < rows:
-            self._ids = self._ids.new_zeros(1, rows)
-        modules = self.model._modules
-        self._stand_in.hidden = hidden.unsqueeze(0)
-        modules[self._prefix] = self._stand_in
-        try:
-            out = self.model(input_ids=self._ids[:, :rows], use_cache=False)
-        finally:
-            modules[self._prefix] = self.decoder
-            self._stand_in.hidden = None
-        return out.logits[0]
 
 
 def attention_backend(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from trio_llm.engine.llama import LlamaForward, Weights, _Layer
+from trio_llm.engine.models.llama import LlamaForward, Weights, _Layer
 from trio_llm.engine.quant import gguf_blocks, gguf_file
 from trio_llm.engine.quant.weights import (
     Int4Weight,

@@ -10,7 +10,7 @@ Invariant: `num_computed_tokens <= num_tokens`, and `block_table` covers at leas
 the table is empty, while the tokens (prompt and output so far) stay.
 
 `token_ids` holds committed tokens only. A constrained sequence may also carry drafts
-(`draft_token_ids`, the tokens its grammar forces next, see `engine/structured.py`): they are
+(`draft_token_ids`, the tokens its grammar forces next, see `engine/step/structured.py`): they are
 computed with it in its next step and committed only as far as that step's samples agree, so
 the uncomputed tokens and the sample rows count them, while the prefix cache, the finish checks
 and the outputs never see them. A preemption drops them.
@@ -30,7 +30,7 @@ from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from trio_llm.engine.token_bans import TokenBans
+    from trio_llm.engine.step.token_bans import TokenBans
     from trio_llm.grammar import Grammar
 
 

@@ -1,9 +1,9 @@
 """Which forward computes a model's steps, and why.
 
 Two kinds: the engine's own forwards (a family's layers as a few large fused ops on plain
-tensors, `engine/llama.py`), and transformers' modules with the paged attention plugged in
-(`engine/generic.py`), which runs any causal LM transformers implements. An own forward exists
-only where it measured faster than the generic path (bench/results/models.md).
+tensors, `engine/models/llama.py`), and transformers' modules with the paged attention plugged
+in (`engine/models/generic.py`), which runs any causal LM transformers implements. An own
+forward exists only where it measured faster than the generic path (bench/results/models.md).
 
 `--model-impl`: `auto` takes an own forward wherever one computes exactly what the model's own
 forward does, the generic path elsewhere; `own` insists on one (a model none covers is refused
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trio_llm.engine import llama
+from trio_llm.engine.models import llama
 from trio_llm.model_files import UnsupportedModelError
 
 MODEL_IMPLS = ("auto", "own", "transformers")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trio_llm.engine.pooling import PoolingConfigError, PoolingMode
+from trio_llm.engine.models.pooling import PoolingConfigError, PoolingMode
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "Sigmoid": torch.sigmoid,

@@ -14,7 +14,7 @@ greedy output equals Hugging Face's. Architectures it does not cover (another at
 rotary embedding that changes with the sequence length) keep the transformers path.
 
 Every matmul goes through `linear`, a `Matmul` the runner chooses, on weights it prepared
-(engine/invariance.py): that is where batch invariance is kept, with the activation computed
+(engine/plans/invariance.py): that is where batch invariance is kept, with the activation computed
 row by row when it is on. A step with LoRA adapters brings a `LoraBatch` (engine/lora/), which
 adds each adapter's update to its rows after the projections of `LORA_PROJECTIONS`.
 """
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.attention import AttentionMetadata
-from trio_llm.engine.invariance import Matmul, Weight, rowwise
+from trio_llm.engine.ops.matmul import Matmul, Weight
+from trio_llm.engine.ops.threads import rowwise
 from trio_llm.engine.quant.weights import embedding, is_quantized
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class LlamaForward:
     ) -> None:
         """The matmuls run through `linear` (plain F.linear when None), see `use`. `weights`:
         given, `model` only lends its config and rotary embedding. `windows`: each layer's
-        sliding window (as `generic.inspect` found it), if any."""
+        sliding window (as `attention_layers.inspect` found it), if any."""
         config = model.config
         decoder = model.model
         self.num_heads = int(config.num_attention_heads)

@@ -16,14 +16,15 @@ rarely (12 of 95 steps saved when it rewrote a code snippet), and the stream got
 repetitive and on free text alike. Without batch invariance a draft row is also computed as
 part of a chunk, whose attention rounds differently in the last bits from a one-token step's,
 so a bf16 greedy stream may leave a near-tie the other way (with it, a draft's row is what a
-decode computes: engine/invariance.py). So `auto` is off; `on` drafts for every eligible sequence.
+decode computes: engine/plans/invariance.py). So `auto` is off; `on` drafts for every eligible
+sequence.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from trio_llm.engine.sequence import Sequence
+from trio_llm.engine.step.sequence import Sequence
 
 MODES = ("auto", "on", "off")
 NUM_DRAFTS = 4
@@ -66,7 +67,7 @@ def wants_drafts(mode: str, seq: Sequence, num_running: int) -> bool:
     """Whether `seq` gets n-gram drafts this step: `auto` only while it decodes alone; never
     for requests whose sampling reads the history token by token (penalties, min_tokens) or a
     grammar (which has its own drafts). A seeded request may: its draw for an output position
-    is keyed by its seed and that position (engine/sampler.py), whichever row samples it."""
+    is keyed by its seed and that position (engine/step/sampler.py), whichever row samples it."""
     if mode == "off" or (mode == "auto" and num_running != 1):
         return False
     params = seq.params

@@ -1,0 +1,160 @@
+"""The engine's matmul: `linear(x, weight, bias)` shaped so that a row's result depends on
+the row alone, following a per-CPU-class `MatmulPlan`.
+
+Why the engine shapes its calls itself: MKL and oneDNN pick a kernel, and with it the order in
+which a row's products are summed, by the shape of the call (plans/invariance.py says what was
+measured on each CPU class). A plan fixes the shapes: oneDNN's inner product on weights
+reordered once, long inner dimensions split into equal chunks summed left to right, lone rows
+padded, or calls tiled. Without a plan (invariance off) it is `F.linear`. Which plan a machine
+gets, and the check that it holds there, are plans/invariance.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+K_CHUNK = 1024
+"""The longest inner dimension oneDNN computes one way for every number of rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulPlan:
+    """How the engine shapes each matmul call so that a row's result depends on the row alone.
+
+    Which plan a CPU class gets is knowledge of its libraries (`plan_for`); `check` verifies it
+    on the machine at hand."""
+
+    name: str
+    packed: bool = False
+    """oneDNN's inner product on weights reordered once, rather than `F.linear`."""
+    k_chunk: int | None = None
+    """Inner dimensions longer than this are split into equal chunks (multiples of 64), each
+    its own call, summed left to right."""
+    min_rows: int = 1
+    """Calls of fewer rows are padded with zero rows to this many."""
+    min_rows_k: int = 0
+    """`min_rows` applies only to weights whose inner dimension is longer than this."""
+    row_tile: int | None = None
+    """Calls of more rows are split into calls of at most this many."""
+
+
+FP32_ONEDNN = MatmulPlan(
+    "fp32: oneDNN on reordered weights, inner chunks <= 1024", packed=True, k_chunk=K_CHUNK
+)
+BF16_AVX512 = MatmulPlan(
+    "bf16: oneDNN, lone rows padded to 2 where K > 1024", min_rows=2, min_rows_k=K_CHUNK
+)
+BF16_AMX = MatmulPlan("bf16: oneDNN in calls of at most 32 rows", row_tile=32)
+BF16_PLAIN = MatmulPlan("bf16: torch's own kernel (no oneDNN bf16 here)")
+PADDED = MatmulPlan("padded calls of exactly 8 rows", min_rows=8, row_tile=8)
+"""The fallback of `on` where a class's plan fails the check: one call shape for every row,
+paid for in a lone stream (2-3x slower)."""
+
+
+def plan_for(dtype: torch.dtype, flags: frozenset[str]) -> MatmulPlan | None:
+    """The plan this CPU class's libraries make row-exact, or None where there is none."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    if dtype is torch.float32:
+        return FP32_ONEDNN
+    if dtype is torch.bfloat16:
+        if "amx_bf16" in flags:
+            return BF16_AMX
+        if "avx512_bf16" in flags:
+            return BF16_AVX512
+        return BF16_PLAIN
+    return None
+
+
+@dataclass(slots=True)
+class PackedWeight:
+    """A weight as oneDNN's reordered chunks of its inner dimension."""
+
+    parts: tuple[Tensor, ...]
+    spans: tuple[tuple[int, int], ...]
+    """Each part's [start, end) of the inner dimension."""
+    shape: torch.Size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+
+Weight = Tensor | PackedWeight
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Matmul:
+    """`linear(x, weight, bias)` as the engine calls it, on weights `prepare` made once.
+
+    Without a plan (invariance off) it is `F.linear` on the loaded weights."""
+
+    def __init__(self, plan: MatmulPlan | None = None) -> None:
+        self.plan = plan
+
+    def __repr__(self) -> str:
+        return f"Matmul({self.plan.name if self.plan else 'F.linear'})"
+
+    def prepare(self, weight: Tensor) -> Weight:
+        """The form of `weight` its calls take: reordered (and split) for a packed plan."""
+        plan = self.plan
+        weight = weight.detach()
+        if plan is None or not plan.packed:
+            return weight
+        in_features = weight.shape[1]
+        size = in_features
+        if plan.k_chunk and in_features > plan.k_chunk:
+            parts = _ceil_div(in_features, plan.k_chunk)
+            size = _ceil_div(_ceil_div(in_features, parts), 64) * 64
+        spans = tuple(
+            (start, min(start + size, in_features)) for start in range(0, in_features, size)
+        )
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        return PackedWeight(
+            parts=tuple(reorder(weight[:, a:b].contiguous(), 32) for a, b in spans),
+            spans=spans,
+            shape=weight.shape,
+        )
+
+    def __call__(self, x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
+        plan = self.plan
+        if plan is None:
+            assert isinstance(weight, Tensor)
+            return F.linear(x, weight, bias)
+        rows = x.shape[0]
+        min_rows = plan.min_rows if weight.shape[1] > plan.min_rows_k else 1
+        if plan.row_tile is not None and rows > plan.row_tile:
+            out = x.new_empty(rows, weight.shape[0])
+            for start in range(0, rows, plan.row_tile):
+                tile = x[start : start + plan.row_tile]
+                out[start : start + tile.shape[0]] = self._padded(tile, weight, bias, min_rows)
+            return out
+        return self._padded(x, weight, bias, min_rows)
+
+    def _padded(self, x: Tensor, weight: Weight, bias: Tensor | None, min_rows: int) -> Tensor:
+        rows = x.shape[0]
+        if rows >= min_rows:
+            return self._call(x, weight, bias)
+        padded = x.new_zeros(min_rows, x.shape[1])
+        padded[:rows] = x
+        return self._call(padded, weight, bias)[:rows]
+
+    @staticmethod
+    def _call(x: Tensor, weight: Weight, bias: Tensor | None) -> Tensor:
+        if isinstance(weight, Tensor):
+            return F.linear(x, weight, bias)
+        linear = torch.ops.mkldnn._linear_pointwise
+        out: Tensor | None = None
+        for (start, end), part in zip(weight.spans, weight.parts):
+            chunk = x if len(weight.parts) == 1 else x[:, start:end]
+            y = linear(chunk, part, bias if out is None else None, "none", [], "")
+            out = y if out is None else out.add_(y)
+        assert out is not None
+        return out

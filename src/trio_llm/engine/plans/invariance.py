@@ -1,0 +1,264 @@
+"""Batch invariance: every row of a step computed one way, whatever else the step holds.
+
+A request must get the same tokens alone, batched with 31 others, chunked differently, after a
+preemption or from a prefix-cache hit. The libraries under torch do not give that by default:
+they pick a kernel, and with it the order in which a row's products are summed, by the shape
+of the call. Measured with torch 2.13 (bench/results/step_profile.md):
+
+- MKL's fp32 sgemm computes a lone row, 2-3 rows and the tails of 4-row blocks each its own
+  way; oneDNN's matmul on plain weights computes 1 and 7 rows differently from the rest.
+- oneDNN (bf16 on an AVX512-BF16 EPYC, fp32 on weights it reordered itself) is row-exact for
+  any number of rows while the inner dimension is at most 1024; above it a lone row (and, in
+  fp32, 7 rows) blocks the inner dimension differently. On an AMX Xeon, bf16 switches to the
+  AMX kernels above 32 rows.
+- The fp32 flash attention kernel runs MKL's sgemm on per-thread buffers, and MKL's results
+  depend on their alignment: half the decode rows of a batch came out different from the same
+  rows alone. MKL's conditional numerical reproducibility mode (CNR) removes that.
+- Elementwise functions (silu, gelu) are vectorized in blocks, the block's remainder in scalar
+  code that rounds differently; which elements fall in a remainder depends on how a call's
+  elements are split between threads, that is on how many rows share the call.
+
+So the engine shapes its calls itself, by construction the same for a row wherever it is:
+
+- Matmuls (`Matmul`, following the CPU class's `MatmulPlan`): fp32 through oneDNN's inner
+  product on weights reordered once at start-up, the inner dimension split into equal chunks of
+  at most `K_CHUNK` that are summed left to right in fp32; bf16 through oneDNN with a lone row
+  padded to two where the inner dimension is long, or in calls of at most 32 rows on AMX.
+- Attention (attention/torch_backend.py, `StepLayout.key_bucket`): every query, decode or
+  prefill, attends the way a decode does: alone in its own batch entry, over its context
+  rounded up to `KEY_BUCKET` positions (the rest masked), so a token's row does not depend on
+  the path that computes it (a decode, a prefill chunk, a recompute after preemption).
+- fp32 attention runs with MKL's CNR on (`enable_reproducible_mkl`, set before MKL's first
+  call: the engine process does it first thing).
+- Activations run single-threaded (`rowwise`): each row then goes through the vectorized code
+  alike.
+- Norms, rotary embeddings and residual adds are exact elementwise operations or reductions
+  along one row; the LM head is a matmul like the others; the sampler's noise is keyed by the
+  request's seed and output position (engine/step/sampler.py).
+
+What rests on the libraries is that a fixed call shape is computed one fixed way: `check`
+verifies that on the model's own shapes at start-up (calls of many row counts, at offsets into
+a larger batch, against each row alone). It is a check, not a search: a plan that fails it
+means this machine lacks invariance, which `--batch-invariant on` then refuses to start
+without, and `auto` turns off, saying why.
+
+Where each part lives: the plans and the matmul that follows them in ops/matmul.py, `rowwise`
+and MKL's mode in ops/threads.py (attention and the own forwards call them), transformers'
+modules rewritten for it in plans/invariant_modules.py; here, the start-up checks and the
+decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trio_llm.engine.attention.torch_backend import sdpa
+from trio_llm.engine.hf import text_config
+from trio_llm.engine.ops.matmul import PADDED, Matmul, plan_for
+from trio_llm.engine.ops.threads import mkl_reproducible
+
+log = logging.getLogger(__name__)
+
+KEY_BUCKET = 64
+"""With invariance on, each query attends over its context rounded up to a multiple of this,
+so its attention has the same shape in any batch and on any path (StepLayout.key_bucket)."""
+CHECK_ROWS = 40
+"""Rows the start-up check computes alone and in calls of `CHECK_CALLS` rows."""
+CHECK_CALLS = (2, 3, 5, 7, 8, 13, 32, 33, CHECK_ROWS)
+
+
+class InvarianceUnavailable(Exception):
+    """Batch invariance was asked for (`on`) where the engine cannot keep it; says why."""
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+
+def check_matmul(
+    matmul: Matmul, shapes: Iterable[tuple[int, int]], dtype: torch.dtype, device: torch.device
+) -> str | None:
+    """None if every row of `shapes`' weights ((out_features, in_features)) comes out of calls
+    of every size in CHECK_CALLS (views at offsets into the rows) as it does alone; else which
+    shape and call size differ."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    for out_features, in_features in dict.fromkeys(shapes):
+        weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+        prepared = matmul.prepare(weight.to(device=device, dtype=dtype))
+        x = torch.randn(CHECK_ROWS, in_features, generator=generator).to(device=device, dtype=dtype)
+        alone = torch.cat([matmul(row, prepared) for row in x.split(1)])
+        for rows in CHECK_CALLS:
+            together = torch.cat([matmul(part, prepared) for part in x.split(rows)])
+            if not torch.equal(together, alone):
+                return (
+                    f"{matmul.plan.name if matmul.plan else 'F.linear'}: the "
+                    f"{out_features}x{in_features} matmul computes rows differently in calls "
+                    f"of {rows} rows than alone"
+                )
+    return None
+
+
+AttentionShape = tuple[int, int, int, float | None]
+"""(query heads, KV heads, head dim, soft-cap) of an attention layer."""
+
+
+def attention_shapes(config: object, layers: Iterable[object]) -> list[AttentionShape]:
+    """The distinct attention shapes of a model's layers (`attention_layers.AttentionLayer`s:
+    per-layer head dims and soft-caps), its query heads from `config`."""
+    text = text_config(config)
+    heads = int(text.num_attention_heads)  # type: ignore[attr-defined]
+    return list(
+        dict.fromkeys(
+            (heads, int(layer.num_kv_heads), int(layer.head_dim), layer.softcap)  # type: ignore[attr-defined]
+            for layer in layers
+        )
+    )
+
+
+def check_attention(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    softcap: float | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> str | None:
+    """None if a decode-shaped attention (one query per batch entry, over a bucketed context,
+    soft-capped where the layer is) gives each entry what it gives alone, whatever the batch;
+    else what differs."""
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    group = num_heads // num_kv_heads
+    entries = 12
+    length = 2 * KEY_BUCKET
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    q = randn(entries, num_kv_heads, group, head_dim)
+    k = randn(entries, num_kv_heads, length, head_dim)
+    v = randn(entries, num_kv_heads, length, head_dim)
+    lens = torch.randint(KEY_BUCKET + 1, length + 1, (entries,), generator=generator)
+    mask = (torch.arange(length)[None, :] < lens[:, None])[:, None, None, :].to(device)
+
+    def attend(sl: slice) -> Tensor:
+        return sdpa(  # the backend's own call
+            q[sl], k[sl], v[sl], mask[sl], scale=head_dim**-0.5, softcap=softcap, entrywise=True
+        )
+
+    alone = torch.cat([attend(slice(i, i + 1)) for i in range(entries)])
+    for size in (2, 5, entries):
+        together = torch.cat([attend(slice(i, i + size)) for i in range(0, entries, size)])
+        if not torch.equal(together, alone):
+            capped = f" soft-capped at {softcap}" if softcap else ""
+            return (
+                f"{str(dtype).removeprefix('torch.')} attention{capped} (head dim {head_dim}) "
+                f"computes a query differently in a batch of {size} than alone"
+            )
+    return None
+
+
+# -- the decision at start-up -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    matmul: Matmul
+    on: bool
+    reason: str
+    """Why it is on or off, for the log."""
+
+    def describe(self) -> str:
+        return f"{'on' if self.on else 'off'}: {self.reason}"
+
+
+def unavailable_reason(
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    backend: str,
+    single_token: bool,
+    model_path: str | None,
+) -> str | None:
+    """Why this engine's configuration cannot keep batch invariance, or None if it can."""
+    if device.type != "cpu":
+        return f"it is built for the CPU path, and this engine runs on {device.type}"
+    if backend != "torch":
+        return f"the {backend} attention backend does not keep it (use the torch backend)"
+    if single_token:
+        return "--single-token-dtype computes a lone stream on other weights than a batch"
+    if model_path is not None:
+        return model_path
+    if dtype is torch.float32 and not mkl_reproducible():
+        return (
+            "float32 attention needs MKL's reproducibility mode, which MKL only takes before "
+            "its first call, and MKL had already run (set MKL_CBWR=AUTO,STRICT)"
+        )
+    return None
+
+
+def decide(
+    mode: str,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    flags: frozenset[str],
+    shapes: list[tuple[int, int]],
+    heads: Iterable[AttentionShape],
+    backend: str = "torch",
+    single_token: bool = False,
+    model_path: str | None = None,
+    quantized: bool = False,
+    lora: bool = False,
+) -> Decision:
+    """The matmul an engine runs and whether invariance is on, for `--batch-invariant mode`.
+
+    `off`: plain matmuls. `auto`: this CPU class's plan where the checks pass (each plan costs
+    within 10% of a step; bench/results/step_profile.md), off otherwise, and off with quantized
+    weights. `on`: the class's plan, or padded calls where only those pass; raises
+    InvarianceUnavailable where neither does or the configuration cannot keep it. `heads`:
+    the model's `attention_shapes`. `quantized`: some matmuls run on quantized kernels
+    (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
+    dense path a prefill takes without invariance: past the bound `auto` keeps. `lora`: the
+    engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
+    an adapter: `on` is refused; `auto` keeps invariance for the requests without one."""
+    if mode == "off":
+        return Decision(Matmul(), False, "--batch-invariant off")
+    if mode == "on" and lora:
+        raise InvarianceUnavailable(
+            "--batch-invariant on cannot be kept: LoRA adapters' updates are computed in grouped "
+            "calls shaped by how many rows share an adapter (requests without one keep it "
+            "under auto)"
+        )
+    if mode == "auto" and quantized:
+        return Decision(
+            Matmul(),
+            False,
+            "quantized weights would keep every prefill chunk on the quantized kernels (3x "
+            "slower than dequantized at 512 rows); --batch-invariant on does that",
+        )
+    reason = unavailable_reason(
+        dtype, device, backend=backend, single_token=single_token, model_path=model_path
+    )
+    plan = plan_for(dtype, flags) if reason is None else None
+    if reason is None and plan is None:
+        reason = f"no row-exact matmul for {str(dtype).removeprefix('torch.')} on this CPU"
+    for shape in heads if reason is None else ():
+        reason = reason or check_attention(*shape, dtype, device)
+    if reason is None:
+        assert plan is not None
+        matmul = Matmul(plan)
+        failed = check_matmul(matmul, shapes, dtype, device)
+        if failed is None:
+            return Decision(
+                matmul, True, plan.name + ("; not for requests with a LoRA adapter" if lora else "")
+            )
+        reason = failed
+        if mode == "on" and check_matmul(Matmul(PADDED), shapes, dtype, device) is None:
+            return Decision(Matmul(PADDED), True, f"{PADDED.name} ({failed})")
+    if mode == "on":
+        raise InvarianceUnavailable(f"--batch-invariant on cannot be kept: {reason}")
+    return Decision(Matmul(), False, reason)
