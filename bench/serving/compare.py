@@ -29,7 +29,7 @@ stops a server, `load` drives serve.py's load generator and the offline referenc
 writes the tables and targets, `profiling` the py-spy run; the endpoints are serve.py's
 (`endpoints/`, one module each).
 
-Usage: python bench/serving/compare.py [--servers trio-llm,transformers,llama-cpp]
+Usage: python bench/serving/compare.py [--servers trio-llm,vllm,transformers,llama-cpp]
        [--concurrency 1 8 32 64] [--profile] [--peers-dir DIR]
 """
 
@@ -65,7 +65,7 @@ REPO = BENCH.parent
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--servers", default="trio-llm,transformers,llama-cpp")
+    p.add_argument("--servers", default="trio-llm,vllm,transformers,llama-cpp")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--endpoint", choices=list(ENDPOINTS), default="chat", help="streamed")
     p.add_argument("--output-len", type=int, default=64)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from serving.peers import llama_cpp_server, transformers_server, trio_llm_server
+from serving.peers import llama_cpp_server, transformers_server, trio_llm_server, vllm_server
 from serving.peers.base import Server, Skipped
 
 SERVERS: dict[str, Callable[[argparse.Namespace], list[Server | Skipped]]] = {
     "trio-llm": trio_llm_server.servers,
     "transformers": transformers_server.servers,
     "llama-cpp": llama_cpp_server.servers,
+    "vllm": vllm_server.servers,
 }
 """--servers names -> the peer's servers."""
 
