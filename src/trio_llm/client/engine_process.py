@@ -58,6 +58,11 @@ def log_stage(label: str) -> OnStage:
     return lambda stage: log.info("engine %s: %s", label, stage)
 
 
+def replica_label(args: EngineArgs, index: int) -> str:
+    """How logs and errors name one engine: `model[replica]`."""
+    return f"{args.served_model_name or args.model}[{index}]"
+
+
 def engine_args_of(model: str | EngineArgs | None, engine_args: dict[str, Any]) -> EngineArgs:
     """`open_engine`'s arguments as the one `EngineArgs` (built once)."""
     if isinstance(model, EngineArgs):
