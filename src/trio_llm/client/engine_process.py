@@ -31,7 +31,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from trio_llm.client.engine_client import EngineClient, describe_exit
+from trio_llm.client.engine_client import EngineClient
+from trio_llm.client.engine_link import describe_exit
 from trio_llm.client.errors import EngineStartError
 from trio_llm.config import EngineArgs
 from trio_llm.grammar import unproducible_bytes
