@@ -1,7 +1,7 @@
 """The `trio-llm` command: `trio-llm serve [MODEL] [flags]` and `trio-llm chat [--url URL | MODEL]`.
 
 Owns argv only: it parses, sets up logging, and hands a checked `ServerConfig` to the server;
-the serve flags themselves are defined once, in `trio_llm.http.config`, the chat's in
+the serve flags themselves are defined once, in `trio_llm.http.serve_flags`, the chat's in
 `trio_llm.chat`.
 """
 
@@ -15,7 +15,7 @@ from trio_llm import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     from trio_llm.chat import add_chat_arguments
-    from trio_llm.http.config import add_serve_arguments
+    from trio_llm.http.serve_flags import add_serve_arguments
 
     parser = argparse.ArgumentParser(
         prog="trio-llm", description="An OpenAI-compatible LLM server on structured concurrency."

@@ -13,26 +13,24 @@ rebuilding the tokenizer from the GGUF vocabulary, which takes about 30 s for th
 model here, against 0.3 s for the same model saved as safetensors. Both the frontend (tokenizer)
 and the engine (weights) load the model on every start, so the first load converts the file into
 a cache directory keyed by the file's path, size and mtime, and every later load reads that.
-The conversion is written to a temporary directory and renamed into place under a file lock, so
-two processes starting at once never see a half-written cache.
+The conversion is put in place by file_cache.py, so two processes starting at once never see a
+half-written one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL, DEFAULT_MODEL
+from trio_llm.file_cache import build_once, cache_dir
 from trio_llm.speech.models import (
     DEFAULT_SPEECH_MODEL,
     MULTILINGUAL_SPEECH_MODEL,
@@ -71,13 +69,6 @@ class ModelSource:
     """A Hugging Face directory (config.json, tokenizer files, weights)."""
     origin: str
     """Where it came from: the GGUF file, directory or hub id the user named."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TRIO_LLM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "trio-llm"
-    )
-    return Path(root)
 
 
 def default_gguf_path() -> Path:
@@ -174,17 +165,15 @@ def _converted_gguf(gguf: Path) -> Path:
         f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
     ).hexdigest()[:20]
     target = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "config.json").is_file():
-            _convert_gguf(gguf, target)
-    return target
+    return build_once(target, _has_config, lambda tmp: _convert_gguf(gguf, target, tmp))
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
+def _has_config(directory: Path) -> bool:
+    return (directory / "config.json").is_file()
+
+
+def _convert_gguf(gguf: Path, target: Path, tmp: Path) -> None:
+    """Write the Hugging Face directory of `gguf` into `tmp` (which becomes `target`)."""
     import safetensors.torch
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -193,32 +182,27 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
     extend_transformers()  # llama.cpp's names for the architectures transformers' tables lack
     log.info("converting %s to a Hugging Face directory (once) at %s", gguf, target)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-        config = model.config
-        # A config built from GGUF metadata names no architecture; load_config needs one.
-        config.architectures = [type(model).__name__]
-        # Tied weights share storage, which safetensors refuses to save twice; the tie is
-        # restored from config.tie_word_embeddings on load.
-        state = model.state_dict()
-        if getattr(config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        safetensors.torch.save_file(
-            {k: v.contiguous() for k, v in state.items()},
-            str(tmp / "model.safetensors"),
-            metadata={"format": "pt"},
-        )
-        with contextlib.suppress(AttributeError):
-            del config.quantization_config
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    config = model.config
+    # A config built from GGUF metadata names no architecture; load_config needs one.
+    config.architectures = [type(model).__name__]
+    # Tied weights share storage, which safetensors refuses to save twice; the tie is
+    # restored from config.tie_word_embeddings on load.
+    state = model.state_dict()
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    safetensors.torch.save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(tmp / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    with contextlib.suppress(AttributeError):
+        del config.quantization_config
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
 
 
 def read_generation_config(directory: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import pytest
 
 from trio_llm.cli import build_parser
 from trio_llm.config import DEFAULT_MODEL
-from trio_llm.http.config import config_from_env, parse_serve_args
+from trio_llm.http.serve_flags import config_from_env, parse_serve_args
 from trio_llm.http.server import hypercorn_config
 
 

@@ -20,7 +20,7 @@ from http_server_process import ServerProcess, run_server
 from lora_adapters import ADAPTER_PROMPT as PROMPT
 from lora_adapters import ADAPTER_TOKENS as TOKENS
 from trio_llm.http.app import create_app
-from trio_llm.http.config import parse_serve_args
+from trio_llm.http.serve_flags import parse_serve_args
 
 
 @pytest.fixture(scope="module")

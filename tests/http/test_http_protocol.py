@@ -267,8 +267,13 @@ def test_top_logprobs_at_openai_limit_is_accepted() -> None:
     assert (plan.params.logprobs, plan.top_logprobs) == (20, 20)
 
 
-def test_text_response_format_and_none_tool_choice_are_fine() -> None:
-    plan_chat(chat(response_format={"type": "text"}, tool_choice="none", tools=[]), LIMITS)
+def test_text_response_format_and_none_tool_choice_ask_for_nothing() -> None:
+    """Values that ask for what is the default anyway plan as if they were left out: no
+    constraint, no tools, no call."""
+    plan = plan_chat(chat(response_format={"type": "text"}, tool_choice="none", tools=[]), LIMITS)
+    assert plan.params.constraint is None and plan.constraint_param is None
+    assert (plan.conversation.tools, plan.conversation.tool_choice) == ([], "none")
+    assert plan == plan_chat(chat(), LIMITS)
 
 
 def test_tools_default_to_auto_and_history_keeps_calls_and_results() -> None:

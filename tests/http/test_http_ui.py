@@ -11,7 +11,7 @@ import pytest
 from http_fake_engine import FakeEngine
 
 from trio_llm.http import ServerConfig, build_app
-from trio_llm.http.config import parse_serve_args
+from trio_llm.http.serve_flags import parse_serve_args
 
 ASSETS = {
     "/": "text/html",

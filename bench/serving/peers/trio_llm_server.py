@@ -39,6 +39,6 @@ def servers(args: argparse.Namespace) -> list[Server | Skipped]:
 
 def primary_engine_args(args: argparse.Namespace) -> EngineArgs:
     """The EngineArgs the first trio-llm variant serves with, as its own CLI parses them."""
-    from trio_llm.http.config import parse_serve_args
+    from trio_llm.http import parse_serve_args
 
     return parse_serve_args(shlex.split(args.trio_llm_args[0])).engine

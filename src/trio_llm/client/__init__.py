@@ -2,6 +2,7 @@
 `open_router` starts several engines (models, replicas) behind one `Router`."""
 
 from trio_llm.client.engine_client import EngineClient, EngineStats, ModelConfig
+from trio_llm.client.engine_group import open_router
 from trio_llm.client.engine_process import open_engine
 from trio_llm.client.errors import (
     ChatTemplateError,
@@ -11,17 +12,14 @@ from trio_llm.client.errors import (
     InvalidPromptError,
     LoraError,
     LoraNotFoundError,
+    ModelNotServedError,
+    NoLiveReplicaError,
     PromptTooLongError,
     UnsupportedTaskError,
 )
+from trio_llm.client.lease import Lease
 from trio_llm.client.lora import LoraRequest
-from trio_llm.client.router import (
-    Lease,
-    ModelNotServedError,
-    NoLiveReplicaError,
-    Router,
-    open_router,
-)
+from trio_llm.client.router import Router
 
 __all__ = [
     "ChatTemplateError",

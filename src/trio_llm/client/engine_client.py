@@ -1,41 +1,29 @@
 """The engine client: the frontend half of a running engine, for Trio and asyncio programs alike.
 
-What it owns: a started engine's two shared-memory rings (engine_process.py starts and stops
-the process and hands them over), the calls (generate, transcribe, abort, tokenize, LoRA,
-statistics; embed, classify and score come from pooling_calls.py), and
-three background tasks run for `open_engine`'s block (`running`):
-- the output handler reads the output ring and feeds the output processor, in bounded chunks with
-  a checkpoint between them, so one huge step never stalls the event loop;
-- the request sender (request_sender.py) owns the request ring's sending end and writes what
-  could not be written at once;
-- the process watcher notices the engine's exit at once (new calls fail from then on) and,
-  once the output handler has drained the output ring, fails every request still in flight.
-
-Why it is over 400 lines: it is one object whose state (requests in flight, the engine's
-liveness, its statistics) its calls and its three tasks share; the pieces that stand alone
-(process start and stop, the request sender, the pooling calls (pooling_calls.py, a mixin of
-this class), speech, LoRA, the output and input processors) live in their own modules.
+What it owns: the calls (generate, abort, LoRA, statistics; embed, classify and score come
+from pooling_calls.py, transcribe from speech_calls.py, tokenizing from tokenizer_calls.py:
+mixins over this one object's state) and the tables of their requests in flight (the
+output processor's, the pending embeddings and transcriptions, the LoRA loads), which the
+engine's outputs are routed to. The link to the engine process (engine_link.py: the rings, the
+background tasks, the process's liveness) is shared by every call; engine_process.py starts
+and stops the process and hands the link's pieces over.
 
 Invariants:
-- The abort path never waits: requests are posted through `RequestSender.post`, so a cancelled
-  or closed `generate()` aborts its engine requests from a `finally:` without an `await`.
-- Once the engine process has exited, every new call raises `EngineDeadError` at once (the
-  watcher sees the exit through the process handle), and every `generate()` in flight raises it
-  after the outputs the engine published before it died: the output handler, which sees the
-  ring end only once it has drained the ring, is the one that fails them. (Were the watcher to
-  fail them, it would race the handler and could turn a request's last tokens into an error.)
+- Every call checks the link first: once the engine process has exited, every new call raises
+  `EngineDeadError` at once, and every `generate()` in flight raises it after the outputs the
+  engine published before it died (engine_link.py).
+- The abort path never waits: a cancelled or closed `generate()` aborts its engine requests
+  from a `finally:` through the link's `post`, without an `await`.
 - Leaving `open_engine` stops the engine (Shutdown, then SIGTERM, then SIGKILL, each after a
   timeout), reaps it and closes the rings, whatever way the block is left.
 """
 
 from __future__ import annotations
 
-import logging
-import signal
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,36 +34,20 @@ import msgspec
 
 from trio_llm.client.collector import RequestCollector
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
-from trio_llm.client.embeddings import (
-    PendingEmbeddings,
-)
-from trio_llm.client.errors import EngineDeadError, InvalidPromptError, UnsupportedTaskError
+from trio_llm.client.embeddings import PendingEmbeddings
+from trio_llm.client.engine_link import EngineLink
+from trio_llm.client.errors import InvalidPromptError, UnsupportedTaskError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.lora import LoraRequest, LoraTable
 from trio_llm.client.output_processor import OutputProcessor
 from trio_llm.client.pooling_calls import PoolingCalls
-from trio_llm.client.request_sender import RequestSender
-from trio_llm.client.speech import (
-    AudioInput,
-    PendingTranscriptions,
-    check_options,
-    new_request,
-    transcription_stream,
-)
+from trio_llm.client.speech import PendingTranscriptions
+from trio_llm.client.speech_calls import SpeechCalls
+from trio_llm.client.tokenizer_calls import TokenizerCalls
 from trio_llm.config import EngineArgs
-from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError
-from trio_llm.ipc.codec import decode_engine_message, encode
-from trio_llm.ipc.messages import (
-    AbortRequests,
-    EngineCoreOutputs,
-    EngineFailure,
-    EngineReady,
-    LoraUpdated,
-    SchedulerStats,
-)
-from trio_llm.outputs import (
-    TranscriptionOutput,
-)
+from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender
+from trio_llm.ipc.codec import encode
+from trio_llm.ipc.messages import AbortRequests, EngineReady, SchedulerStats
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
 
@@ -83,15 +55,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.outputs import RequestOutput
-
-log = logging.getLogger(__name__)
-
-OUTPUT_CHUNK = 64
-"""Engine outputs the handler processes between two checkpoints."""
-DRAIN_TIMEOUT = 5.0
-"""Seconds the watcher waits, after the engine exited, for the output handler to drain the ring
-before it fails the requests in flight itself (a bound, should the handler be stuck)."""
-
 
 ModelConfig = EngineReady
 """What the engine reported about the model it serves: its ready message, with `model` set to
@@ -118,7 +81,7 @@ class EngineStats:
     waiting for their embedding."""
 
 
-class EngineClient(PoolingCalls):
+class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
     """A running engine: generate text (or embeddings, from a pooling engine), tokenize, read
     its statistics.
 
@@ -150,9 +113,6 @@ class EngineClient(PoolingCalls):
         self.generation_config: dict[str, Any] = generation_config or {}
         """The model's generation_config.json as written (empty when it has none): its
         creator's recommended sampling values, which the server applies as defaults."""
-        self._process = process
-        self._requests = RequestSender(sender)
-        self._receiver = receiver
         self._max_message_bytes = max_message_bytes
         self._stream_interval = args.stream_interval
         self.unproducible_bytes = unproducible_bytes
@@ -167,40 +127,36 @@ class EngineClient(PoolingCalls):
         self._embeddings = PendingEmbeddings()
         self._loras = LoraTable(args.lora and ready.task == "generate", args.lora_modules)
         self._transcriptions = PendingTranscriptions()
-        self._process_outputs = (
-            self._transcriptions.process_outputs
+        self._link = EngineLink(
+            process,
+            sender,
+            receiver,
+            stats=SchedulerStats(
+                num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
+            ),
+            on_outputs=self._transcriptions.process_outputs
             if ready.task == "transcribe"
             else self._embeddings.process_outputs
             if is_pooling(ready.task)
-            else self._outputs.process_outputs
+            else self._outputs.process_outputs,
+            on_lora=self._loras.answered,
+            fail_all=self._fail_all,
         )
-        self._scheduler_stats = SchedulerStats(
-            num_free_blocks=ready.num_blocks, num_total_blocks=ready.num_blocks
-        )
-        self._dead = anyio.Event()
-        """Set once the engine process has exited (or the client closed)."""
-        self._drained = anyio.Event()
-        """Set once every request in flight at the engine's death has been failed."""
-        self._failure: str | None = None
-        """What the engine said in its EngineFailure message, if it sent one."""
-        self._exit: str | None = None
-        """How the engine process ended, once it has."""
-        self._closed = False
 
     # -- public API ---------------------------------------------------------------------
 
     @property
     def is_alive(self) -> bool:
         """The engine process runs and this client is still open."""
-        return not self._dead.is_set() and not self._closed
+        return self._link.is_alive
 
     @property
     def pid(self) -> int:
         """The engine process's id."""
-        return self._process.pid
+        return self._link.pid
 
     def stats(self) -> EngineStats:
-        s = self._scheduler_stats
+        s = self._link.scheduler_stats
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -297,120 +253,20 @@ class EngineClient(PoolingCalls):
         if engine_ids:
             self._post(encode(AbortRequests(request_ids=engine_ids)))
 
-    def transcribe(
-        self,
-        audio: AudioInput,
-        *,
-        task: str = "transcribe",
-        language: str | None = None,
-        prompt: str | None = None,
-        temperature: float = 0.0,
-        word_timestamps: bool = False,
-        max_seconds: float | None = None,
-        request_id: str | None = None,
-        priority: int = 0,
-    ) -> AsyncGenerator[TranscriptionOutput, None]:
-        """Transcribe (or, with task 'translate', translate into English) an audio file's bytes,
-        a path to one, or 16 kHz mono samples, from a speech engine; iterate the result for one
-        `TranscriptionOutput` per 30-second window the engine decodes (the last `finished`).
-
-        Raises here, before anything is sent: `UnsupportedTaskError` on a text engine,
-        `InvalidPromptError` naming the field for a task, language or temperature the model
-        cannot serve (translation from an English-only model, say). The file is decoded when
-        iteration starts (on a worker thread) and its `AudioError` (empty, not audio, longer
-        than `max_seconds`) raises from the first `__anext__()`. `language` None: detected
-        from the first window; `temperature` 0 falls back to hotter decoding where a window
-        fails Whisper's thresholds, as OpenAI's does. Leaving the iteration early aborts the
-        request in the engine, which stops within the window it is decoding."""
-        self._check_alive()
-        self._check_task("transcribe")
-        code = check_options(
-            self.model_config, task=task, language=language, temperature=temperature
-        )
-        request = new_request(
-            request_id=request_id,
-            task=task,
-            language=code,
-            prompt=prompt,
-            temperature=temperature,
-            word_timestamps=word_timestamps,
-            priority=priority,
-        )
-        if self._transcriptions.has_request(request.request_id):
-            raise ValueError(f"request id {request.request_id!r} is already in flight")
-        return transcription_stream(
-            self._transcriptions, self._post, self._check_alive, audio, request, max_seconds
-        )
-
-    async def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return await self._inputs.encode(text, add_special_tokens=add_special_tokens)
-
-    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        """The text of `token_ids` (a long list is decoded off the event loop)."""
-        return await self._tokenizer.decode(
-            list(token_ids), skip_special_tokens=skip_special_tokens
-        )
-
-    async def vocab_tokens(self, token_ids: Sequence[int]) -> list[str]:
-        """Each id's entry in the vocabulary, as the tokenizer spells it ('Ġthe')."""
-        return await self._tokenizer.vocab_tokens(list(token_ids))
-
-    @property
-    def chat_template(self) -> str | None:
-        """The model's chat template text (None: it has none, or only named ones)."""
-        template = getattr(self.tokenizer, "chat_template", None)
-        return template if isinstance(template, str) else None
-
-    async def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        add_special_tokens: bool = False,
-    ) -> list[int]:
-        """Render `messages` with the model's chat template and tokenize the result (with
-        `add_special_tokens`, the tokenizer's special tokens on top of the template's)."""
-        return await self._inputs.apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs,
-            add_special_tokens=add_special_tokens,
-        )
-
-    def decoded_tokens(self, token_ids: Sequence[int]) -> list[str]:
-        """The text logprobs show for each token (a partial UTF-8 character as `bytes:\\xNN`).
-        On the event loop's thread only."""
-        return [self._outputs.decoded_token(t) for t in token_ids]
-
     async def wait_dead(self) -> None:
         """Return once the engine process has exited, for whatever reason (a crash, a kill,
         or the shutdown when `open_engine` is left), and every request in flight then has
         had its published outputs and its `EngineDeadError`."""
-        await self._drained.wait()
+        await self._link.wait_dead()
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    def running(self) -> AbstractAsyncContextManager[None]:
         """Run the background tasks for the block's duration; the client is closed after
         (`open_engine` runs it)."""
-        body_error: BaseException | None = None
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._watch_process)
-            tasks.start_soon(self._handle_outputs)
-            tasks.start_soon(self._requests.run)
-            try:
-                yield
-            except BaseException as exc:
-                # Re-raised below, outside the task group, so that the caller gets its own
-                # exception rather than an ExceptionGroup around it.
-                body_error = exc
-            finally:
-                self._closed = True
-                tasks.cancel_scope.cancel()
-        if body_error is not None:
-            raise body_error
+        return self._link.running()
+
+    def fail_in_flight(self) -> None:
+        """Fail every request still in flight (once): the engine is gone."""
+        self._link.fail_in_flight()
 
     # -- generate -----------------------------------------------------------------------
 
@@ -502,101 +358,15 @@ class EngineClient(PoolingCalls):
             )
 
     def _check_alive(self) -> None:
-        if self._closed:
-            raise EngineDeadError("the engine was shut down: open_engine() has exited")
-        if self._dead.is_set():
-            raise EngineDeadError(self._dead_reason())
-
-    def _dead_reason(self) -> str:
-        if self._failure is not None:
-            return f"the engine failed: {self._failure}"
-        if self._exit is not None:
-            return f"the engine process exited unexpectedly ({self._exit})"
-        return "the engine process has exited"
-
-    # -- the request ring -----------------------------------------------------------------
+        self._link.check_alive()
 
     def _post(self, message: bytes) -> None:
-        """Send `message` to the engine without waiting (`RequestSender.post`)."""
-        if self.is_alive:
-            self._requests.post(message)
+        """Send `message` to the engine without waiting (`EngineLink.post`)."""
+        self._link.post(message)
 
-    # -- the output ring ------------------------------------------------------------------
-
-    async def _handle_outputs(self) -> None:
-        """The one background task that reads the output ring and routes every output; once
-        the ring has ended (the engine exited and everything it published is read), it fails
-        the requests still in flight."""
-        since_checkpoint = 0
-        try:
-            while True:
-                for buf in await self._receiver.receive_batch():
-                    message = decode_engine_message(buf)
-                    if isinstance(message, EngineCoreOutputs):
-                        now = time.time()
-                        outputs = message.outputs
-                        for start in range(0, len(outputs), OUTPUT_CHUNK):
-                            if since_checkpoint >= OUTPUT_CHUNK:
-                                await anyio.lowlevel.checkpoint()
-                                since_checkpoint = 0
-                            chunk = outputs[start : start + OUTPUT_CHUNK]
-                            since_checkpoint += len(chunk)
-                            to_abort = self._process_outputs(chunk, now)
-                            if to_abort:
-                                self._post(encode(AbortRequests(request_ids=to_abort)))
-                        self._scheduler_stats = message.stats
-                    elif isinstance(message, LoraUpdated):
-                        self._loras.answered(message)
-                    elif isinstance(message, EngineFailure):
-                        log.error("the engine failed: %s\n%s", message.message, message.traceback)
-                        self._failure = message.message
-                    else:
-                        log.warning("ignoring an unexpected %s from the engine", type(message))
-        except RingClosedError:
-            pass  # the engine is gone, and every output it published has been routed
-        # The ring ends when the engine's process dies, often a moment before its exit status
-        # is known: wait for it (bounded), so the requests' error says how the engine ended.
-        with anyio.move_on_after(DRAIN_TIMEOUT):
-            await self._dead.wait()
-        self.fail_in_flight()
-
-    # -- the process ----------------------------------------------------------------------
-
-    async def _watch_process(self) -> None:
-        code = await self._process.wait()
-        self._exit = describe_exit(code)
-        self._mark_dead()
-        # The output handler fails the requests in flight once it has drained the ring; this
-        # is only the bound, should it never see the ring end.
-        with anyio.move_on_after(DRAIN_TIMEOUT):
-            await self._drained.wait()
-        if not self._closed:
-            log.error("%s", self._dead_reason())
-        self.fail_in_flight()
-
-    def _mark_dead(self) -> None:
-        """No new call reaches the engine from now on."""
-        self._dead.set()
-        self._requests.clear()
-
-    def fail_in_flight(self) -> None:
-        """Fail every request still in flight (once): the engine is gone."""
-        self._mark_dead()
-        if self._drained.is_set():
-            return
-        reason = self._dead_reason()
-        self._outputs.fail_all(lambda: EngineDeadError(reason))
-        self._embeddings.fail_all(lambda: EngineDeadError(reason))
-        self._loras.fail_all(lambda: EngineDeadError(reason))
-        self._transcriptions.fail_all(lambda: EngineDeadError(reason))
-        self._drained.set()
-
-
-def describe_exit(code: int) -> str:
-    """How a process ended, from its exit status (negative: the signal that killed it)."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    def _fail_all(self, make_error: Callable[[], BaseException]) -> None:
+        """Fail every request in flight, of every kind, with the errors `make_error` makes."""
+        self._outputs.fail_all(make_error)
+        self._embeddings.fail_all(make_error)
+        self._loras.fail_all(make_error)
+        self._transcriptions.fail_all(make_error)

@@ -31,7 +31,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from trio_llm.client.engine_client import EngineClient, describe_exit
+from trio_llm.client.engine_client import EngineClient
+from trio_llm.client.engine_link import describe_exit
 from trio_llm.client.errors import EngineStartError
 from trio_llm.config import EngineArgs
 from trio_llm.grammar import unproducible_bytes
@@ -56,6 +57,11 @@ def log_stage(label: str) -> OnStage:
     """The default `on_stage`: each stage logged at info level as `engine <label>: <stage>`
     (the label names the engine: its model, `model[replica]` when it has replicas)."""
     return lambda stage: log.info("engine %s: %s", label, stage)
+
+
+def replica_label(args: EngineArgs, index: int) -> str:
+    """How logs and errors name one engine: `model[replica]`."""
+    return f"{args.served_model_name or args.model}[{index}]"
 
 
 def engine_args_of(model: str | EngineArgs | None, engine_args: dict[str, Any]) -> EngineArgs:

@@ -3,7 +3,9 @@
 The HTTP edge translates them once: `InvalidPromptError` (and its `PromptTooLongError`),
 `ChatTemplateError`, `UnservableRequestError` and `LoraError` are the caller's fault (400;
 `LoraNotFoundError` 404), `EngineDeadError` and `EngineRequestError` the server's (500/503).
-`EngineStartError` only comes out of `open_engine`.
+`EngineStartError` only comes out of `open_engine`. The router's own: `ModelNotServedError`
+(the caller's fault: 404) and `NoLiveReplicaError` (an `EngineDeadError`: 503 until a replica
+is back).
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ class EngineDeadError(RuntimeError):
     def __init__(self, message: str, *, started: bool = True) -> None:
         super().__init__(message)
         self.started = started
+
+
+class NoLiveReplicaError(EngineDeadError):
+    """Every replica of the model is down (dead or restarting)."""
+
+
+class ModelNotServedError(LookupError):
+    """No served model has that name; the message lists those that are."""
 
 
 class EngineStartError(RuntimeError):

@@ -19,7 +19,8 @@ shared pieces):
   (`serve_generation`), not a base class it inherits from; `generate/prompt.py` renders a
   conversation (chat, Responses, Messages).
 - `runtime/`: what one running app holds (state, lifespan, supervisors, middleware, admission,
-  metrics, JSON bodies); the app's own modules: `app`, `server`, `config`, `model_specs`,
+  metrics, JSON bodies); the app's own modules: `app`, `server`, `config` (ServerConfig),
+  `serve_flags`, `engine_flags` and `flag_values` (the command line), `model_specs`,
   `hypercorn_fixes`.
 
 The HTTP layer sees only the client (`EngineClient`, through a `Router` lease) and its outputs,
@@ -27,10 +28,11 @@ never the engine.
 """
 
 from trio_llm.http.app import build_app, create_app
-from trio_llm.http.config import ServerConfig, config_from_env, parse_serve_args
+from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, translate_error
 from trio_llm.http.runtime.state import AppState, app_state
 from trio_llm.http.sampling import RequestLimits
+from trio_llm.http.serve_flags import config_from_env, parse_serve_args
 from trio_llm.http.server import serve
 
 __all__ = [

@@ -27,7 +27,7 @@ from trio_llm.http.anthropic.protocol import error_body
 from trio_llm.http.audio import endpoint as audio
 from trio_llm.http.chat import endpoint as chat
 from trio_llm.http.completions import endpoint as completions
-from trio_llm.http.config import ServerConfig, config_from_env
+from trio_llm.http.config import ServerConfig
 from trio_llm.http.embeddings import endpoint as embeddings
 from trio_llm.http.errors import ProtocolError, from_http_exception, translate_error
 from trio_llm.http.invocations import endpoint as invocations
@@ -41,6 +41,7 @@ from trio_llm.http.runtime.bodies import JSON_LIMIT_KEY, error_response
 from trio_llm.http.runtime.lifespan import fix_hypercorn_when_serving, own_engines, setup_logging
 from trio_llm.http.runtime.middleware import install_middleware
 from trio_llm.http.runtime.state import AppState, install_state
+from trio_llm.http.serve_flags import config_from_env
 from trio_llm.http.ui import endpoint as ui
 
 if TYPE_CHECKING:

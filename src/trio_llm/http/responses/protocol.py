@@ -9,9 +9,13 @@ which a tagged union cannot, and an item or tool this server cannot use gets a 4
 where it is and what it is, never a generic decode error. Invariant: nothing here touches
 Quart or the engine; every malformed item ends in a `ProtocolError` naming its parameter.
 
-Why over 400 lines: it is the whole wire format of one API (request, items, response object,
-stream events), each a short Struct in OpenAI's shape; split, one shape would be read across
-files.
+Why over 400 lines: it is one API's whole schema (some forty short Structs in OpenAI's shape),
+and its parts are typed in terms of one another: the response object echoes the request's own
+types (TextConfig, Reasoning, ResponsesFunctionTool), its message items reuse the input's
+OutputTextPart, and every stream event carries the response, one of its output items or one of
+their parts. Each API folder keeps its wire types in one protocol.py that ends with the
+WIRE_TYPES /openapi.json shows (http/__init__.py); the stream events in a module of their own
+would import the response's types, and this one would import the events back for WIRE_TYPES.
 """
 
 from __future__ import annotations

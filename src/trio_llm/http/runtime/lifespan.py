@@ -18,8 +18,8 @@ from functools import partial
 import trio
 from quart_trio import QuartTrio
 
+from trio_llm.client.engine_process import replica_label
 from trio_llm.client.errors import start_error_in
-from trio_llm.client.router import replica_label
 from trio_llm.config import EngineArgs
 from trio_llm.http import hypercorn_fixes
 from trio_llm.http.model_specs import engine_args

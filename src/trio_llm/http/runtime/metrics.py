@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 from trio_llm.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from trio_llm.client.router import ReplicaStats
+    from trio_llm.client.replicas import ReplicaStats
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,

@@ -31,15 +31,11 @@ import trio
 from quart import current_app
 
 from trio_llm import __version__
+from trio_llm.client.errors import ModelNotServedError, NoLiveReplicaError
+from trio_llm.client.lease import Lease
 from trio_llm.client.prefix_index import PrefixPolicy
-from trio_llm.client.router import (
-    Lease,
-    ModelNotServedError,
-    NoLiveReplicaError,
-    Router,
-    ServedModel,
-    aggregate,
-)
+from trio_llm.client.replicas import ServedModel, aggregate
+from trio_llm.client.router import Router
 from trio_llm.config import EngineArgs
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError, bad_request, engine_unavailable
