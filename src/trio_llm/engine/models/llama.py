@@ -232,6 +232,13 @@ class LlamaForward:
             x = x + out
         return _rms_norm(x, self.norm, self.eps)
 
+    def matrices(self) -> list[Weight]:
+        """Every matrix a step multiplies by: each layer's four and the LM head."""
+        return [
+            *(w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)),
+            self.lm_head,
+        ]
+
     def _matrices(self) -> tuple[Weight, ...]:
         layer = self.layers[0]
         return (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)

@@ -55,6 +55,11 @@ class Int4Weight:
     in_features: int
     split: bool = False
     """Two 4-bit planes of an 8-bit matrix stacked along the rows (`split_int8`)."""
+    dense: Tensor | None = None
+    """The dequantized matrix in the activations' dtype, kept for calls of many rows
+    (models/dense_copies.py); None: none is kept."""
+    dense_rows: int = 0
+    """Calls of at least this many rows take `dense` (where it is kept)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -147,6 +152,9 @@ class Int8Weight:
     by int8 activations. Integer sums are exact, so a row's result depends on its own values
     only (row-exact at any size), and at 64 rows it is 2x, at 512 rows 7x faster than bf16
     (bench/results/quant_kernels.md)."""
+    dense: Tensor | None = None
+    """As Int4Weight's: the dequantized matrix kept for calls of many rows."""
+    dense_rows: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -218,21 +226,25 @@ def is_quantized(weight: object) -> bool:
 
 def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
     """The `linear` hook of a forward with quantized weights: their own kernel for them,
-    `inner` (the runner's choice for float weights) for the rest. With `dense`, calls of many
-    rows (`DENSE_ROWS`, a prefill chunk) dequantize the weight and go to `inner` instead;
-    without it every row of every call runs on the quantized kernels, which are row-exact
-    (batch invariance), at the price of slower prefills."""
+    `inner` (the runner's choice for float weights) for the rest.
+
+    With `dense`, a call of many rows goes to `inner` on a float matrix instead: the weight's
+    kept dense copy from its measured crossover on (`dense_rows`, models/dense_copies.py), or,
+    where no copy is kept, the weight dequantized for the call from `DENSE_ROWS` on (a prefill
+    chunk). Without it every row of every call runs on the quantized kernels, which are
+    row-exact (batch invariance), at the price of slower batches and prefills."""
 
     def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        if isinstance(weight, Int4Weight):
-            if dense and x.shape[0] >= DENSE_ROWS["int4"]:
+        if not isinstance(weight, Int4Weight | Int8Weight):
+            return inner(x, weight, bias)
+        if dense and not (isinstance(weight, Int8Weight) and weight.int8_activations):
+            rows = x.shape[0]
+            if weight.dense is not None:
+                if rows >= weight.dense_rows:
+                    return inner(x, weight.dense, bias)
+            elif rows >= DENSE_ROWS["int4" if isinstance(weight, Int4Weight) else "int8"]:
                 return inner(x, weight.dequantize(), bias)
-            return weight.matmul(x, bias)
-        if isinstance(weight, Int8Weight):
-            if dense and not weight.int8_activations and x.shape[0] >= DENSE_ROWS["int8"]:
-                return inner(x, weight.dequantize(), bias)
-            return weight.matmul(x, bias)
-        return inner(x, weight, bias)
+        return weight.matmul(x, bias)
 
     return linear
 

@@ -136,6 +136,8 @@ def generation_parts(
         raise EngineConfigError(str(exc)) from None
     stage(f"forward: {runner.choice.describe()}")
     stage(f"batch invariance {runner.invariance.describe()}")
+    if runner.dense_copies is not None:
+        stage(f"quantized weights: {runner.dense_copies.describe()}")
     return EngineParts(
         runner=runner,
         dtype=dtype,

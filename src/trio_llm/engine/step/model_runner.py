@@ -36,7 +36,7 @@ from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_ty
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.hf import decoder_of
 from trio_llm.engine.lora import LoraBatch, LoraHook, LoraStacks, fused_targets, wrap_linears
-from trio_llm.engine.models import forwards, llama
+from trio_llm.engine.models import dense_copies, forwards, llama
 from trio_llm.engine.models import quantized as quantization_plan
 from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
@@ -155,6 +155,9 @@ class ModelRunner:
         self.own: LlamaForward | None = None
         """The engine's own forward, when it computes this model (`choice`)."""
         self.forward: LlamaForward | GenericForward
+        self.dense_copies: dense_copies.DenseCopies | None = None
+        """Quantized weights' dense copies for calls of many rows (None: no quantized weights,
+        or invariance keeps every row on the quantized kernels)."""
         if self.choice.own:
             windows = [layer.window for layer in layers]
             self.own = self.forward = LlamaForward(
@@ -182,6 +185,10 @@ class ModelRunner:
                 # Quantized weights on their own kernels, row-exact for any rows; with
                 # invariance off, calls of many rows (prefill chunks) dequantize instead.
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
+                if not self.invariance.on:
+                    self.dense_copies = dense_copies.keep(
+                        self.own.matrices(), spec.dtype, available=dense_copies.available_memory()
+                    )
                 # The embedding and LM head live in the forward now (quantized).
                 model.model.embed_tokens.to("meta")
                 model.lm_head.to("meta")

@@ -1,0 +1,129 @@
+"""Dense copies of quantized weights (engine/models/dense_copies.py): calls of many rows take the
+copy from a crossover measured per matrix shape, calls of few rows the quantized kernel; no copy
+where memory does not allow it, every call on the copy with float32 activations, and none where
+batch invariance keeps every row on the row-exact kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import make_core
+
+from trio_llm.engine.models import dense_copies
+from trio_llm.engine.quant import Int4Weight, dispatching, quantize_int4, quantize_int8
+from trio_llm.engine.quant.weights import DENSE_ROWS
+
+BF16 = torch.bfloat16
+
+
+def weights(count: int = 3, shape: tuple[int, int] = (64, 128)) -> list[Int4Weight]:
+    gen = torch.Generator().manual_seed(0)
+    return [quantize_int4(torch.randn(*shape, generator=gen), BF16) for _ in range(count)]
+
+
+def timer_with_crossover(rows_from: int) -> Callable[[Callable[[], object]], float]:
+    """A fake timer: the dense matmuls win from `rows_from` rows on. It tells the two probes
+    apart by which of them runs `F.linear` (the dense one) and reads the rows off the call."""
+    seen: dict[str, int] = {}
+
+    def timer(fn: Callable[[], object]) -> float:
+        calls: list[int] = []
+        original = torch.nn.functional.linear
+
+        def linear(x: torch.Tensor, *args: object) -> torch.Tensor:
+            calls.append(x.shape[0])
+            return original(x, *args)  # type: ignore[arg-type]
+
+        torch.nn.functional.linear = linear  # type: ignore[assignment]
+        try:
+            fn()
+        finally:
+            torch.nn.functional.linear = original
+        if calls:  # the dense probe
+            seen["rows"] = calls[0]
+            return 1.0 if calls[0] >= rows_from else 3.0
+        return 2.0
+
+    return timer
+
+
+def test_calls_of_many_rows_take_the_copy_from_the_measured_crossover() -> None:
+    ws = weights()
+    kept = dense_copies.keep(ws, BF16, available=None, timer=timer_with_crossover(8))
+    assert kept.kept and kept.crossovers == {(64, 128): 8}
+    assert kept.nbytes == 3 * 64 * 128 * 2
+    for w in ws:
+        assert w.dense is not None and w.dense_rows == 8
+        assert torch.equal(w.dense, w.dequantize().to(BF16))
+    taken: list[str] = []
+
+    def inner(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        taken.append("dense")
+        return torch.nn.functional.linear(x, weight, bias)
+
+    linear = dispatching(inner)
+    for rows in (1, 7, 8, 64):
+        linear(torch.randn(rows, 128).to(BF16), ws[0], None)  # type: ignore[arg-type]
+    assert taken == ["dense", "dense"]  # 8 and 64 rows; 1 and 7 on the int4 kernel
+    # The copy computes what the kernel does, up to the order of a row's sums.
+    x = torch.randn(16, 128).to(BF16)
+    torch.testing.assert_close(
+        linear(x, ws[0], None).float(),  # type: ignore[arg-type]
+        ws[0].matmul(x, None).float(),
+        atol=0.05,
+        rtol=0.02,
+    )
+
+
+def test_a_kernel_that_never_loses_keeps_its_copy_for_calls_past_the_probes() -> None:
+    ws = weights(1)
+    kept = dense_copies.keep(ws, BF16, available=None, timer=timer_with_crossover(10**6))
+    assert kept.crossovers == {(64, 128): 2 * dense_copies.PROBE_ROWS[-1]}
+
+
+def test_no_copies_beyond_the_memory_share_and_prefill_chunks_dequantize_per_call() -> None:
+    ws = weights()
+    kept = dense_copies.keep(ws, BF16, available=1000, timer=timer_with_crossover(1))
+    assert not kept.kept and "over 25%" in kept.describe()
+    assert all(w.dense is None for w in ws)
+    taken: list[int] = []
+
+    def inner(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        taken.append(x.shape[0])
+        return torch.nn.functional.linear(x, weight, bias)
+
+    linear = dispatching(inner)
+    for rows in (1, 64, DENSE_ROWS["int4"]):
+        linear(torch.randn(rows, 128).to(BF16), ws[0], None)  # type: ignore[arg-type]
+    assert taken == [DENSE_ROWS["int4"]]
+
+
+def test_float32_activations_take_the_copy_for_every_call() -> None:
+    ws = weights(2)
+    kept = dense_copies.keep(ws, torch.float32, available=None, timer=pytest.fail)
+    assert kept.crossovers == {(64, 128): 1} and "float32" in kept.describe()
+    assert all(w.dense is not None and w.dense.dtype == torch.float32 for w in ws)
+
+
+def test_w8a8_weights_get_no_copy() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = quantize_int8(torch.randn(64, 128, generator=gen), BF16, int8_activations=True)
+    assert not dense_copies.keep([w], BF16, available=None, timer=pytest.fail).kept
+    assert w.dense is None
+
+
+def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Path) -> None:
+    off = make_core(tiny_model_dir, quantization="int4", dtype="auto", device="cpu")
+    assert off.runner.dense_copies is not None and off.runner.dense_copies.kept
+    assert "dense copies" in off.runner.dense_copies.describe()
+    on = make_core(
+        tiny_model_dir, quantization="int4", dtype="auto", device="cpu", batch_invariant="on"
+    )
+    assert on.runner.invariance.on and on.runner.dense_copies is None
+    assert all(
+        getattr(w, "dense", None) is None
+        for w in on.runner.own.matrices()  # type: ignore[union-attr]
+    )
