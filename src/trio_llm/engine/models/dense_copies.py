@@ -11,8 +11,8 @@ call of at least that matrix's crossover rows multiplies the dense copy (quant.d
 The crossover is measured here, per distinct matrix shape, on this machine: the quantized
 kernel and the dense matmul timed at 1, 2, 4, ... rows, the crossover the first count where the
 dense one is faster (oneDNN's bf16 matmul and torch's int4 kernel differ by CPU class: AMX,
-AVX512-BF16, AVX2). With float32 activations the quantized kernels have no vectorized path
-(15x slower measured), so there every call takes the copy.
+AVX512-BF16, AVX2). The copies are in the dtype the quantized kernels multiply in
+(`quant.kernel_dtype`: bf16 for a float32 model too).
 
 What it costs: the copies' memory (the model in the activations' dtype beside its quantized
 form; refused beyond a share of the available memory, and then prefill chunks dequantize per
@@ -110,19 +110,11 @@ def keep(
         groups.setdefault((int(dense.shape[0]), int(dense.shape[1])), []).append(
             (weight, dense)  # type: ignore[arg-type]
         )
-    crossovers = {
-        shape: 1 if dtype == torch.float32 else crossover(pairs, timer or _best_time)
-        for shape, pairs in groups.items()
-    }
+    crossovers = {shape: crossover(pairs, timer or _best_time) for shape, pairs in groups.items()}
     for shape, pairs in groups.items():
         for weight, dense in pairs:
             weight.dense, weight.dense_rows = dense, crossovers[shape]
-    reason = (
-        "float32 activations: the quantized kernels have no vectorized float32 path"
-        if dtype == torch.float32
-        else "crossovers measured at start-up"
-    )
-    return DenseCopies(True, nbytes, crossovers, reason)
+    return DenseCopies(True, nbytes, crossovers, "crossovers measured at start-up")
 
 
 def crossover(

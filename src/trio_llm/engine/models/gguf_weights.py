@@ -34,6 +34,7 @@ from trio_llm.engine.quant.weights import (
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
+    kernel_dtype,
     quantize_int8,
     split_int8,
 )
@@ -110,6 +111,9 @@ class GGUFWeights:
         self.tensors = file.tensors
         self.architecture = file.architecture
         self.dtype = dtype
+        """The activations' dtype: float tensors are read into it."""
+        self.kernel_dtype = kernel_dtype(dtype)
+        """What quantized weights' kernels multiply in (their scales' dtype)."""
         self.formats: Counter[str] = Counter()
         """How many tensors ran in which form, for the log and the tests."""
 
@@ -144,7 +148,7 @@ class GGUFWeights:
             self.formats[f"{kind.name} as {str(self.dtype).removeprefix('torch.')}"] += 1
             return values.to(self.dtype)
         self.formats[f"{kind.name} as int8"] += 1
-        return quantize_int8(values, self.dtype)
+        return quantize_int8(values, self.kernel_dtype)
 
     def matrix(
         self, *names: str, rows: Sequence[np.ndarray | None] = ()
@@ -160,12 +164,14 @@ class GGUFWeights:
                     torch.cat([p.q for p in int4]),
                     torch.cat([p.scale for p in int4]),
                     torch.cat([p.zero for p in int4]),
-                    self.dtype,
+                    self.kernel_dtype,
                 )
         if all(isinstance(p, _Int8Blocks) for p in parts):
             blocks = [p for p in parts if isinstance(p, _Int8Blocks)]
             return split_int8(
-                torch.cat([p.q for p in blocks]), torch.cat([p.d for p in blocks]), self.dtype
+                torch.cat([p.q for p in blocks]),
+                torch.cat([p.d for p in blocks]),
+                self.kernel_dtype,
             )
         if all(isinstance(p, torch.Tensor) for p in parts):
             return torch.cat(parts)  # type: ignore[arg-type]
@@ -188,8 +194,8 @@ class GGUFWeights:
         if isinstance(weight, Int8Weight):
             return weight
         if isinstance(weight, _Int4Values | _Int8Blocks):
-            return quantize_int8(weight.dequantize(), self.dtype)
-        return quantize_int8(weight, self.dtype)
+            return quantize_int8(weight.dequantize(), self.kernel_dtype)
+        return quantize_int8(weight, self.kernel_dtype)
 
 
 def _interleave_rows(out_features: int, heads: int) -> np.ndarray:

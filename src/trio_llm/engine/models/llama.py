@@ -204,7 +204,7 @@ class LlamaForward:
         q_end, k_end = hq * d, (hq + hkv) * d
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
         sin = self.sin.index_select(0, positions).unsqueeze(1)
-        x = embedding(input_ids, self.embed)
+        x = embedding(input_ids, self.embed).to(self.norm.dtype)  # bf16 rows of float32 models
         layers = zip(self.layers, self.windows, k_caches, v_caches, strict=True)
         for i, (layer, window, k_cache, v_cache) in enumerate(layers):
             t = i * len(LORA_PROJECTIONS)  # the layer's first LoRA target

@@ -20,6 +20,7 @@ from trio_llm.engine.quant import (
     Int8Weight,
     QuantizedWeight,
     is_quantized,
+    kernel_dtype,
     quantize_int4,
     quantize_int8,
 )
@@ -75,8 +76,9 @@ def plan(
 
 
 def activation_dtype(dtype: str) -> torch.dtype:
-    """bfloat16 unless asked otherwise: the quantized kernels are vectorized for bf16
-    activations only (their float32 paths measured 15x slower)."""
+    """bfloat16 unless asked otherwise. With float32 asked for, the activations between the
+    matmuls are float32 and the quantized matmuls take bf16 inputs (`quant.kernel_dtype`):
+    their float32 paths are not vectorized (15x slower measured)."""
     return torch.bfloat16 if dtype == "auto" else loader.resolve_dtype(dtype, "cpu")
 
 
@@ -101,7 +103,7 @@ def quantize_forward(forward: LlamaForward, kind: str) -> None:
     """Replace the forward's matrices by quantized ones: `kind` int8 or int4 for the layers,
     the LM head and embeddings in int8 (one copy when they are tied); w8a8 for all of them,
     from float or already quantized (a GGUF's) weights."""
-    dtype = forward.norm.dtype
+    dtype = kernel_dtype(forward.norm.dtype)
     w8a8 = kind == "w8a8"
 
     def layer_quantize(weight: Tensor | QuantizedWeight) -> QuantizedWeight:

@@ -14,6 +14,7 @@ from trio_llm.engine.quant.weights import (
     dispatching,
     embedding,
     is_quantized,
+    kernel_dtype,
     quantize_int4,
     quantize_int8,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "dispatching",
     "embedding",
     "is_quantized",
+    "kernel_dtype",
     "quantize_int4",
     "quantize_int8",
 ]

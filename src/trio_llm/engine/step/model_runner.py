@@ -187,7 +187,9 @@ class ModelRunner:
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
                 if not self.invariance.on:
                     self.dense_copies = dense_copies.keep(
-                        self.own.matrices(), spec.dtype, available=dense_copies.available_memory()
+                        self.own.matrices(),
+                        quant.kernel_dtype(spec.dtype),
+                        available=dense_copies.available_memory(),
                     )
                 # The embedding and LM head live in the forward now (quantized).
                 model.model.embed_tokens.to("meta")
