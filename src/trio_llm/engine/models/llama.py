@@ -212,8 +212,9 @@ class LlamaForward:
             qkv = linear(h, layer.qkv, layer.qkv_bias)
             if lora is not None:
                 lora.add(t + _QKV, h, qkv)
-            q = _rotate(qkv[:, :q_end].view(tokens, hq, d), cos, sin)
-            k = _rotate(qkv[:, q_end:k_end].view(tokens, hkv, d), cos, sin)
+            # Queries and keys rotated in one pass (half the ops of two; the same values).
+            qk = _rotate(qkv[:, :k_end].view(tokens, hq + hkv, d), cos, sin)
+            q, k = qk[:, :hq], qk[:, hq:]
             v = qkv[:, k_end:].view(tokens, hkv, d)
             o = attn.forward(q, k, v, k_cache, v_cache, self.scale, window=window)
             o = o.reshape(tokens, q_end)
