@@ -292,3 +292,35 @@ def test_integer_logit_bias_values_apply() -> None:
     logits = probs_logits(0.4, 0.3, 0.3)
     params = SamplingParams(temperature=0, logit_bias={0: -100, 1: 1})  # type: ignore[dict-item]
     assert sample(logits, seqs_for(params)) == [1]
+
+
+def test_penalties_read_from_the_persistent_rows_equal_those_from_the_sequences() -> None:
+    """The engine reads the penalized rows' contexts off the input batch's token table (no
+    Python pass over each context); the logits must come out as from the sequences' lists,
+    whatever the rows' lengths, and for plain rows beside them."""
+    from trio_llm.engine.step.input_batch import InputBatch
+    from trio_llm.engine.step.sampler import apply_penalties
+
+    rng = np.random.default_rng(0)
+    params = [
+        SamplingParams(presence_penalty=0.6, frequency_penalty=0.3),
+        SamplingParams(),
+        SamplingParams(repetition_penalty=1.7, frequency_penalty=0.2),
+        SamplingParams(presence_penalty=-0.4, repetition_penalty=0.8),
+    ]
+    seqs = []
+    for i, p in enumerate(params):
+        prompt = rng.integers(0, 40, int(rng.integers(1, 30))).tolist()
+        seq = Sequence(request_id=str(i), token_ids=prompt, params=p, max_tokens=400)
+        seq.token_ids += rng.integers(0, 40, int(rng.integers(0, 300))).tolist()
+        seqs.append(seq)
+    batch = InputBatch(block_size=16, max_model_len=1024, rows=2)
+    rows = batch.sync(seqs)
+    logits = torch.randn(len(seqs), 40)
+    from_lists, from_rows = logits.clone(), logits.clone()
+    apply_penalties(from_lists, SamplingTensors.build(seqs, frozenset({EOS}), 40, CPU))
+    columns = batch.sampling(rows)
+    assert columns.tokens is not None
+    apply_penalties(from_rows, SamplingTensors.build(seqs, frozenset({EOS}), 40, CPU, columns))
+    assert torch.equal(from_lists, from_rows)
+    assert not torch.equal(from_lists, logits)  # the penalties did something

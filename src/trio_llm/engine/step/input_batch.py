@@ -48,6 +48,8 @@ class SamplingColumns:
     """[B] float32."""
     min_p: np.ndarray
     """[B] float32."""
+    tokens: PenaltyTokens | None = None
+    """Where the rows' tokens are held, for the penalties (None: read them off the sequences)."""
 
     @classmethod
     def of(cls, seqs: Iterable[Sequence]) -> SamplingColumns:
@@ -62,6 +64,34 @@ class SamplingColumns:
             top_p=np.array([p.top_p for p in params], dtype=np.float32),
             min_p=np.array([p.min_p for p in params], dtype=np.float32),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PenaltyTokens:
+    """The persistent rows' tokens, read for the penalized rows of a step only: the contexts
+    and outputs as padded arrays from numpy slices, not from each sequence's Python lists
+    (which rebuilt every penalized sequence's whole context every step)."""
+
+    token_ids: np.ndarray
+    """The input batch's [rows, width] token table (not a copy)."""
+    num_tokens: np.ndarray
+    """[B] tokens held by each sampled row's persistent row."""
+    num_prompt_tokens: np.ndarray
+    """[B] of those, the prompt's."""
+    rows: np.ndarray
+    """[B] each sampled row's persistent row."""
+
+    def padded(self, index: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
+        """([P, width] contexts, [P, width] outputs) of sampled rows `index`, padded with
+        `pad` (an id past the vocabulary, which the penalties' scatter drops)."""
+        held = self.num_tokens[index]
+        width = max(1, int(held.max(initial=0)))
+        ids = self.token_ids[self.rows[index], :width]
+        column = np.arange(width)[None, :]
+        inside = column < held[:, None]
+        context = np.where(inside, ids, pad)
+        output = np.where(inside & (column >= self.num_prompt_tokens[index][:, None]), ids, pad)
+        return context, output
 
 
 class Staging:
@@ -146,6 +176,7 @@ class InputBatch:
         self.block_table = np.zeros((0, 0), dtype=np.int64)
         self.num_tokens = np.zeros(0, dtype=np.int64)
         """Tokens held per row (prompt and output so far)."""
+        self.num_prompt_tokens = np.zeros(0, dtype=np.int64)
         self.num_blocks = np.zeros(0, dtype=np.int64)
         self.greedy = np.zeros(0, dtype=bool)
         self.temperature = np.zeros(0, dtype=np.float32)
@@ -206,6 +237,7 @@ class InputBatch:
         self.top_p[row] = p.top_p
         self.min_p[row] = p.min_p
         self.prompt_logprobs[row] = seq.prompt_logprobs is not None
+        self.num_prompt_tokens[row] = seq.num_prompt_tokens
         return row
 
     def _append_tokens(
@@ -255,6 +287,9 @@ class InputBatch:
             top_k=self.top_k[rows],
             top_p=self.top_p[rows],
             min_p=self.min_p[rows],
+            tokens=PenaltyTokens(
+                self.token_ids, self.num_tokens[rows], self.num_prompt_tokens[rows], rows
+            ),
         )
 
     # -- growth -----------------------------------------------------------------------------
@@ -267,6 +302,7 @@ class InputBatch:
         self.block_table = _grown(self.block_table, (size, self.block_table.shape[1]))
         for name in (
             "num_tokens",
+            "num_prompt_tokens",
             "num_blocks",
             "greedy",
             "temperature",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trio_llm.engine.step.input_batch import SamplingColumns
+from trio_llm.engine.step.input_batch import PenaltyTokens, SamplingColumns
 from trio_llm.engine.step.sequence import DEAD_END, Sequence
 from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
@@ -107,7 +107,7 @@ class SamplingTensors:
         if any(s.num_output_tokens < s.params.min_tokens or s.bans is not None for s in seqs):
             st._set_banned(seqs, eos_token_ids, device)
         if any(_penalized(p) for p in params):
-            st._set_penalties(seqs, vocab_size, device)
+            st._set_penalties(seqs, vocab_size, device, columns.tokens)
         if any(p.logprobs is not None for p in params):
             st.num_logprobs = [p.logprobs for p in params]
         return st
@@ -177,7 +177,13 @@ class SamplingTensors:
             self.mask_rows = torch.tensor(mask_rows, dtype=torch.long, device=device)
             self.masks = torch.stack(masks)
 
-    def _set_penalties(self, seqs: Seq[Sequence], vocab_size: int, device: torch.device) -> None:
+    def _set_penalties(
+        self,
+        seqs: Seq[Sequence],
+        vocab_size: int,
+        device: torch.device,
+        tokens: PenaltyTokens | None,
+    ) -> None:
         rows = [i for i, s in enumerate(seqs) if _penalized(s.params)]
         chosen = [seqs[i] for i in rows]
 
@@ -188,8 +194,13 @@ class SamplingTensors:
         self.presence = column("presence_penalty")
         self.frequency = column("frequency_penalty")
         self.repetition = column("repetition_penalty")
-        self.output_ids = _padded([s.output_token_ids for s in chosen], vocab_size).to(device)
-        self.context_ids = _padded([s.token_ids for s in chosen], vocab_size).to(device)
+        if tokens is not None:
+            context, output = tokens.padded(np.asarray(rows), vocab_size)
+            self.output_ids = torch.from_numpy(output).to(device)
+            self.context_ids = torch.from_numpy(context).to(device)
+        else:
+            self.output_ids = _padded([s.output_token_ids for s in chosen], vocab_size).to(device)
+            self.context_ids = _padded([s.token_ids for s in chosen], vocab_size).to(device)
 
 
 def _penalized(p: SamplingParams) -> bool:
