@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 
 from trio_llm import model_files
-from trio_llm.config import DEFAULT_MODEL
+from trio_llm.config import DEFAULT_MODEL, EngineArgs
 from trio_llm.engine.models import loader
+from trio_llm.engine.step.core import EngineConfigError, EngineCore
 
 
 def test_default_model_resolves_to_a_converted_directory(
@@ -177,3 +178,31 @@ def test_a_converted_gguf_has_no_sampling_defaults(default_model: model_files.Mo
     """GGUF metadata carries no sampling values, so the default model has none to apply."""
     config = model_files.read_generation_config(default_model.path)
     assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} & set(config)
+
+
+@pytest.mark.parametrize(
+    ("flags", "refused"),
+    [
+        (frozenset({"avx2"}), True),
+        (frozenset({"avx512f", "avx512_bf16"}), True),
+        (frozenset({"avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}), False),
+    ],
+    ids=["avx2", "avx512-bf16", "amx-fp16"],
+)
+def test_float16_is_refused_where_the_cpu_would_emulate_it(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], refused: bool
+) -> None:
+    """A CPU without float16 arithmetic emulates float16 matmuls (0.25x the default's tok/s
+    at c=32, measured): the engine refuses at start with the reason and what to use instead;
+    a CPU with AVX512-FP16 serves it."""
+    monkeypatch.setattr(loader, "cpu_flags", lambda: flags)
+    if refused:
+        with pytest.raises(EngineConfigError, match=r"float16 arithmetic.*bfloat16"):
+            EngineCore(EngineArgs(model=str(tiny_model_dir), dtype="float16", device="cpu"))
+    else:
+        core = EngineCore(
+            EngineArgs(
+                model=str(tiny_model_dir), dtype="float16", device="cpu", kv_cache_memory="1MiB"
+            )
+        )
+        assert core.ready.dtype == "float16"

@@ -149,6 +149,28 @@ def cpu_has_fast_bf16(flags: frozenset[str]) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_has_fast_fp16(flags: frozenset[str]) -> bool:
+    """AVX512-FP16 or AMX-FP16: float16 arithmetic in hardware. Elsewhere oneDNN emulates
+    float16 matmuls: the default model served in float16 on the AMD EPYC (AVX512-BF16, no
+    FP16) made 0.25-0.28x the default's tok/s at c=32 (bench/results/serving_matrix.md)."""
+    return "avx512_fp16" in flags or "amx_fp16" in flags
+
+
+def check_cpu_dtype(dtype: torch.dtype, flags: frozenset[str]) -> str | None:
+    """Why this CPU cannot serve activations of `dtype` at a usable speed, or None."""
+    import torch
+
+    if dtype is torch.float16 and not cpu_has_fast_fp16(flags):
+        return (
+            "dtype float16: this CPU has no float16 arithmetic (AVX512-FP16 or AMX-FP16), so "
+            "its float16 matmuls are emulated, about 4x slower than bfloat16 under load; use "
+            "bfloat16 (the same memory)"
+            + (" or float32" if not cpu_has_fast_bf16(flags) else "")
+            + " (--single-token-dtype float16 is fine: one row is memory-bound)"
+        )
+    return None
+
+
 def resolve_dtype(dtype: str, device: str, *, flags: frozenset[str] | None = None) -> torch.dtype:
     """`auto`: bfloat16 on CUDA and on CPUs with fast bf16, float32 elsewhere.
 

@@ -81,6 +81,8 @@ class EngineCore:
         source = model_files.resolve_model(args.model)
         device = loader.resolve_device(args.device)
         dtype = loader.resolve_dtype(args.dtype, device)
+        if device == "cpu" and (why := loader.check_cpu_dtype(dtype, loader.cpu_flags())):
+            raise EngineConfigError(why)
         config = loader.load_config(source)
         self.task = loader.resolve_task(args.task, source, config)
         self.pooling = is_pooling(self.task)
