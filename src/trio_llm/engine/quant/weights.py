@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trio_llm.engine.ops.matmul import Weight, multiply
+
 Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
@@ -55,9 +57,9 @@ class Int4Weight:
     in_features: int
     split: bool = False
     """Two 4-bit planes of an 8-bit matrix stacked along the rows (`split_int8`)."""
-    dense: Tensor | None = None
-    """The dequantized matrix in the activations' dtype, kept for calls of many rows
-    (models/dense_copies.py); None: none is kept."""
+    dense: Weight | None = None
+    """The dequantized matrix in the activations' dtype, packed for oneDNN, kept for calls of
+    many rows (models/dense_copies.py); None: none is kept."""
     dense_rows: int = 0
     """Calls of at least this many rows take `dense` (where it is kept)."""
 
@@ -152,7 +154,7 @@ class Int8Weight:
     by int8 activations. Integer sums are exact, so a row's result depends on its own values
     only (row-exact at any size), and at 64 rows it is 2x, at 512 rows 7x faster than bf16
     (bench/results/quant_kernels.md)."""
-    dense: Tensor | None = None
+    dense: Weight | None = None
     """As Int4Weight's: the dequantized matrix kept for calls of many rows."""
     dense_rows: int = 0
 
@@ -252,7 +254,7 @@ def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
             rows = x.shape[0]
             if weight.dense is not None:
                 if rows >= weight.dense_rows:
-                    return inner(x, weight.dense, bias)
+                    return multiply(x, weight.dense, bias)
             elif rows >= DENSE_ROWS["int4" if isinstance(weight, Int4Weight) else "int8"]:
                 return inner(x, weight.dequantize(), bias)
         return weight.matmul(x, bias)
