@@ -357,8 +357,16 @@ def test_an_amx_plan_tiles_its_calls(tiny_model_dir: Path, monkeypatch: pytest.M
 
 
 def test_off_is_off(tiny_model_dir: Path) -> None:
+    """Off: no invariant plan; the matmuls on weights packed for oneDNN once where it runs
+    (F.linear would repack them every call), with F.linear's products."""
     decision = make_core(tiny_model_dir, batch_invariant="off").runner.invariance
-    assert not decision.on and decision.matmul.plan is None
+    assert not decision.on
+    plan = decision.matmul.plan
+    assert plan is None or (plan.packed and not plan.invariant)
+    weight = torch.randn(48, 64)
+    x = torch.randn(5, 64)
+    got = decision.matmul(x, decision.matmul.prepare(weight))
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight))
 
 
 def test_auto_turns_off_and_on_falls_back_where_the_check_fails(

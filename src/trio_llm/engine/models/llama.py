@@ -159,7 +159,7 @@ class LlamaForward:
         left as they are (the runner's `quant.dispatching` sends them to their own kernels)."""
         self.linear: Linear = linear
         self.activation: Callable[[Tensor], Tensor] = (
-            F.silu if linear.plan is None else partial(rowwise, F.silu)
+            F.silu if linear.plan is None or not linear.plan.invariant else partial(rowwise, F.silu)
         )
 
         def prepare(weight: Weight) -> Weight:

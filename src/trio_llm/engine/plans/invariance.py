@@ -59,7 +59,7 @@ from torch import Tensor
 
 from trio_llm.engine.attention.torch_backend import sdpa
 from trio_llm.engine.hf import text_config
-from trio_llm.engine.ops.matmul import PADDED, Matmul, plan_for
+from trio_llm.engine.ops.matmul import PADDED, Matmul, fastest, plan_for
 from trio_llm.engine.ops.threads import mkl_reproducible
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def decide(
     engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
     an adapter: `on` is refused; `auto` keeps invariance for the requests without one."""
     if mode == "off":
-        return Decision(Matmul(), False, "--batch-invariant off")
+        return Decision(fastest(dtype, device), False, "--batch-invariant off")
     if mode == "on" and lora:
         raise InvarianceUnavailable(
             "--batch-invariant on cannot be kept: LoRA adapters' updates are computed in grouped "
@@ -235,7 +235,7 @@ def decide(
         )
     if mode == "auto" and quantized:
         return Decision(
-            Matmul(),
+            fastest(dtype, device),
             False,
             "quantized weights would keep every prefill chunk on the quantized kernels (3x "
             "slower than dequantized at 512 rows); --batch-invariant on does that",
@@ -261,4 +261,4 @@ def decide(
             return Decision(Matmul(PADDED), True, f"{PADDED.name} ({failed})")
     if mode == "on":
         raise InvarianceUnavailable(f"--batch-invariant on cannot be kept: {reason}")
-    return Decision(Matmul(), False, reason)
+    return Decision(fastest(dtype, device), False, reason)
