@@ -47,9 +47,16 @@ async def chat(client: EngineClient, question: str, max_tokens: int) -> tuple[li
     return pieces, tokens
 
 
+CAPITAL_QUESTION = "What is the capital of France? Answer in one sentence."
+"""Asked bare, the question's first token is a near tie: float32 on the file's weights puts
+"The" 0.08 nats above "L" (of "L'Étoile..."), less than a bf16 logit's step, so which wins
+depends on the kernel that took the prefill (int4 or the dense copy), not on the engine being
+right. With "in one sentence" every greedy token up to "Paris" leads by at least 0.86 nats."""
+
+
 async def test_capital_of_france(client: EngineClient) -> None:
     assert client.model_config.model == "SmolLM2-135M-Instruct"
-    pieces, _ = await chat(client, "What is the capital of France?", 12)
+    pieces, _ = await chat(client, CAPITAL_QUESTION, 12)
     assert "Paris" in "".join(pieces)
 
 
