@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
+import random
 
 import msgspec
 
@@ -20,6 +21,8 @@ from trio_llm.constraint import Constraint
 
 MAX_LOGPROBS = 20
 """Top-N alternatives the sampler returns at most (OpenAI's own limit for top_logprobs)."""
+_SEEDS = random.Random()
+"""Draws the seeds of requests that sample without one (seeded from the OS at import)."""
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -88,6 +91,17 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+    def with_seed(self) -> SamplingParams:
+        """These parameters, with a seed drawn for them when they sample without one.
+
+        Why: the sampler keys a seeded row's draw by its seed and output position alone, while
+        unseeded rows share the engine's generator, so an unseeded request's tokens would
+        depend on which requests shared its steps. With a drawn seed every sampled request is
+        independent of its batch, and the seed, once reported, replays it."""
+        if self.seed is not None or self.greedy:
+            return self
+        return msgspec.structs.replace(self, seed=_SEEDS.getrandbits(62))
 
     def validate(self) -> None:
         def need(ok: bool, param: str, message: str) -> None:

@@ -136,6 +136,21 @@ def test_a_seeded_draw_depends_on_the_seed_and_output_position_alone() -> None:
     assert len(set(by_position)) > 1 and by_position != other_seed
 
 
+def test_draws_follow_the_distribution_and_never_pick_a_zero_probability_token() -> None:
+    """The inverse-CDF draw over many seeded rows: each token's share within a few standard
+    errors of its probability (chi-square at p < 1e-6 would fail), the zero ones never."""
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.0, 0.25, 0.05])
+    logits = torch.log(probs).repeat(20_000, 1)
+    params = [SamplingParams(seed=i) for i in range(20_000)]
+    tokens = torch.tensor(sample(logits, seqs_for(*params)))
+    counts = torch.bincount(tokens, minlength=6).double()
+    assert counts[1] == 0 and counts[3] == 0
+    expected = probs.double() * len(tokens)
+    kept = expected > 0
+    chi2 = float((((counts - expected) ** 2)[kept] / expected[kept]).sum())
+    assert chi2 < 30.0, (counts.tolist(), chi2)  # 3 degrees of freedom: p(chi2 > 30) ~ 1e-6
+
+
 def test_logit_bias_moves_the_argmax() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, 0.5]])
     params = SamplingParams(temperature=0, logit_bias={3: 5.0})

@@ -227,6 +227,51 @@ async def test_async_sdk_stream_and_batch(server: ServerProcess) -> None:
         assert batch.usage is not None and batch.usage.completion_tokens == 8
 
 
+async def test_every_request_gets_the_same_tokens_alone_and_batched(server: ServerProcess) -> None:
+    """16 greedy, 16 seeded and 16 unseeded sampled requests, 16 at a time (the server admits
+    twice its 8 running sequences), then each alone: the same text. An unseeded request's seed
+    is the one the server drew and sent back in x-trio-llm-seed (none for greedy or seeded
+    ones); replayed with it, it repeats.
+    The server's float32 engine keeps batch invariance (auto is on there on every CPU class:
+    tests/engine/test_batch_invariance.py)."""
+    kinds = [{"temperature": 0}] * 16
+    kinds += [{"temperature": 1.0, "seed": 100 + i} for i in range(16)]
+    kinds += [{"temperature": 1.0}] * 16
+
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0) as sdk:
+
+        async def ask(
+            i: int, extra: dict[str, object], out: dict[int, tuple[str, str | None]]
+        ) -> None:
+            raw = await sdk.chat.completions.with_raw_response.create(
+                model="tiny", messages=PROMPT, max_tokens=8, extra_body={"ignore_eos": True},
+                **extra,  # type: ignore[arg-type]
+            )  # fmt: skip
+            out[i] = (
+                raw.parse().choices[0].message.content or "",
+                raw.headers.get("x-trio-llm-seed"),
+            )
+
+        together: dict[int, tuple[str, str | None]] = {}
+        admitted = trio.CapacityLimiter(16)
+
+        async def ask_admitted(i: int, extra: dict[str, object]) -> None:
+            async with admitted:
+                await ask(i, extra, together)
+
+        async with trio.open_nursery() as nursery:
+            for i, extra in enumerate(kinds):
+                nursery.start_soon(ask_admitted, i, extra)
+        drawn = [together[i][1] for i in range(48)]
+        assert drawn[:32] == [None] * 32 and all(d is not None for d in drawn[32:])
+        assert len({together[i][0] for i in range(32, 48)}) > 1  # they did sample
+        for i, extra in enumerate(kinds):
+            replay = {**extra, "seed": int(drawn[i])} if drawn[i] is not None else extra
+            alone: dict[int, tuple[str, str | None]] = {}
+            await ask(i, replay, alone)
+            assert alone[i][0] == together[i][0], (i, extra)
+
+
 async def test_raw_sse_and_h2c(server: ServerProcess) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     request = {"model": "tiny", "messages": PROMPT, "max_tokens": 4, "stream": True}

@@ -301,7 +301,7 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         engine_requests = InputProcessor.engine_requests(
             request_id,
             prompt_ids,
-            params,
+            params.with_seed(),
             arrival_time=arrival_time,
             priority=priority,
             lora=lora,

@@ -7,12 +7,20 @@ and bad words, each request's built once in `TokenBans`; EOS and stop tokens bef
 then greedy argmax or temperature, min-p, top-k, top-p and a draw. Work a batch does not ask
 for is skipped, so a batch of plain greedy requests costs one argmax.
 
+The draw inverts each row's cumulative distribution at one uniform number per row (`draw`),
+rather than racing every token against exponential noise (argmax(p / E)): the race needs V
+random numbers a row, which torch's CPU generator makes one at a time; measured on the AMD EPYC
+(2 threads, beside the test suite), 32 rows of the default model's 49,152 tokens took 47 ms a
+step that way against 3.7 ms for the float64 cumulative sum and search.
+
 Invariant: a seeded request's draw for its output position p is a function of its seed and p
-alone (counter-based: a generator seeded with `noise_seed(seed, p)` draws that row's noise), so
-its tokens depend neither on what else is in the batch, nor on how many draft rows its step
-samples (jump-forward), nor on a preemption that recomputes it. Unseeded rows share the engine's
-generator. A row whose every logit is -inf after the masks (nothing may be sampled) gets
-`DEAD_END` instead of a token: never the argmax of nothing, token 0.
+alone (counter-based: its uniform is `noise_seed(seed, p)`'s top 53 bits), so its tokens
+depend neither on what else is in the batch, nor on how many draft rows its step samples
+(jump-forward), nor on a preemption that recomputes it. The client gives every sampled
+request a seed (`sampling_params.with_seed`); only rows submitted to the engine without one
+(in-process users) share the engine's generator. A row whose every logit is -inf after the
+masks (nothing may be sampled) gets `DEAD_END` instead of a token: never the argmax of nothing,
+token 0.
 """
 
 from __future__ import annotations
@@ -229,8 +237,6 @@ class Sampler:
         non-blocking copy into pinned memory); `tolist` without it."""
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        self.keyed = torch.Generator(device=device)
-        """Re-seeded for every seeded row's draw."""
         self.to_host = to_host or torch.Tensor.tolist
 
     def __call__(
@@ -271,14 +277,33 @@ class Sampler:
         return torch.where(st.greedy, greedy_tokens, sampled)
 
     def _draw(self, probs: torch.Tensor, seeds: dict[int, int] | None) -> torch.Tensor:
-        """Gumbel-style race: argmax(p / E) with E ~ Exp(1) draws index i with probability p_i,
-        and it lets each seeded row take its noise from its own seed."""
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=self.generator)
-        for row, seed in (seeds or {}).items():
-            self.keyed.manual_seed(seed)
-            noise[row].exponential_(generator=self.keyed)
-        return probs.div_(noise).argmax(dim=-1)
+        uniforms = torch.rand(
+            probs.shape[0], dtype=torch.float64, generator=self.generator, device=probs.device
+        )
+        if seeds:
+            rows = torch.tensor(list(seeds), device=probs.device)
+            uniforms[rows] = torch.tensor(
+                [uniform(s) for s in seeds.values()], dtype=torch.float64, device=probs.device
+            )
+        return draw(probs, uniforms)
+
+
+def uniform(noise: int) -> float:
+    """A uniform number in [0, 1) from a `noise_seed`: its top 53 bits, a double's mantissa."""
+    return (noise >> 11) * 2.0**-53
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's token where its cumulative distribution first exceeds its uniform (scaled
+    by the row's total, so probabilities need not sum to exactly one). A token of probability
+    zero (masked by top-k, top-p or a grammar) never leaves the running sum below and above
+    the point at once, so it cannot be drawn. float64: a float32 sum over ~50k tokens drifts by
+    about 1e-4 of the total, a bias the size of a rare token's probability. Row by row, so a
+    row's draw does not depend on the rows beside it."""
+    cdf = probs.double().cumsum(dim=-1)
+    point = uniforms.unsqueeze(1) * cdf[:, -1:]
+    token = torch.searchsorted(cdf, point, right=True).squeeze(1)
+    return token.clamp_(max=probs.shape[1] - 1)  # a point that rounding put at the total
 
 
 def apply_logit_bias(logits: torch.Tensor, st: SamplingTensors) -> None:

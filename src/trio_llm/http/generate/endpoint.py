@@ -210,16 +210,22 @@ async def serve_generation(
     given_id = request.request_id or header_request_id()
     response_id = new_response_id(endpoint.id_prefix, given_id)
     ids = engine_request_ids(response_id, len(prepared.prompts), given_id is not None)
+    # Each prompt's own seed when the request gave none (`SamplingParams.with_seed`), so its
+    # samples depend on nothing that shares its steps; reported in SEED_HEADER to replay it.
+    params = [prepared.params.with_seed() for _ in prepared.prompts]
     generations = [
-        _generate(lease, prompt, prepared.params, plan.max_tokens_param, engine_id, request, lora)
-        for prompt, engine_id in zip(prepared.prompts, ids, strict=True)
+        _generate(lease, prompt, p, plan.max_tokens_param, engine_id, request, lora)
+        for prompt, p, engine_id in zip(prepared.prompts, params, ids, strict=True)
     ]
     head = ResponseHead(response_id, lora or model.name, now(), model.fingerprint)
     metrics = state.metrics.for_model(model.name)
     settle = _settle_step(endpoint, prepared)
+    drawn = _drawn_seeds(prepared.params, params)
     if request.stream:
         builder = endpoint.stream(request, prepared, head)
-        return sse_response(generations, builder, metrics, settle)
+        streamed = sse_response(generations, builder, metrics, settle)
+        streamed.headers.update(drawn)
+        return streamed
     try:
         outputs = await collect(generations, metrics)
     except UnservableRequestError as error:
@@ -229,7 +235,22 @@ async def serve_generation(
         raise
     response = endpoint.response(request, prepared, head, outputs)
     await settle()
-    return json_response(response)
+    answer = json_response(response)
+    answer.headers.update(drawn)
+    return answer
+
+
+SEED_HEADER = "x-trio-llm-seed"
+"""The seed the server drew for a sampled request that gave none (one per prompt, comma-
+separated): sent back as `seed`, it replays the answer."""
+
+
+def _drawn_seeds(given: SamplingParams, used: list[SamplingParams]) -> dict[str, str]:
+    """SEED_HEADER for the seeds the server drew; none where the request gave its seed or
+    does not sample."""
+    if given.seed is not None or not used or used[0].seed is None:
+        return {}
+    return {SEED_HEADER: ",".join(str(p.seed) for p in used)}
 
 
 def _settle_step(endpoint: Any, prepared: Any) -> Callable[[], Awaitable[None]]:
