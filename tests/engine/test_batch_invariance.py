@@ -311,6 +311,23 @@ def test_a_plan_computes_each_row_as_alone_at_any_offset(
         torch.set_num_threads(before)
 
 
+def test_the_check_tries_calls_as_large_as_the_step_budget() -> None:
+    """A matmul that blocks calls of 300 rows or more another way (as a library may for
+    large calls) passes a check of calls up to 257 rows and fails one of the engine's budget."""
+
+    class BlocksLargeCalls(Matmul):
+        def __call__(self, x: torch.Tensor, weight: object, bias: object = None) -> torch.Tensor:
+            out = super().__call__(x, weight, bias)  # type: ignore[arg-type]
+            return out + 1e-3 if x.shape[0] >= 300 else out
+
+    matmul, shapes = BlocksLargeCalls(PADDED), [(32, 64)]
+    cpu = torch.device("cpu")
+    assert 512 in invariance.call_sizes(512) and max(invariance.call_sizes(257)) == 257
+    assert invariance.check_matmul(matmul, shapes, torch.float32, cpu, max_rows=257) is None
+    failed = invariance.check_matmul(matmul, shapes, torch.float32, cpu, max_rows=512)
+    assert failed is not None and "calls of 512 rows" in failed
+
+
 @pytest.mark.parametrize("plan", [FP32_ONEDNN, BF16_AVX512, BF16_AMX, PADDED])
 def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> None:
     dtype = torch.float32 if plan is FP32_ONEDNN else torch.bfloat16

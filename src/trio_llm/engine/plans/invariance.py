@@ -68,8 +68,25 @@ KEY_BUCKET = 64
 """With invariance on, each query attends over its context rounded up to a multiple of this,
 so its attention has the same shape in any batch and on any path (StepLayout.key_bucket)."""
 CHECK_ROWS = 40
-"""Rows the start-up check computes alone and in calls of `CHECK_CALLS` rows."""
+"""Distinct rows the start-up check computes alone; calls of more rows repeat them."""
 CHECK_CALLS = (2, 3, 5, 7, 8, 13, 32, 33, CHECK_ROWS)
+STEP_ROWS = 512
+"""The rows of the largest call the check tries unless told (the CPU's step budget)."""
+
+
+def call_sizes(max_rows: int) -> list[int]:
+    """The call sizes the check tries: the small ones where libraries switch kernels (a lone
+    row, 7 rows, 32 on AMX), then each power of two from 64 and the size one past it (a full
+    last block, and a tail of one row), up to the largest call the engine makes, itself
+    included: a step's matmuls take up to its token budget of rows, and a library may block
+    large calls another way. Each new size costs oneDNN a kernel compiled for it, so no more."""
+    sizes = set(CHECK_CALLS)
+    power = 64
+    while power <= max_rows:
+        sizes |= {power, power + 1}
+        power *= 2
+    sizes.add(max_rows)
+    return sorted(size for size in sizes if size <= max_rows)
 
 
 class InvarianceUnavailable(Exception):
@@ -80,20 +97,30 @@ class InvarianceUnavailable(Exception):
 
 
 def check_matmul(
-    matmul: Matmul, shapes: Iterable[tuple[int, int]], dtype: torch.dtype, device: torch.device
+    matmul: Matmul,
+    shapes: Iterable[tuple[int, int]],
+    dtype: torch.dtype,
+    device: torch.device,
+    max_rows: int = STEP_ROWS,
 ) -> str | None:
     """None if every row of `shapes`' weights ((out_features, in_features)) comes out of calls
-    of every size in CHECK_CALLS (views at offsets into the rows) as it does alone; else which
-    shape and call size differ."""
+    of every `call_sizes(max_rows)` size as it does alone; else which shape and call size
+    differ. The calls are views at offsets into one batch (alignment counts, as in a step),
+    whose rows cycle through CHECK_ROWS distinct ones: a call of 512 rows is checked against 40
+    single-row calls, and the check costs about as much as one pass over the sizes' rows."""
     generator = torch.Generator(device="cpu").manual_seed(0)
+    sizes = call_sizes(max_rows)
     for out_features, in_features in dict.fromkeys(shapes):
         weight = torch.randn(out_features, in_features, generator=generator) * 0.05
         prepared = matmul.prepare(weight.to(device=device, dtype=dtype))
         x = torch.randn(CHECK_ROWS, in_features, generator=generator).to(device=device, dtype=dtype)
         alone = torch.cat([matmul(row, prepared) for row in x.split(1)])
-        for rows in CHECK_CALLS:
-            together = torch.cat([matmul(part, prepared) for part in x.split(rows)])
-            if not torch.equal(together, alone):
+        source = torch.arange(2 * sizes[-1]) % CHECK_ROWS
+        batch = x[source]
+        for rows in sizes:
+            start = rows % CHECK_ROWS  # a different offset for each size
+            together = matmul(batch[start : start + rows], prepared)
+            if not torch.equal(together, alone[source[start : start + rows]]):
                 return (
                     f"{matmul.plan.name if matmul.plan else 'F.linear'}: the "
                     f"{out_features}x{in_features} matmul computes rows differently in calls "
@@ -126,10 +153,12 @@ def check_attention(
     softcap: float | None,
     dtype: torch.dtype,
     device: torch.device,
+    max_rows: int = STEP_ROWS,
 ) -> str | None:
     """None if a decode-shaped attention (one query per batch entry, over a bucketed context,
-    soft-capped where the layer is) gives each entry what it gives alone, whatever the batch;
-    else what differs."""
+    soft-capped where the layer is) gives each entry what it gives alone, in batches of every
+    `call_sizes(max_rows)` size (with invariance on a prefill's queries are entries too, so a
+    step attends up to its token budget of them); else what differs."""
     generator = torch.Generator(device="cpu").manual_seed(1)
     group = num_heads // num_kv_heads
     entries = 12
@@ -144,15 +173,16 @@ def check_attention(
     lens = torch.randint(KEY_BUCKET + 1, length + 1, (entries,), generator=generator)
     mask = (torch.arange(length)[None, :] < lens[:, None])[:, None, None, :].to(device)
 
-    def attend(sl: slice) -> Tensor:
+    def attend(idx: Tensor) -> Tensor:
         return sdpa(  # the backend's own call
-            q[sl], k[sl], v[sl], mask[sl], scale=head_dim**-0.5, softcap=softcap, entrywise=True
-        )
+            q[idx], k[idx], v[idx], mask[idx], scale=head_dim**-0.5, softcap=softcap,
+            entrywise=True,
+        )  # fmt: skip
 
-    alone = torch.cat([attend(slice(i, i + 1)) for i in range(entries)])
-    for size in (2, 5, entries):
-        together = torch.cat([attend(slice(i, i + size)) for i in range(0, entries, size)])
-        if not torch.equal(together, alone):
+    alone = torch.cat([attend(torch.tensor([i])) for i in range(entries)])
+    for size in [2, 5, entries, *(n for n in call_sizes(max_rows) if n > entries)]:
+        idx = (torch.arange(size) + size) % entries
+        if not torch.equal(attend(idx), alone[idx]):
             capped = f" soft-capped at {softcap}" if softcap else ""
             return (
                 f"{str(dtype).removeprefix('torch.')} attention{capped} (head dim {head_dim}) "
@@ -213,6 +243,7 @@ def decide(
     model_path: str | None = None,
     quantized: bool = False,
     lora: bool = False,
+    max_rows: int = STEP_ROWS,
 ) -> Decision:
     """The matmul an engine runs and whether invariance is on, for `--batch-invariant mode`.
 
@@ -224,7 +255,8 @@ def decide(
     (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
     dense path a prefill takes without invariance: past the bound `auto` keeps. `lora`: the
     engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
-    an adapter: `on` is refused; `auto` keeps invariance for the requests without one."""
+    an adapter: `on` is refused; `auto` keeps invariance for the requests without one.
+    `max_rows`: the most rows a matmul call takes (the step's token budget)."""
     if mode == "off":
         return Decision(fastest(dtype, device), False, "--batch-invariant off")
     if mode == "on" and lora:
@@ -247,17 +279,17 @@ def decide(
     if reason is None and plan is None:
         reason = f"no row-exact matmul for {str(dtype).removeprefix('torch.')} on this CPU"
     for shape in heads if reason is None else ():
-        reason = reason or check_attention(*shape, dtype, device)
+        reason = reason or check_attention(*shape, dtype, device, max_rows)
     if reason is None:
         assert plan is not None
         matmul = Matmul(plan)
-        failed = check_matmul(matmul, shapes, dtype, device)
+        failed = check_matmul(matmul, shapes, dtype, device, max_rows)
         if failed is None:
             return Decision(
                 matmul, True, plan.name + ("; not for requests with a LoRA adapter" if lora else "")
             )
         reason = failed
-        if mode == "on" and check_matmul(Matmul(PADDED), shapes, dtype, device) is None:
+        if mode == "on" and check_matmul(Matmul(PADDED), shapes, dtype, device, max_rows) is None:
             return Decision(Matmul(PADDED), True, f"{PADDED.name} ({failed})")
     if mode == "on":
         raise InvarianceUnavailable(f"--batch-invariant on cannot be kept: {reason}")

@@ -131,6 +131,7 @@ def generation_parts(
             lora=LoraSettings(args.max_loras, args.max_lora_rank) if args.lora else None,
             weights=weights,
             quantization=how,
+            max_step_rows=budget,
         )
     except invariance.InvarianceUnavailable as exc:
         raise EngineConfigError(str(exc)) from None

@@ -116,6 +116,7 @@ class ModelRunner:
         lora: LoraSettings | None = None,
         weights: llama.Weights | None = None,
         quantization: str = "none",
+        max_step_rows: int = invariance.STEP_ROWS,
     ) -> None:
         """`layers`: the model's attention layers as `attention_layers.inspect` found them
         (`spec` holds their cache shapes). `cuda_graphs`: capture decode-only steps (up to
@@ -127,7 +128,8 @@ class ModelRunner:
         quantizes the model's at start-up. Quantized weights run on the own forward only.
 
         `batch_invariant` (auto, on, off) with the CPU's flags decides the matmuls
-        (engine/plans/invariance.py); `on` where it cannot be kept raises InvarianceUnavailable."""
+        (engine/plans/invariance.py), checked on calls of up to `max_step_rows` rows (the step's
+        token budget); `on` where it cannot be kept raises InvarianceUnavailable."""
         self.model = model
         self.spec = spec
         self.block_size = spec.block_size
@@ -177,6 +179,7 @@ class ModelRunner:
             model_path=None if self.own else invariant_modules.unsupported_modules(model),
             quantized=self.own is not None and self.own.quantized,
             lora=lora is not None,
+            max_rows=max_step_rows,
         )
         """Whether every row is computed one way whatever shares its step, and how."""
         if self.own is not None:
