@@ -35,7 +35,9 @@ _PERMUTED = {"llama", "granite"}
 """llama.cpp architectures whose q and k rows llama.cpp permutes for its rotary layout."""
 
 
-def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path) -> Path:
+def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path, matrices: Any = None) -> Path:
+    """`matrices`: a gguf.GGMLQuantizationType the 2-D weights are stored in (the embedding
+    and the norms stay float, as in llama.cpp's quantized files' small tensors); None: F32."""
     import gguf
 
     config = model.config
@@ -49,12 +51,26 @@ def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path) -> Path:
     names = gguf.get_tensor_name_map(key, config.num_hidden_layers)
     for name, tensor in model.state_dict().items():
         for gguf_name, data in _tensors(name, tensor.detach().float(), config, arch, names):
-            writer.add_tensor(gguf_name, np.ascontiguousarray(data.numpy()))
+            values = np.ascontiguousarray(data.numpy())
+            if matrices is not None and _quantizable(gguf_name, values):
+                quantized = gguf.quants.quantize(values, matrices)
+                writer.add_tensor(gguf_name, quantized, raw_dtype=matrices)
+            else:
+                writer.add_tensor(gguf_name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _quantizable(name: str, values: np.ndarray) -> bool:
+    return (
+        values.ndim == 2
+        and values.shape[1] % 32 == 0
+        and name.endswith(".weight")
+        and not name.startswith("token_embd")
+    )
 
 
 def _metadata(writer: Any, config: Any, arch: str) -> None:

@@ -48,9 +48,11 @@ AT_LOAD = ("int8", "int4", "w8a8")
 def plan(
     quantization: str, source: ModelSource, config: PretrainedConfig, device: str, model_impl: str
 ) -> tuple[str, Path | None]:
-    """How this model's weights run: ("gguf", its file), ("int8" | "int4", None), or
-    ("none", None). Quantized weights need the own forward and a CPU (their kernels are CPU
-    ones); elsewhere `auto` keeps the float path and an explicit request is refused."""
+    """How this model's weights run: ("gguf", its file) on the own forward, ("gguf-modules",
+    its file) in transformers' modules (models/gguf_modules.py: the families the own forward
+    does not compute), ("int8" | "int4", None), or ("none", None). Quantized weights need a
+    CPU (their kernels are CPU ones), and quantizing at load the own forward; elsewhere `auto`
+    keeps the float path and an explicit request is refused."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
     if quantization == "none":
@@ -70,9 +72,9 @@ def plan(
         path = gguf_path_of(source) if quantization == "w8a8" else None
         return quantization, path if path is not None and is_quantized_file(path) else None
     path = gguf_path_of(source)
-    if path is None or not runnable or not is_quantized_file(path):
+    if path is None or device != "cpu" or not is_quantized_file(path):
         return "none", None
-    return "gguf", path
+    return ("gguf" if runnable else "gguf-modules"), path
 
 
 def activation_dtype(dtype: str) -> torch.dtype:

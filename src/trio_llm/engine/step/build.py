@@ -24,7 +24,14 @@ from trio_llm.config import EngineArgs
 from trio_llm.engine.attention import resolve_backend
 from trio_llm.engine.hf import decoder_of
 from trio_llm.engine.lora import LoraLoadError, LoraRegistry
-from trio_llm.engine.models import attention_layers, gguf_weights, loader, pooling, quantized
+from trio_llm.engine.models import (
+    attention_layers,
+    gguf_modules,
+    gguf_weights,
+    loader,
+    pooling,
+    quantized,
+)
 from trio_llm.engine.models.classifier import classifier_head
 from trio_llm.engine.plans import dtype_policy, invariance
 from trio_llm.engine.step.kv_cache import kv_cache_spec
@@ -80,11 +87,14 @@ def generation_parts(
     # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
     measure = how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
     attention_layers.check_class(config, source.name)
-    if gguf is not None:
+    if gguf is not None and how == "gguf":
         model = quantized.meta_model(source, dtype)
         weights = gguf_weights.load_weights(gguf, model.config, dtype)
     else:
         model = loader.load_model(source, torch.float32 if measure else dtype, device)
+    if gguf is not None and how == "gguf-modules":
+        formats = gguf_modules.quantize_modules(model, gguf, dtype)
+        stage("quantized weights in transformers' modules: " + gguf_modules.describe(formats))
     if measure:
         dtype = dtype_policy.choose_cpu_dtype(_probe_weights(model), loader.cpu_flags())
         if dtype is not torch.float32:

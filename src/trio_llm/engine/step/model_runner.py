@@ -36,7 +36,7 @@ from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_ty
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
 from trio_llm.engine.hf import decoder_of
 from trio_llm.engine.lora import LoraBatch, LoraHook, LoraStacks, fused_targets, wrap_linears
-from trio_llm.engine.models import dense_copies, forwards, llama
+from trio_llm.engine.models import dense_copies, forwards, gguf_modules, llama
 from trio_llm.engine.models import quantized as quantization_plan
 from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
@@ -139,6 +139,8 @@ class ModelRunner:
         )
         """Which forward computes the steps, and why (`forwards`)."""
         quantized = weights is not None or quantization in quantization_plan.AT_LOAD
+        modules = gguf_modules.quantized_linears(model)
+        """Transformers' modules on a GGUF's quantized tensors (the generic path's)."""
         if quantized and not self.choice.own:
             raise UnsupportedModelError(
                 f"quantized weights (--quantization {quantization}) run on the engine's own "
@@ -177,7 +179,7 @@ class ModelRunner:
             backend=backend,
             single_token=single_token_dtype is not None,
             model_path=None if self.own else invariant_modules.unsupported_modules(model),
-            quantized=self.own is not None and self.own.quantized,
+            quantized=(self.own is not None and self.own.quantized) or bool(modules),
             lora=lora is not None,
             max_rows=max_step_rows,
         )
@@ -197,6 +199,14 @@ class ModelRunner:
                 # The embedding and LM head live in the forward now (quantized).
                 model.model.embed_tokens.to("meta")
                 model.lm_head.to("meta")
+        if modules:
+            gguf_modules.use_dense(model, not self.invariance.on)
+            if not self.invariance.on:
+                self.dense_copies = dense_copies.keep(
+                    [m.qweight for m in modules],
+                    quant.kernel_dtype(spec.dtype),
+                    available=dense_copies.available_memory(),
+                )
         self.lora: LoraStacks | None = None
         """Every adapter slot's weights (None: LoRA off)."""
         self._lora_hook: LoraHook | None = None
