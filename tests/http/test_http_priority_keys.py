@@ -4,10 +4,13 @@ every request ask for any; the flag's forms (repeated, comma-separated, the envi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from http_fake_engine import FakeEngine
 
+from http_server_process import run_small_server
 from trio_llm.http import ServerConfig, build_app
 from trio_llm.http.api_keys import PRIORITY_ROLE, parse_api_keys
 from trio_llm.http.serve_flags import parse_serve_args
@@ -98,3 +101,19 @@ async def test_a_server_without_keys_has_no_tenants(serve_app) -> None:  # type:
     async with httpx.AsyncClient(base_url=url) as c:
         response = await c.post("/v1/chat/completions", json={**CHAT, "priority": -100})
     assert response.status_code == 200
+
+
+def test_a_real_server_with_priority_scheduling(tiny_model_dir: Path) -> None:
+    """End to end, on the engine that honours priorities: the tenant's urgent request is
+    refused before it reaches the engine, the privileged one runs."""
+    args = ("--scheduling-policy", "priority", "--api-key", KEYS, "--served-model-name", "tiny")
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "priority": -3}
+    with run_small_server(tiny_model_dir, *args) as server:
+        for key, status in (("tenant", 403), ("boss", 200), ("nobody", 401)):
+            response = httpx.post(
+                server.url + "/v1/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=60,
+            )
+            assert response.status_code == status, response.text
