@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trio_llm.config import EngineArgs
+from trio_llm.http.api_keys import ApiKeys, parse_api_keys
 from trio_llm.http.engine_flags import model_specs_from
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.sampling import RequestLimits
@@ -33,6 +34,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    """`--api-key` as given: keys, comma-separated, each `KEY` or `KEY:ROLE` (`api_keys`)."""
     protect_all_routes: bool = False
     """Require the key on /health, /metrics, /version and /openapi.json too."""
     certfile: str | None = None
@@ -84,6 +86,11 @@ class ServerConfig:
     loaded."""
 
     @property
+    def api_keys(self) -> ApiKeys | None:
+        """The keys with their roles; None: an open server, where any request may do anything."""
+        return parse_api_keys(self.api_key)
+
+    @property
     def model_specs(self) -> tuple[ModelSpec, ...]:
         return self.models or (ModelSpec(self.engine),)
 
@@ -118,12 +125,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             f"--generation-config {generation_config!r}: give auto, none, vllm, or a "
             "directory that holds a generation_config.json"
         )
+    api_key = args.api_key
+    if isinstance(api_key, list):  # the flag repeated
+        api_key = ",".join(api_key)
+    parse_api_keys(api_key)  # a ValueError naming the flag, now rather than at the first request
     return ServerConfig(
         engine=specs[0].args,
         models=specs,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or None,
+        api_key=api_key or None,
         protect_all_routes=args.protect_all_routes,
         certfile=args.certfile,
         keyfile=args.keyfile,

@@ -34,6 +34,23 @@ from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
 
 
+class _Repeated(argparse.Action):
+    """Collects a repeated flag's values into a list; the first one given replaces the default
+    (from the environment), as a flag given once does, rather than adding to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        items = getattr(namespace, self.dest, None)
+        items = [] if items is None or items is self.default else list(items)
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
 def add_serve_arguments(
     parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None
 ) -> None:
@@ -55,7 +72,16 @@ def add_serve_arguments(
     )
     add("--host", default=defaults.host, help="address to listen on (default %(default)s)")
     add("--port", default=defaults.port, type=int, help="port (default %(default)s)")
-    add("--api-key", help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes")
+    add(
+        "--api-key",
+        action=_Repeated,
+        metavar="KEY[:ROLE][,...]",
+        help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes; repeat the "
+        "flag or separate keys with commas for several; a key given as KEY:priority may ask for "
+        "a `priority` more urgent (lower) than the default 0, which other keys get a 403 for "
+        "(any key may ask for a later one); without any key the server is open and every "
+        "request may ask for any priority",
+    )
     add(
         "--protect-all-routes",
         default=False,

@@ -123,6 +123,7 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             max_model_len=parts.max_model_len,
             chunked_prefill=not self.pooling,
+            preempt_for_priority=args.scheduling_policy == "priority",
         )
         self.runner = parts.runner
         self.loras = build.load_loras(args, parts.runner)

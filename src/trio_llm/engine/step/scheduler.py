@@ -8,6 +8,14 @@ sequence cannot get a block, the running sequence that comes last in scheduling 
 preempted: its blocks are freed and it goes back to the waiting queue to be recomputed later
 (its full blocks usually survive in the prefix cache, so the recompute is cheap).
 
+With priority scheduling (`preempt_for_priority`), a waiting sequence that finds no seat (the
+batch holds `max_num_seqs`) or no blocks preempts the least urgent running sequence, as long as
+that one's `priority` is strictly worse (a larger value): vLLM's priority scheduler does the
+same. Ties never preempt, so sequences of one priority (fcfs, or a re-queued victim meeting
+later arrivals) never thrash. The victim, scheduled earlier in this step or not, leaves the
+batch and gives its tokens back to the budget; it keeps its output tokens and later resumes by
+recomputing prompt and output, so its stream only pauses.
+
 A waiting sequence whose grammar is still compiling is passed over (it keeps its place). A
 running sequence with drafts (jump-forward) computes them with its new token, all in one chunk:
 when the budget is short, it drops the drafts that do not fit. After the step, `update` commits
@@ -44,9 +52,11 @@ class Scheduler:
         eos_token_ids: frozenset[int],
         max_model_len: int,
         chunked_prefill: bool = True,
+        preempt_for_priority: bool = False,
     ) -> None:
         self.block_manager = block_manager
         self.chunked_prefill = chunked_prefill
+        self.preempt_for_priority = preempt_for_priority
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = eos_token_ids
@@ -54,6 +64,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_priority_preemptions = 0
+        """Of those, the ones a more urgent waiting sequence made (the rest: blocks ran out)."""
         self.num_steps = 0
         self.prefix_queries = 0
         """Tokens of admitted sequences looked up in the prefix cache; hits, those found."""
@@ -121,12 +133,26 @@ class Scheduler:
 
         # Admit waiting sequences, unless this step already had to preempt.
         held: list[Sequence] = []
-        while (
-            self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs
-        ):
+        victims: list[Sequence] = []
+        while self.waiting and not preempted:
             seq = self.waiting[0]
+            if any(seq is v for v in victims):
+                break  # it just gave way, and nothing after it in the queue is more urgent
             if seq.awaiting_grammar:
                 held.append(heapq.heappop(self.waiting))
+                continue
+            if budget <= 0:
+                # Spent on running sequences: a less urgent one scheduled this step gives way.
+                freed = self._preempt_for(seq, decodes, prefills, victims, scheduled_only=True)
+                if freed is None:
+                    break
+                budget += freed
+                continue
+            if len(self.running) >= self.max_num_seqs:
+                freed = self._preempt_for(seq, decodes, prefills, victims)
+                if freed is None:
+                    break
+                budget += freed
                 continue
             cached = self.block_manager.cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
@@ -134,7 +160,11 @@ class Scheduler:
             if n < seq.num_tokens - num_cached and not self.chunked_prefill:
                 break  # the whole prompt waits for a step with room for it
             if not self.block_manager.can_allocate(seq, n, cached):
-                break
+                freed = self._preempt_for(seq, decodes, prefills, victims)
+                if freed is None:
+                    break
+                budget += freed
+                continue
             heapq.heappop(self.waiting)
             self.block_manager.allocate(seq, n, cached)
             # Findable from now on: an identical prompt admitted next, in this same step, shares
@@ -165,6 +195,37 @@ class Scheduler:
             num_decodes=len(decodes),
             removed=removed,
         )
+
+    def _preempt_for(
+        self,
+        seq: Sequence,
+        decodes: list[Sequence],
+        prefills: list[tuple[Sequence, int]],
+        victims: list[Sequence],
+        *,
+        scheduled_only: bool = False,
+    ) -> int | None:
+        """Make room for waiting `seq` by preempting the least urgent running sequence (of those
+        scheduled this step, with `scheduled_only`: it is budget that is short), if its priority
+        is strictly worse; returns the tokens it had been given this step (0 when none), or
+        None when nothing may give way; the victim joins `victims`. A sequence admitted in this
+        step is never the victim:
+        it came off the heap before `seq`, so it is at least as urgent."""
+        if not self.preempt_for_priority:
+            return None
+        given = {id(s): 1 for s in decodes} | {id(s): n for s, n in prefills}
+        candidates = [s for s in self.running if id(s) in given] if scheduled_only else self.running
+        victim = max(candidates, key=Sequence.order, default=None)
+        if victim is None or victim.priority <= seq.priority:
+            return None
+        freed = given.get(id(victim), 0)
+        if victim in decodes:
+            decodes.remove(victim)
+        prefills[:] = [(s, n) for s, n in prefills if s is not victim]
+        self._preempt(victim)
+        victims.append(victim)
+        self.num_priority_preemptions += 1
+        return freed
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

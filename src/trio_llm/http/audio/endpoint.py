@@ -33,6 +33,7 @@ from trio_llm.http.audio.plan import plan_audio
 from trio_llm.http.audio.protocol import AudioForm
 from trio_llm.http.errors import ProtocolError, bad_request, translate_error
 from trio_llm.http.ids import new_response_id
+from trio_llm.http.runtime.middleware import check_priority
 from trio_llm.http.runtime.state import current_state
 from trio_llm.http.sse import sse_event
 from trio_llm.http.wire import convert_request
@@ -62,6 +63,7 @@ async def _serve(task: str) -> Response:
     config = state.config
     fields, file = await _read_form(config.max_audio_size)
     form = convert_request(fields, AudioForm)
+    check_priority(form.priority)
     model_name = form.model or state.first_served(TASK)
     served, _ = state.model_for(model_name, task=TASK)  # 404 or 400 before anything else
     plan = plan_audio(form, task, fields)

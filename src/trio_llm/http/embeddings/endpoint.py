@@ -29,6 +29,7 @@ from trio_llm.http.embeddings.protocol import (
 from trio_llm.http.errors import bad_request
 from trio_llm.http.ids import new_response_id, now
 from trio_llm.http.runtime.bodies import by_body_size, decode_body, read_body
+from trio_llm.http.runtime.middleware import check_priority
 from trio_llm.http.runtime.state import current_state
 from trio_llm.http.sampling import RequestLimits, prompt_forms
 
@@ -63,6 +64,7 @@ async def embeddings(raw: bytes | None = None) -> Response:
     if raw is None:
         raw = await read_body()
     req = await decode_body(EmbeddingRequest, raw)
+    check_priority(req.priority)
     served, _ = state.model_for(req.model, task="embed")  # 404 or 400 before anything else
     plan = await by_body_size(len(raw), plan_embedding, req, state.config.limits)
     sequences = len(plan.inputs) or 1

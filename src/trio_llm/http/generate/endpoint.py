@@ -49,7 +49,7 @@ from trio_llm.http.generate.protocol import RenderedPrompt
 from trio_llm.http.generate.streams import Builder, collect, sse_response
 from trio_llm.http.ids import ResponseHead, engine_request_ids, new_response_id, now
 from trio_llm.http.runtime.bodies import by_body_size, decode_body, json_response, read_body
-from trio_llm.http.runtime.middleware import header_request_id
+from trio_llm.http.runtime.middleware import check_priority, header_request_id
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import RequestOutput
@@ -194,6 +194,7 @@ async def serve_generation(
     if raw is None:
         raw = await read_body()
     request = await decode_body(endpoint.request_type, raw)
+    check_priority(request.priority)  # 403 before anything is planned
     served, card = state.model_for(request.model, task="generate")  # 404 or 400 before planning
     limits, defaults = state.config.limits, card.sampling_defaults
     plan = await by_body_size(len(raw), endpoint.plan, request, limits, defaults)

@@ -44,6 +44,7 @@ from trio_llm.http.pooling.protocol import (
     ScoreRequest,
 )
 from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.middleware import check_priority
 from trio_llm.http.runtime.state import AppState, current_state
 from trio_llm.tasks import Use
 
@@ -61,6 +62,7 @@ async def _decode(raw: bytes | None, kind: type[R], use: Use) -> tuple[AppState,
     that do, before anything else)."""
     state = current_state()
     req = await decode_body(kind, raw)
+    check_priority(req.priority)
     state.model_for(req.model, task=use)
     return state, req
 

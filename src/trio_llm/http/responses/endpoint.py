@@ -118,7 +118,7 @@ class ResponsesEndpoint:
 
         def store(response: ResponseObject) -> None:
             if request.store:
-                prepared.outbox.append(StoredResponse(response, (*plan.history, *plan.items)))
+                prepared.outbox.append(StoredResponse(response, plan.history, tuple(plan.items)))
 
         return store
 
@@ -172,8 +172,7 @@ async def render_response(raw: bytes | None = None) -> Response:
 
 
 async def retrieve_response(response_id: str) -> Response:
-    stored = await current_state().responses.get(response_id)
-    return json_response(stored.response)
+    return json_response(await current_state().responses.retrieve(response_id))
 
 
 async def delete_response(response_id: str) -> Response:

@@ -159,7 +159,7 @@ def _engine_families(labels: list[str], figures: list[tuple[list[str], Any]]) ->
         (
             CounterMetricFamily(
                 "trio_llm_num_preemptions",
-                "Sequences preempted for lack of KV blocks",
+                "Sequences preempted: for lack of KV blocks, or for a more urgent request",
                 labels=labels,
             ),
             attrgetter("num_preemptions"),

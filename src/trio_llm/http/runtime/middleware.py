@@ -10,7 +10,9 @@ Invariants:
   static files never do (a browser cannot send the key when it opens a page; the page sends it
   on its API calls).
 - The key is read from `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>`
-  (Anthropic's), whichever the client sends.
+  (Anthropic's), whichever the client sends. Several keys may be configured, each with roles
+  (api_keys.py); the roles of the key a request sent are in its scope for `check_priority`,
+  which every endpoint that takes a `priority` calls (none on a server without keys: all).
 - CORS, when origins are configured, allows any header a preflight asks for: the openai-node
   SDK sends its own (`X-Stainless-*`), and the API key decides who may call, not CORS.
 - A request's `X-Request-Id` (a router's or a proxy's id) is echoed on its response and, when
@@ -20,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hmac
 import re
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -29,11 +30,15 @@ from typing import Any
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from trio_llm.http.api_keys import ALL_ROLES
+from trio_llm.http.api_keys import check_priority as check_roles_priority
 from trio_llm.http.config import ServerConfig
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.runtime.metrics import Metrics
 
 _CLEANUP = "trio_llm.cleanup"
+_ROLES = "trio_llm.roles"
+"""The roles of the key the request sent (api_keys.py), set before any handler runs."""
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -59,6 +64,12 @@ def on_request_end(callback: Callable[[], object]) -> None:
     request.scope[_CLEANUP].callback(callback)
 
 
+def check_priority(priority: int) -> None:
+    """A 403 naming `priority` unless the current request's key may ask for `priority` (a
+    request that never met the middleware has no role)."""
+    check_roles_priority(priority, request.scope.get(_ROLES, frozenset()))
+
+
 def header_request_id() -> str | None:
     """The current request's `X-Request-Id`, if it is usable as an id (what `request_id`
     accepts in a body); None otherwise."""
@@ -82,22 +93,26 @@ def install_middleware(app: QuartTrio, config: ServerConfig, metrics: Metrics) -
             allow_headers=["*"],
             allow_methods=["GET", "POST", "OPTIONS"],
         )
-    key = config.api_key.encode("utf-8") if config.api_key else None
+    keys = config.api_keys
 
     @app.before_request
     async def authenticate() -> None:
-        if key is None or request.method == "OPTIONS":
+        if keys is None:
+            request.scope[_ROLES] = ALL_ROLES  # no keys, no tenants
+            return
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        given = [token.strip()] if scheme.lower() == "bearer" else []
+        given += request.headers.getlist("x-api-key")
+        roles = keys.roles_of(given)
+        request.scope[_ROLES] = roles or frozenset()
+        if request.method == "OPTIONS":
             return
         path = request.path
         if not config.protect_all_routes and not path.startswith(_PROTECTED_PREFIXES):
             return
         if path == "/" or path.startswith("/ui/"):
             return
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        given = [token.strip()] if scheme.lower() == "bearer" else []
-        given += request.headers.getlist("x-api-key")
-        # compare_digest runs in time independent of where the strings differ.
-        if not any(hmac.compare_digest(g.strip().encode("latin-1"), key) for g in given):
+        if roles is None:
             raise ProtocolError(
                 401,
                 "Missing or incorrect API key: send it as `Authorization: Bearer <key>` "
