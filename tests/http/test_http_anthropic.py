@@ -337,6 +337,18 @@ async def test_an_answer_without_thinking_streams_one_text_block(
         ({"stop_sequences": [""]}, 400, "invalid_request_error", "stop_sequences"),
         ({"temperature": -1}, 400, "invalid_request_error", "temperature"),
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_request_error", "role"),
+        (
+            {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
+            400,
+            "invalid_request_error",
+            "mcp_servers",
+        ),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            400,
+            "invalid_request_error",
+            "context_management",
+        ),
     ],
 )
 async def test_errors_come_in_anthropics_shape(
@@ -350,6 +362,32 @@ async def test_errors_come_in_anthropics_shape(
     error = response.json()
     assert error["type"] == "error" and error["error"]["type"] == kind
     assert where in error["error"]["message"]
+
+
+async def test_a_field_anthropic_does_not_know_is_refused_as_anthropic_refuses_it(
+    sdk: anthropic.AsyncAnthropic, url: str
+) -> None:
+    """Anthropic's own answer (a pydantic 400); the fields it documents are accepted."""
+    async with httpx.AsyncClient(base_url=url, headers={"x-api-key": "sekrit"}) as client:
+        body = {"model": "fake-model", "messages": HELLO, "top_n": 2}
+        for path, extra in (("/v1/messages", {"max_tokens": 9}), ("/v1/messages/count_tokens", {})):
+            response = await client.post(path, json={**body, **extra})
+            assert response.status_code == 400
+            assert response.json()["error"] == {
+                "type": "invalid_request_error",
+                "message": "top_n: Extra inputs are not permitted",
+            }
+    accepted = await sdk.messages.create(
+        model="fake-model",
+        max_tokens=9,
+        messages=HELLO,  # type: ignore[arg-type]
+        service_tier="auto",
+        inference_geo="us",
+        cache_control={"type": "ephemeral"},
+        extra_body={"speed": "standard", "container": None, "context_management": {"edits": []}},
+        extra_headers={"anthropic-beta": "context-management-2025-06-27"},
+    )
+    assert accepted.content
 
 
 async def test_the_sdk_raises_its_own_errors(sdk: anthropic.AsyncAnthropic, url: str) -> None:

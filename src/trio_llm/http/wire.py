@@ -41,6 +41,8 @@ R = TypeVar("R", bound=Struct)
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _KEY_IN = re.compile(r" - at `key` in `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?$")
+"""A field a request type that forbids unknown fields (Anthropic's) does not know."""
 _KEYS_ARE = {"logit_bias": "token ids"}
 """What the keys of a mapping field must be, for its error message."""
 
@@ -50,6 +52,10 @@ def _validation_error(message: str, body: bytes = b"") -> ProtocolError:
     names it first, as `param` and at the start of the message. A bad key or value of a
     top-level mapping (logit_bias) is named too, from the JSON `body`: msgspec does not say
     which it was (a form's fields have no such mappings)."""
+    if match := _UNKNOWN.search(message):
+        field, at = match.groups()
+        param = f"{at}.{field}" if at else field
+        return bad_request(f"{param}: Extra inputs are not permitted", param=param)
     if match := _KEY_IN.search(message):
         param = match.group(1) or None
         detail = message[: match.start()]

@@ -175,6 +175,10 @@ def _tools(request: ConversationFields) -> tuple[list[FunctionTool], ToolChoiceV
 
 
 def plan_conversation(request: ConversationFields) -> Conversation:
+    if request.mcp_servers:
+        raise not_supported("mcp_servers", "Connecting to MCP servers")
+    if request.context_management and request.context_management.get("edits"):
+        raise not_supported("context_management", "Context editing")
     messages, continues = conversation_messages(request)
     tools, choice, parallel = _tools(request)
     thinking, budget = None, None
