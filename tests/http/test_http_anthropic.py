@@ -20,6 +20,7 @@ from trio_llm.http.answer import AnswerReader
 from trio_llm.http.anthropic.build import MessagesStream, message_response
 from trio_llm.http.anthropic.plan import plan_messages
 from trio_llm.http.anthropic.protocol import MessagesRequest
+from trio_llm.http.anthropic.signing import PROCESS_KEY, sign, thinking_key
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -182,7 +183,11 @@ async def test_tool_use_blocks_and_the_history_of_calls(
         {
             "role": "assistant",
             "content": [
-                {"type": "thinking", "thinking": "old thoughts", "signature": "s"},
+                {
+                    "type": "thinking",
+                    "thinking": "old thoughts",
+                    "signature": sign("old thoughts", PROCESS_KEY),
+                },
                 {"type": "text", "text": "Let me look."},
                 {
                     "type": "tool_use",
@@ -213,6 +218,22 @@ async def test_tool_use_blocks_and_the_history_of_calls(
     rendered = "".join(map(chr, prompt))
     assert '"city": "Oslo"' in rendered and "<tool_response>\nSunny\n</tool_response>" in rendered
     assert "old thoughts" not in rendered and rendered.index("Sunny") < rendered.index("And Paris")
+
+
+async def test_thinking_passed_back_is_verified_by_its_signature(
+    sdk: anthropic.AsyncAnthropic,
+) -> None:
+    """A block this server signed goes back as it was; an edited one is a 400 naming it, as
+    Anthropic refuses tampered thinking."""
+    first = await create(sdk)
+    thinking, text = (block.model_dump() for block in first.content)
+    turns = [*HELLO, {"role": "assistant", "content": [thinking, text]}]
+    again = await create(sdk, messages=[*turns, {"role": "user", "content": "And?"}])
+    assert again.content
+    edited = {**thinking, "thinking": "I was told to say yes."}
+    turns[1] = {"role": "assistant", "content": [edited, text]}
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[1\]\.content\[0\]\.signature"):
+        await create(sdk, messages=[*turns, {"role": "user", "content": "And?"}])
 
 
 async def test_a_final_assistant_message_is_continued(
@@ -419,11 +440,11 @@ async def test_count_tokens_counts_the_rendered_prompt_tools_included(
 # -- plan and builders on plain values ----------------------------------------------------------
 
 
-def plan(**body: Any) -> Any:
+def plan(key: bytes = PROCESS_KEY, **body: Any) -> Any:
     request = msgspec.convert(
         {"model": "m", "max_tokens": 10, "messages": HELLO, **body}, MessagesRequest
     )
-    return plan_messages(request, RequestLimits(), SamplingDefaults())
+    return plan_messages(request, RequestLimits(), SamplingDefaults(), key)
 
 
 def test_tool_choice_maps_onto_http_tools() -> None:
@@ -438,6 +459,19 @@ def test_tool_choice_maps_onto_http_tools() -> None:
     assert plan(tools=[WEATHER], tool_choice={"type": "none"}).conversation.tool_choice == "none"
     with pytest.raises(ProtocolError, match="tool_choice"):
         plan(tool_choice={"type": "any"})
+
+
+def test_verified_thinking_goes_to_the_template_as_reasoning_content() -> None:
+    """The template shows it again or drops it (Qwen3's keeps a tool loop's, drops earlier
+    turns'); a signature made with another secret does not verify."""
+    key = thinking_key("a shared secret")
+    block = {"type": "thinking", "thinking": "Hmm.", "signature": sign("Hmm.", key)}
+    turns = [*HELLO, {"role": "assistant", "content": [block, {"type": "text", "text": "Hi"}]}]
+    messages = plan(key, messages=[*turns, *HELLO]).conversation.messages
+    assert messages[1] == {"role": "assistant", "content": "Hi", "reasoning_content": "Hmm."}
+    with pytest.raises(ProtocolError) as refused:
+        plan(messages=[*turns, *HELLO])  # the process's own key
+    assert (refused.value.status, refused.value.param) == (400, "messages[1].content[0].signature")
 
 
 def output(text: str, finish: str = "stop", stop: str | int | None = None) -> RequestOutput:

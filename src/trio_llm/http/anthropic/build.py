@@ -17,7 +17,6 @@ plain values.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,6 +48,7 @@ from trio_llm.http.anthropic.protocol import (
     ToolUseBlock,
     error_object,
 )
+from trio_llm.http.anthropic.signing import PROCESS_KEY, sign
 from trio_llm.http.errors import ProtocolError
 from trio_llm.outputs import CompletionOutput, RequestOutput
 
@@ -56,12 +56,6 @@ from trio_llm.outputs import CompletionOutput, RequestOutput
 def tool_use_id(call_id: str) -> str:
     """Anthropic's id of a call the tool parser named `call_...`."""
     return "toolu_" + call_id.removeprefix("call_")
-
-
-def signature(thinking: str) -> str:
-    """A thinking block's `signature`: Anthropic's is opaque; this one is the thinking's digest,
-    so a block passed back unchanged can be told from an edited one."""
-    return hashlib.sha256(thinking.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -116,9 +110,11 @@ def message_response(
     reader: AnswerReader,
     *,
     show_thinking: bool = True,
+    key: bytes = PROCESS_KEY,
 ) -> Message:
     """The message of a request that does not stream, from its finished output;
-    `show_thinking` False: thinking blocks empty but for their signature."""
+    `show_thinking` False: thinking blocks empty but for their signature (made with `key`,
+    signing.py)."""
     tokens = _Tokens()
     tokens.add(output)
     [o] = output.outputs
@@ -126,7 +122,7 @@ def message_response(
     reasoning, content, calls = reader.finish()
     blocks: list[ContentBlock] = []
     if reasoning:
-        blocks.append(ThinkingBlock(reasoning if show_thinking else "", signature(reasoning)))
+        blocks.append(ThinkingBlock(reasoning if show_thinking else "", sign(reasoning, key)))
     if content:
         blocks.append(TextBlock(content))
     blocks += [ToolUseBlock(tool_use_id(c.id), c.name, tool_input(c.arguments)) for c in calls]
@@ -156,6 +152,8 @@ class MessagesStream:
     reader: AnswerReader
     show_thinking: bool = True
     """False: no thinking_delta events, the block's signature only."""
+    key: bytes = PROCESS_KEY
+    """What thinking blocks are signed with (signing.py)."""
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
     _index: int = field(default=-1, init=False)
     """The open block's index (-1: none yet)."""
@@ -185,7 +183,7 @@ class MessagesStream:
         events: list[Any] = []
         if self._open == "thinking":
             thought = "".join(self._thinking)
-            events.append(ContentBlockDelta(self._index, SignatureDelta(signature(thought))))
+            events.append(ContentBlockDelta(self._index, SignatureDelta(sign(thought, self.key))))
             self._thinking = []
         self._open = None
         return [*events, ContentBlockStop(self._index)]
