@@ -489,6 +489,18 @@ def test_stop_reasons_and_usage() -> None:
     assert eos.stop_reason == "end_turn"
 
 
+def test_the_streams_first_and_last_usage_agree_with_the_message() -> None:
+    """message_start waits for the first output: the prefix cache's share is known then."""
+    stream = MessagesStream("msg_1", "m", 3, AnswerReader())
+    assert stream.begin() == []
+    start, *_ = stream.feed(0, output("Hi"))
+    *_, delta, _ = stream.end()
+    whole = message_response("msg_1", "m", output("Hi"), AnswerReader()).usage
+    assert (whole.input_tokens, whole.cache_read_input_tokens) == (1, 2)
+    assert (start.message.usage.input_tokens, start.message.usage.cache_read_input_tokens) == (1, 2)
+    assert (delta.usage.input_tokens, delta.usage.cache_read_input_tokens) == (1, 2)
+
+
 def test_a_failed_stream_ends_with_an_error_event() -> None:
     stream = MessagesStream("msg_1", "m", 3, AnswerReader())
     [error] = stream.fail(ProtocolError(500, "The engine died", code="engine_dead"))

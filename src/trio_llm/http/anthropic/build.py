@@ -4,7 +4,8 @@ Owns how a generation becomes what an Anthropic client reads: content blocks in 
 model wrote them (its thinking, then text and tool uses), `stop_reason` (`end_turn`,
 `max_tokens`, `stop_sequence` with the sequence, `tool_use`), usage in Anthropic's split (the
 prompt's tokens read from the prefix cache as `cache_read_input_tokens`, the rest as
-`input_tokens`), and the event sequence of a stream: `message_start`, then per block
+`input_tokens`), and the event sequence of a stream: `message_start` (once the first output
+says what the prefix cache served, so its usage is the final one's split), then per block
 `content_block_start`, its deltas (`thinking_delta` then `signature_delta`, `text_delta`,
 `input_json_delta`), `content_block_stop`, with one `ping` after the first block's start (where
 Anthropic's own streams send it), then `message_delta` (stop reason, final usage) and
@@ -21,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import msgspec
 import partial_json_parser
 
 from trio_llm.http.answer import AnswerReader, Piece
@@ -162,9 +164,21 @@ class MessagesStream:
     _thinking: list[str] = field(default_factory=list, init=False)
     _called: bool = field(default=False, init=False)
     _last: CompletionOutput | None = field(default=None, init=False)
+    _started: bool = field(default=False, init=False)
+    """message_start went out."""
 
     def begin(self) -> list[Any]:
-        usage = MessageUsage(input_tokens=self.prompt_tokens, output_tokens=0)
+        """Nothing yet: message_start waits for the first output, which says how much of the
+        prompt the prefix cache served, so that its usage splits the input as message_delta's
+        and the unstreamed message's do."""
+        return []
+
+    def _message_start(self) -> list[Any]:
+        if self._started:
+            return []
+        self._started = True
+        tokens = self._tokens if self._tokens.prompt else _Tokens(prompt=self.prompt_tokens)
+        usage = msgspec.structs.replace(tokens.usage(), output_tokens=0)
         message = Message(id=self.response_id, model=self.model, content=[], usage=usage)
         return [MessageStart(message)]
 
@@ -211,7 +225,7 @@ class MessagesStream:
 
     def feed(self, prompt_index: int, output: RequestOutput) -> list[Any]:
         self._tokens.add(output)
-        events: list[Any] = []
+        events = self._message_start()
         for o in output.outputs:
             events += self._read(self.reader.feed(o.text))
             if o.finished:
@@ -220,7 +234,7 @@ class MessagesStream:
         return events
 
     def end(self) -> list[Any]:
-        events = self._read(self.reader.end())
+        events = [*self._message_start(), *self._read(self.reader.end())]
         if self._index < 0:  # nothing at all: one empty text block, as a client expects
             events += self._start(TextBlock(""), "text")
         events += self._stop()
