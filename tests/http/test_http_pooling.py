@@ -91,6 +91,10 @@ def test_rerank_ranks_by_the_cross_encoders_own_scores(
     tokenizer = load_tokenizer(ModelSource("b", models["bert-ce"], ""))
     tokens = sum(len(tokenizer(QUERY, d)["input_ids"]) for d in DOCUMENTS)
     assert answer["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    # Cohere's routes carry Cohere's meta (a search unit per 100 documents); vLLM's none.
+    version = {"/v1/rerank": "1", "/v2/rerank": "2"}.get(route)
+    meta = {"api_version": {"version": version}, "billed_units": {"search_units": 1}}
+    assert answer.get("meta") == (meta if version else None)
 
 
 @pytest.mark.slow
@@ -131,6 +135,9 @@ def test_the_cohere_sdk_reranks_against_the_server(
     assert [r.index for r in reply.results] == list(np.argsort(-expected, kind="stable")[:4])
     for result in reply.results:
         assert abs(result.relevance_score - expected[result.index]) < 1e-6
+    assert reply.meta is not None and reply.meta.api_version is not None
+    assert reply.meta.api_version.version == "2"
+    assert reply.meta.billed_units is not None and reply.meta.billed_units.search_units == 1
 
 
 @pytest.mark.slow

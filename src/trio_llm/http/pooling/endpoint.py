@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from quart import Response
+from quart import Response, request
 
 from trio_llm.client.errors import InvalidPromptError
 from trio_llm.http.conversation import chat_messages
@@ -173,4 +173,6 @@ async def rerank(raw: bytes | None = None) -> Response:
         names=("query", "documents"),
     )
     _count(state, head, prompt_tokens(outputs))
-    return json_response(rerank_response(head, plan, outputs))
+    # Cohere's routes answer with Cohere's `meta`; vLLM's /rerank (and /invocations) without.
+    version = {"/v1/rerank": "1", "/v2/rerank": "2"}.get(request.path)
+    return json_response(rerank_response(head, plan, outputs, version))

@@ -150,12 +150,30 @@ class RerankUsage(Struct):
     total_tokens: int
 
 
-class RerankResponse(Struct, kw_only=True):
+class ApiVersion(Struct):
+    version: str
+
+
+class BilledUnits(Struct):
+    search_units: int
+    """Cohere's unit: one query over up to 100 documents."""
+
+
+class RerankMeta(Struct):
+    """Cohere's `meta` (its SDK's `ApiMeta`), on its routes /v1/rerank and /v2/rerank."""
+
+    api_version: ApiVersion
+    billed_units: BilledUnits
+
+
+class RerankResponse(Struct, kw_only=True, omit_defaults=True):
     id: str
     model: str
     usage: RerankUsage
     results: list[RerankResult]
     """Best first; ties keep the documents' order."""
+    meta: RerankMeta | None = None
+    """On Cohere's routes only: vLLM's /rerank has none."""
 
 
 WIRE_TYPES: tuple[type[Struct], ...] = (
