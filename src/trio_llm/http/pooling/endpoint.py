@@ -35,6 +35,7 @@ from trio_llm.http.pooling.plan import (
     plan_pooling,
     plan_rerank,
     plan_score,
+    pooling_options,
 )
 from trio_llm.http.pooling.protocol import (
     ClassificationRequest,
@@ -87,6 +88,7 @@ async def pooling(raw: bytes | None = None) -> Response:
     plan = plan_pooling(req, state.config.limits)
     sequences = 1 if plan.inputs is None else len(plan.inputs)
     lease, head = _route(state, req, "pooling", sequences, "pool-")
+    normalize = pooling_options(req, lease.client.task, lease.client.model_config.normalized)
     inputs = plan.inputs
     if inputs is None:
         assert req.messages is not None
@@ -123,6 +125,8 @@ async def pooling(raw: bytes | None = None) -> Response:
         if plan.inputs is None and error.param.startswith("input"):
             error.param = "messages"
         raise
+    if normalize:
+        vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
     tokens = prompt_tokens(outputs)
     _count(state, head, tokens)
     return json_response(pooling_response(head, vectors, tokens, as_base64=plan.base64))

@@ -51,6 +51,15 @@ class PoolingRequest(PoolingFields, kw_only=True):
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    task: str | None = None
+    """vLLM's pooling task: None or the model's own (`embed`, `classify`); another (e.g.
+    `token_embed`) is a 400 naming it."""
+    normalize: bool | None = None
+    """With an embedding model: true L2-normalises the vectors (the engine's already are
+    when the model says so); false on a model whose engine normalises is a 400."""
+    use_activation: bool | None = None
+    """With a classifier: false (raw logits) is a 400: the engine returns activated
+    scores."""
 
 
 class ClassificationRequest(PoolingFields, kw_only=True):
