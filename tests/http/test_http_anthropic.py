@@ -472,6 +472,16 @@ def test_verified_thinking_goes_to_the_template_as_reasoning_content() -> None:
     with pytest.raises(ProtocolError) as refused:
         plan(messages=[*turns, *HELLO])  # the process's own key
     assert (refused.value.status, refused.value.param) == (400, "messages[1].content[0].signature")
+    # An omitted block (display: omitted) comes back empty: its signature carries the thinking.
+    omitted = {**block, "thinking": ""}
+    turns[1] = {"role": "assistant", "content": [omitted]}
+    assert plan(key, messages=[*turns, *HELLO]).conversation.messages[1]["reasoning_content"] == (
+        "Hmm."
+    )
+    forged = {**block, "signature": block["signature"][:-4] + "AAA="}
+    turns[1] = {"role": "assistant", "content": [forged]}
+    with pytest.raises(ProtocolError, match=r"messages\[1\]\.content\[0\]\.signature"):
+        plan(key, messages=[*turns, *HELLO])
 
 
 def output(text: str, finish: str = "stop", stop: str | int | None = None) -> RequestOutput:

@@ -58,7 +58,7 @@ def add_serve_arguments(
     add("--api-key", help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes")
     add(
         "--thinking-secret",
-        help="the key Anthropic thinking blocks are signed with (HMAC-SHA256) and verified "
+        help="the key Anthropic thinking blocks' signatures are sealed (HMAC-SHA256) and verified "
         "with when passed back; default: random per process, so signatures do not survive a "
         "restart or span several frontends",
     )

@@ -42,7 +42,7 @@ from trio_llm.http.anthropic.protocol import (
     ToolResultBlockIn,
     ToolUseBlockIn,
 )
-from trio_llm.http.anthropic.signing import PROCESS_KEY, verify
+from trio_llm.http.anthropic.signing import PROCESS_KEY, unseal
 from trio_llm.http.conversation import Conversation
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
 from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults, stop_list
@@ -111,14 +111,16 @@ def _message(message: MessageIn, where: str, key: bytes) -> list[dict[str, Any]]
     for j, block in enumerate(message.content):
         at = f"{where}.content[{j}]"
         if isinstance(block, ThinkingBlockIn):
-            if not verify(block.thinking, block.signature, key):
+            # The signature carries the thinking: an omitted block (empty) gets it back.
+            thought = unseal(block.signature, key)
+            if thought is None or (block.thinking and block.thinking != thought):
                 raise bad_request(
                     f"{at}.signature: Invalid `signature` in `thinking` block: this server did "
                     "not sign this thinking (edited, from another model, or signed before a "
                     "restart without --thinking-secret)",
                     param=f"{at}.signature",
                 )
-            thoughts.append(block.thinking)
+            thoughts.append(thought)
             continue
         if isinstance(block, RedactedThinkingBlockIn):
             raise bad_request(
