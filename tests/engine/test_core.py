@@ -9,7 +9,6 @@ import pytest
 import torch
 from engine_helpers import hf_greedy, make_core, random_prompts, request, run
 
-from trio_llm.config import EngineArgs
 from trio_llm.engine.step.core import EngineConfigError, EngineCore
 from trio_llm.model_files import ModelSource, load_tokenizer
 
@@ -314,18 +313,19 @@ def test_prompt_logprobs_survive_preemption(tiny_model_dir: Path, core: EngineCo
         assert got[str(i)].token_ids == expected[str(i)].token_ids
 
 
-def test_a_max_model_len_the_kv_cache_cannot_hold(tiny_model_dir: Path) -> None:
+def test_a_max_model_len_the_kv_cache_cannot_hold(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Asked for, it is refused with the numbers; the model's own (2048) is served shorter,
     said at start-up."""
     with pytest.raises(EngineConfigError, match="max_model_len 2048 does not fit") as refused:
         make_core(tiny_model_dir, kv_cache_memory="256KiB", max_model_len=2048)
     assert "--kv-cache-memory" in str(refused.value) and "--max-model-len" in str(refused.value)
-    stages: list[str] = []
-    args = EngineArgs(model=str(tiny_model_dir), kv_cache_memory="256KiB", dtype="float32")
-    short = EngineCore(args, on_stage=stages.append)
+    with caplog.at_level("WARNING", logger="trio_llm.engine.step.build"):
+        short = make_core(tiny_model_dir, kv_cache_memory="256KiB")
     capacity = short.ready.num_blocks * short.ready.block_size
     assert short.ready.max_model_len == capacity < 2048
-    assert any(f"max_model_len {capacity}, not the model's 2048" in s for s in stages)
+    assert f"max_model_len {capacity}, not the model's 2048" in caplog.text
 
 
 def test_a_kv_budget_below_one_block_is_refused(tiny_model_dir: Path) -> None:

@@ -100,7 +100,7 @@ def generation_parts(
     budget = args.step_token_budget(device)
     # More running sequences than tokens per step would leave some never decoding.
     max_num_seqs = min(args.max_num_seqs, budget)
-    max_model_len = _max_model_len(args, config, num_blocks, spec.bytes_per_block, stage)
+    max_model_len = _max_model_len(args, config, num_blocks, spec.bytes_per_block)
     backend, why = attention_layers.attention_backend(
         layers, backend, args.attention_backend, max_model_len
     )
@@ -246,11 +246,11 @@ def _max_model_len(
     config: object,
     num_blocks: int,
     block_bytes: int,
-    stage: Callable[[str], None],
 ) -> int:
     """The context limit: asked for, or the model's own. A limit asked for that the KV cache
     cannot hold is refused (serving less than asked for would be a silent change); the
-    model's own is served shorter, said at start-up (and /v1/models reports it)."""
+    model's own is served shorter, said at start-up as a warning, which the server's log
+    shows (and /v1/models reports the length)."""
     capacity = num_blocks * args.block_size
     native = int(config.max_position_embeddings)  # type: ignore[attr-defined]
     limit = args.max_model_len or native
@@ -269,12 +269,13 @@ def _max_model_len(
             f"max_model_len {limit} does not fit the KV cache: {held}; pass --kv-cache-memory "
             f"{memory_for(limit)} (or more), or --max-model-len {capacity} (or less)"
         )
-    said = (
-        f"max_model_len {capacity}, not the model's {native}: {held}; "
-        f"--kv-cache-memory {memory_for(native)} serves the model's own"
+    log.warning(
+        "max_model_len %d, not the model's %d: %s; --kv-cache-memory %s serves the model's own",
+        capacity,
+        native,
+        held,
+        memory_for(native),
     )
-    log.warning("%s", said)
-    stage(said)
     return capacity
 
 
