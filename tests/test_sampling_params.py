@@ -23,10 +23,16 @@ def test_out_of_range_names_the_parameter(field: str, value: float) -> None:
 
 
 def test_vocab_check_names_logit_bias() -> None:
-    params = SamplingParams(logit_bias={50_000: 1.0})
+    params = SamplingParams(logit_bias={50_000: 1.0, 3: 1.0, 1000: 2.0})
     with pytest.raises(SamplingParamsError) as info:
         params.validate_vocab(1000)
     assert info.value.param == "logit_bias"
+    assert str(info.value).endswith(
+        "token_id(s) [1000, 50000] in logit_bias contain out-of-vocab token ids. "
+        "Vocabulary size: 1000"
+    )
+    with pytest.raises(SamplingParamsError, match="101.0 for token 1, -200.0 for token 2"):
+        SamplingParams(logit_bias={1: 101.0, 2: -200.0, 3: 5.0}).validate()
 
 
 def test_round_trips_through_msgpack() -> None:

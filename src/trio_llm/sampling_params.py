@@ -161,12 +161,18 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
                 f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}",
             )
         if self.logit_bias:
-            for token, bias in self.logit_bias.items():
-                need(
-                    math.isfinite(bias) and -100.0 <= bias <= 100.0,
-                    "logit_bias",
-                    f"logit_bias for token {token} must be in [-100, 100], got {bias}",
-                )
+            # Every bad entry is named, not the first only (vLLM names them all).
+            bad = {
+                token: bias
+                for token, bias in self.logit_bias.items()
+                if not (math.isfinite(bias) and -100.0 <= bias <= 100.0)
+            }
+            need(
+                not bad,
+                "logit_bias",
+                "logit_bias values must be in [-100, 100], got "
+                + ", ".join(f"{bias} for token {token}" for token, bias in bad.items()),
+            )
         need(
             all(t >= 0 for t in self.stop_token_ids),
             "stop_token_ids",
@@ -204,10 +210,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
             ("allowed_token_ids", self.allowed_token_ids or ()),
             ("bad_words", bad_words),
         ):
-            for token in ids:
-                if not 0 <= token < vocab_size:
-                    raise SamplingParamsError(
-                        param,
-                        f"{param} names token id {token}, outside the vocabulary "
-                        f"(size {vocab_size})",
-                    )
+            outside = sorted({t for t in ids if not 0 <= t < vocab_size})
+            if outside:  # all of them, in vLLM's words
+                raise SamplingParamsError(
+                    param,
+                    f"token_id(s) {outside} in {param} contain out-of-vocab token ids. "
+                    f"Vocabulary size: {vocab_size}",
+                )

@@ -313,6 +313,21 @@ def test_prompt_logprobs_survive_preemption(tiny_model_dir: Path, core: EngineCo
         assert got[str(i)].token_ids == expected[str(i)].token_ids
 
 
+def test_a_max_model_len_the_kv_cache_cannot_hold(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asked for, it is refused with the numbers; the model's own (2048) is served shorter,
+    said at start-up."""
+    with pytest.raises(EngineConfigError, match="max_model_len 2048 does not fit") as refused:
+        make_core(tiny_model_dir, kv_cache_memory="256KiB", max_model_len=2048)
+    assert "--kv-cache-memory" in str(refused.value) and "--max-model-len" in str(refused.value)
+    with caplog.at_level("WARNING", logger="trio_llm.engine.step.build"):
+        short = make_core(tiny_model_dir, kv_cache_memory="256KiB")
+    capacity = short.ready.num_blocks * short.ready.block_size
+    assert short.ready.max_model_len == capacity < 2048
+    assert f"max_model_len {capacity}, not the model's 2048" in caplog.text
+
+
 def test_a_kv_budget_below_one_block_is_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(EngineConfigError, match="kv_cache_memory"):
         make_core(tiny_model_dir, kv_cache_memory=1000)

@@ -82,6 +82,7 @@ class FakeEngine:
             device="cpu",
             task=self.task,
             embedding_size=4 if self.task == "embed" else 0,
+            normalized=False,
             block_size=16,
             num_blocks=10,
             priority_scheduling=False,

@@ -20,6 +20,7 @@ from trio_llm.http.answer import AnswerReader
 from trio_llm.http.anthropic.build import MessagesStream, message_response
 from trio_llm.http.anthropic.plan import plan_messages
 from trio_llm.http.anthropic.protocol import MessagesRequest
+from trio_llm.http.anthropic.signing import PROCESS_KEY, sign, thinking_key
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -182,7 +183,11 @@ async def test_tool_use_blocks_and_the_history_of_calls(
         {
             "role": "assistant",
             "content": [
-                {"type": "thinking", "thinking": "old thoughts", "signature": "s"},
+                {
+                    "type": "thinking",
+                    "thinking": "old thoughts",
+                    "signature": sign("old thoughts", PROCESS_KEY),
+                },
                 {"type": "text", "text": "Let me look."},
                 {
                     "type": "tool_use",
@@ -213,6 +218,22 @@ async def test_tool_use_blocks_and_the_history_of_calls(
     rendered = "".join(map(chr, prompt))
     assert '"city": "Oslo"' in rendered and "<tool_response>\nSunny\n</tool_response>" in rendered
     assert "old thoughts" not in rendered and rendered.index("Sunny") < rendered.index("And Paris")
+
+
+async def test_thinking_passed_back_is_verified_by_its_signature(
+    sdk: anthropic.AsyncAnthropic,
+) -> None:
+    """A block this server signed goes back as it was; an edited one is a 400 naming it, as
+    Anthropic refuses tampered thinking."""
+    first = await create(sdk)
+    thinking, text = (block.model_dump() for block in first.content)
+    turns = [*HELLO, {"role": "assistant", "content": [thinking, text]}]
+    again = await create(sdk, messages=[*turns, {"role": "user", "content": "And?"}])
+    assert again.content
+    edited = {**thinking, "thinking": "I was told to say yes."}
+    turns[1] = {"role": "assistant", "content": [edited, text]}
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[1\]\.content\[0\]\.signature"):
+        await create(sdk, messages=[*turns, {"role": "user", "content": "And?"}])
 
 
 async def test_a_final_assistant_message_is_continued(
@@ -337,6 +358,18 @@ async def test_an_answer_without_thinking_streams_one_text_block(
         ({"stop_sequences": [""]}, 400, "invalid_request_error", "stop_sequences"),
         ({"temperature": -1}, 400, "invalid_request_error", "temperature"),
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_request_error", "role"),
+        (
+            {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
+            400,
+            "invalid_request_error",
+            "mcp_servers",
+        ),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            400,
+            "invalid_request_error",
+            "context_management",
+        ),
     ],
 )
 async def test_errors_come_in_anthropics_shape(
@@ -350,6 +383,32 @@ async def test_errors_come_in_anthropics_shape(
     error = response.json()
     assert error["type"] == "error" and error["error"]["type"] == kind
     assert where in error["error"]["message"]
+
+
+async def test_a_field_anthropic_does_not_know_is_refused_as_anthropic_refuses_it(
+    sdk: anthropic.AsyncAnthropic, url: str
+) -> None:
+    """Anthropic's own answer (a pydantic 400); the fields it documents are accepted."""
+    async with httpx.AsyncClient(base_url=url, headers={"x-api-key": "sekrit"}) as client:
+        body = {"model": "fake-model", "messages": HELLO, "top_n": 2}
+        for path, extra in (("/v1/messages", {"max_tokens": 9}), ("/v1/messages/count_tokens", {})):
+            response = await client.post(path, json={**body, **extra})
+            assert response.status_code == 400
+            assert response.json()["error"] == {
+                "type": "invalid_request_error",
+                "message": "top_n: Extra inputs are not permitted",
+            }
+    accepted = await sdk.messages.create(
+        model="fake-model",
+        max_tokens=9,
+        messages=HELLO,  # type: ignore[arg-type]
+        service_tier="auto",
+        inference_geo="us",
+        cache_control={"type": "ephemeral"},
+        extra_body={"speed": "standard", "container": None, "context_management": {"edits": []}},
+        extra_headers={"anthropic-beta": "context-management-2025-06-27"},
+    )
+    assert accepted.content
 
 
 async def test_the_sdk_raises_its_own_errors(sdk: anthropic.AsyncAnthropic, url: str) -> None:
@@ -381,11 +440,11 @@ async def test_count_tokens_counts_the_rendered_prompt_tools_included(
 # -- plan and builders on plain values ----------------------------------------------------------
 
 
-def plan(**body: Any) -> Any:
+def plan(key: bytes = PROCESS_KEY, **body: Any) -> Any:
     request = msgspec.convert(
         {"model": "m", "max_tokens": 10, "messages": HELLO, **body}, MessagesRequest
     )
-    return plan_messages(request, RequestLimits(), SamplingDefaults())
+    return plan_messages(request, RequestLimits(), SamplingDefaults(), key)
 
 
 def test_tool_choice_maps_onto_http_tools() -> None:
@@ -402,6 +461,29 @@ def test_tool_choice_maps_onto_http_tools() -> None:
         plan(tool_choice={"type": "any"})
 
 
+def test_verified_thinking_goes_to_the_template_as_reasoning_content() -> None:
+    """The template shows it again or drops it (Qwen3's keeps a tool loop's, drops earlier
+    turns'); a signature made with another secret does not verify."""
+    key = thinking_key("a shared secret")
+    block = {"type": "thinking", "thinking": "Hmm.", "signature": sign("Hmm.", key)}
+    turns = [*HELLO, {"role": "assistant", "content": [block, {"type": "text", "text": "Hi"}]}]
+    messages = plan(key, messages=[*turns, *HELLO]).conversation.messages
+    assert messages[1] == {"role": "assistant", "content": "Hi", "reasoning_content": "Hmm."}
+    with pytest.raises(ProtocolError) as refused:
+        plan(messages=[*turns, *HELLO])  # the process's own key
+    assert (refused.value.status, refused.value.param) == (400, "messages[1].content[0].signature")
+    # An omitted block (display: omitted) comes back empty: its signature carries the thinking.
+    omitted = {**block, "thinking": ""}
+    turns[1] = {"role": "assistant", "content": [omitted]}
+    assert plan(key, messages=[*turns, *HELLO]).conversation.messages[1]["reasoning_content"] == (
+        "Hmm."
+    )
+    forged = {**block, "signature": block["signature"][:-4] + "AAA="}
+    turns[1] = {"role": "assistant", "content": [forged]}
+    with pytest.raises(ProtocolError, match=r"messages\[1\]\.content\[0\]\.signature"):
+        plan(key, messages=[*turns, *HELLO])
+
+
 def output(text: str, finish: str = "stop", stop: str | int | None = None) -> RequestOutput:
     o = CompletionOutput(0, text, [1] * len(text), finish_reason=finish, stop_reason=stop)
     return RequestOutput("r", None, [1, 2, 3], [o], True, RequestMetrics(0.0), num_cached_tokens=2)
@@ -415,6 +497,18 @@ def test_stop_reasons_and_usage() -> None:
     assert (cut.stop_reason, cut.stop_sequence) == ("max_tokens", None)
     eos = message_response("msg_1", "m", output("Hi", "stop", 2), AnswerReader())
     assert eos.stop_reason == "end_turn"
+
+
+def test_the_streams_first_and_last_usage_agree_with_the_message() -> None:
+    """message_start waits for the first output: the prefix cache's share is known then."""
+    stream = MessagesStream("msg_1", "m", 3, AnswerReader())
+    assert stream.begin() == []
+    start, *_ = stream.feed(0, output("Hi"))
+    *_, delta, _ = stream.end()
+    whole = message_response("msg_1", "m", output("Hi"), AnswerReader()).usage
+    assert (whole.input_tokens, whole.cache_read_input_tokens) == (1, 2)
+    assert (start.message.usage.input_tokens, start.message.usage.cache_read_input_tokens) == (1, 2)
+    assert (delta.usage.input_tokens, delta.usage.cache_read_input_tokens) == (1, 2)
 
 
 def test_a_failed_stream_ends_with_an_error_event() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 import trio
@@ -24,6 +25,8 @@ from classifier_models import (
 from embedding_corpus import sentences
 from http_server_process import ServerProcess, run_server
 from trio_llm.config import DEFAULT_EMBEDDING_MODEL
+from trio_llm.http.pooling.plan import pooling_options
+from trio_llm.http.pooling.protocol import PoolingRequest
 from trio_llm.model_files import ModelSource, load_tokenizer, resolve_model
 
 EMBED = DEFAULT_EMBEDDING_MODEL
@@ -91,6 +94,10 @@ def test_rerank_ranks_by_the_cross_encoders_own_scores(
     tokenizer = load_tokenizer(ModelSource("b", models["bert-ce"], ""))
     tokens = sum(len(tokenizer(QUERY, d)["input_ids"]) for d in DOCUMENTS)
     assert answer["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    # Cohere's routes carry Cohere's meta (a search unit per 100 documents); vLLM's none.
+    version = {"/v1/rerank": "1", "/v2/rerank": "2"}.get(route)
+    meta = {"api_version": {"version": version}, "billed_units": {"search_units": 1}}
+    assert answer.get("meta") == (meta if version else None)
 
 
 @pytest.mark.slow
@@ -131,6 +138,9 @@ def test_the_cohere_sdk_reranks_against_the_server(
     assert [r.index for r in reply.results] == list(np.argsort(-expected, kind="stable")[:4])
     for result in reply.results:
         assert abs(result.relevance_score - expected[result.index]) < 1e-6
+    assert reply.meta is not None and reply.meta.api_version is not None
+    assert reply.meta.api_version.version == "2"
+    assert reply.meta.billed_units is not None and reply.meta.billed_units.search_units == 1
 
 
 @pytest.mark.slow
@@ -214,6 +224,16 @@ def test_pooling_gives_an_embedding_models_embeddings_and_renders_messages(
     no_template = post(server, "/pooling", {**chat, "model": EMBED})
     assert no_template.status_code == 400
     assert no_template.json()["error"]["param"] == "messages"
+    # vLLM's task, normalize and use_activation: the model's own task and what its engine
+    # gives are served; what would change the output and cannot be done is refused.
+    same = {"model": EMBED, "input": texts, "task": "embed", "normalize": True}
+    np.testing.assert_allclose(
+        [d["data"] for d in post(server, "/pooling", same).json()["data"]],
+        [d["data"] for d in pooled["data"]],
+    )
+    for field, value in (("normalize", False), ("use_activation", True), ("task", "classify")):
+        refused = post(server, "/pooling", {"model": EMBED, "input": "x", field: value})
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, field)
 
 
 @pytest.mark.slow
@@ -246,6 +266,16 @@ def test_a_model_that_cannot_serve_the_endpoint_names_those_that_can(
     assert embeddings.status_code == 400 and f"/v1/embeddings: `{EMBED}`" in embeddings.text
 
 
+def test_pooling_options_normalise_where_the_engine_does_not() -> None:
+    request = msgspec.convert({"input": "x", "normalize": True}, PoolingRequest)
+    assert pooling_options(request, "embed", normalized=False) is True
+    assert pooling_options(request, "embed", normalized=True) is False
+    keep = msgspec.convert(
+        {"input": "x", "use_activation": True, "task": "classify"}, PoolingRequest
+    )
+    assert pooling_options(keep, "score", normalized=False) is False
+
+
 LONG = "word " * 600
 
 
@@ -275,6 +305,9 @@ LONG = "word " * 600
         ("/pooling", {"input": "a", "messages": [{"role": "user", "content": "a"}]}, "input"),
         ("/pooling", {}, "input"),
         ("/pooling", {"input": "a", "dimensions": 2}, "dimensions"),
+        ("/pooling", {"input": "a", "task": "token_classify"}, "task"),
+        ("/pooling", {"input": "a", "use_activation": False}, "use_activation"),
+        ("/pooling", {"input": "a", "normalize": True}, "normalize"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(

@@ -113,6 +113,32 @@ async def test_a_response_in_openais_shape(client: httpx.AsyncClient, engine: Fa
     assert (params.max_tokens, params.temperature) == (3, 0.5)
 
 
+async def test_enable_response_messages_returns_the_raw_prompt_and_output(
+    client: httpx.AsyncClient,
+) -> None:
+    """vLLM's extension, in its shape for a model without harmony; absent unless asked."""
+    prompt = "<user>hi<assistant>"
+    raw_in = {"message": prompt, "tokens": [ord(c) for c in prompt], "type": "raw_message_tokens"}
+    raw_out = {"message": "abc", "tokens": [97, 98, 99], "type": "raw_message_tokens"}
+    body = await create(client, max_output_tokens=3, enable_response_messages=True)
+    assert (body["input_messages"], body["output_messages"]) == ([raw_in], [raw_out])
+    stored = (await client.get(f"/v1/responses/{body['id']}")).json()
+    assert stored["output_messages"] == [raw_out]
+    plain = await create(client, max_output_tokens=3)
+    assert "input_messages" not in plain and "output_messages" not in plain
+    streamed = await client.post(
+        "/v1/responses",
+        json={
+            "input": "hi",
+            "stream": True,
+            "max_output_tokens": 3,
+            "enable_response_messages": True,
+        },
+    )
+    last = events_of(streamed.text)[-1]["response"]
+    assert (last["input_messages"], last["output_messages"]) == ([raw_in], [raw_out])
+
+
 async def test_max_output_tokens_makes_it_incomplete(
     client: httpx.AsyncClient, engine: FakeEngine
 ) -> None:

@@ -242,6 +242,10 @@ async def test_validation_errors_name_the_field(sdk: openai.AsyncOpenAI) -> None
     )
     error = await refusal(sdk, logit_bias={"5": 1, "-7": 1})
     assert error["param"] == "logit_bias" and '"-7" is not a token id' in error["message"]
+    error = await refusal(sdk, logit_bias={"x": 1, "5": 1, "-7": 1})  # every bad key named
+    assert error["param"] == "logit_bias" and 'the keys "x", "-7" are not' in error["message"]
+    error = await refusal(sdk, logit_bias={"5": 1, "999999": 1, "888888": 1})
+    assert error["param"] == "logit_bias" and "[888888, 999999]" in error["message"]
     error = await refusal(sdk, logit_bias={"5": "high"})
     assert error["param"] == "logit_bias" and 'the value for "5"' in error["message"]
     error = await refusal(sdk, extra_body={"top_k": "many"})

@@ -35,6 +35,9 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None
     """`--api-key` as given: keys, comma-separated, each `KEY` or `KEY:ROLE` (`api_keys`)."""
+    thinking_secret: str | None = None
+    """The key of Anthropic thinking blocks' signatures (http/anthropic/signing.py); None: a
+    random one per process (signatures then die with it and differ between frontends)."""
     protect_all_routes: bool = False
     """Require the key on /health, /metrics, /version and /openapi.json too."""
     certfile: str | None = None
@@ -135,6 +138,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         api_key=api_key or None,
+        thinking_secret=args.thinking_secret or None,
         protect_all_routes=args.protect_all_routes,
         certfile=args.certfile,
         keyfile=args.keyfile,

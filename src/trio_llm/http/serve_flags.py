@@ -83,6 +83,12 @@ def add_serve_arguments(
         "request may ask for any priority",
     )
     add(
+        "--thinking-secret",
+        help="the key Anthropic thinking blocks' signatures are sealed (HMAC-SHA256) and verified "
+        "with when passed back; default: random per process, so signatures do not survive a "
+        "restart or span several frontends",
+    )
+    add(
         "--protect-all-routes",
         default=False,
         type=boolean,

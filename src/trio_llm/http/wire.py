@@ -41,6 +41,8 @@ R = TypeVar("R", bound=Struct)
 _AT_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _KEY_IN = re.compile(r" - at `key` in `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`")
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?$")
+"""A field a request type that forbids unknown fields (Anthropic's) does not know."""
 _KEYS_ARE = {"logit_bias": "token ids"}
 """What the keys of a mapping field must be, for its error message."""
 
@@ -50,22 +52,31 @@ def _validation_error(message: str, body: bytes = b"") -> ProtocolError:
     names it first, as `param` and at the start of the message. A bad key or value of a
     top-level mapping (logit_bias) is named too, from the JSON `body`: msgspec does not say
     which it was (a form's fields have no such mappings)."""
+    if match := _UNKNOWN.search(message):
+        field, at = match.groups()
+        param = f"{at}.{field}" if at else field
+        return bad_request(f"{param}: Extra inputs are not permitted", param=param)
     if match := _KEY_IN.search(message):
         param = match.group(1) or None
         detail = message[: match.start()]
         what = _KEYS_ARE.get(param or "")
         detail = f"keys must be {what} ({detail})" if what else f"invalid key ({detail})"
-        key = _first_key(body, param, lambda k, _: not _is_token_id(k)) if what else None
-        if key is not None:
-            detail = f"the key {json.dumps(key)} is not a token id; {detail}"
+        keys = _bad_keys(body, param, lambda k, _: not _is_token_id(k)) if what else []
+        if len(keys) == 1:
+            detail = f"the key {json.dumps(keys[0])} is not a token id; {detail}"
+        elif keys:
+            named = ", ".join(json.dumps(k) for k in keys)
+            detail = f"the keys {named} are not token ids; {detail}"
     elif match := _AT_PATH.search(message):
         param = match.group(1) or None
         detail = message[: match.start()]
         if param is not None and param.endswith("[...]"):
             mapping = param.removesuffix("[...]")
-            key = _first_key(body, mapping, lambda _, v: not _is_number(v))
-            if key is not None:
-                param, detail = mapping, f"the value for {json.dumps(key)}: {detail}"
+            keys = _bad_keys(body, mapping, lambda _, v: not _is_number(v))
+            if keys:
+                named = ", ".join(json.dumps(k) for k in keys)
+                which = "value" if len(keys) == 1 else "values"
+                param, detail = mapping, f"the {which} for {named}: {detail}"
     elif match := _MISSING.search(message):
         param, detail = match.group(1), "this field is required"
     else:
@@ -74,16 +85,17 @@ def _validation_error(message: str, body: bytes = b"") -> ProtocolError:
     return bad_request(f"Invalid request: {named}", param=param)
 
 
-def _first_key(body: bytes, field: str | None, bad: Callable[[str, Any], bool]) -> str | None:
-    """The first key of the body's top-level mapping `field` for which `bad(key, value)`."""
+def _bad_keys(body: bytes, field: str | None, bad: Callable[[str, Any], bool]) -> list[str]:
+    """Every key of the body's top-level mapping `field` for which `bad(key, value)`, in the
+    body's order: a 400 names them all, not the first only."""
     try:
         raw = json.loads(body)  # the standard library's reads 1e400 (as inf), msgspec's not
     except (ValueError, RecursionError):
-        return None
+        return []
     mapping = raw.get(field) if isinstance(raw, dict) and field else None
     if not isinstance(mapping, dict):
-        return None
-    return next((k for k, v in mapping.items() if bad(k, v)), None)
+        return []
+    return [k for k, v in mapping.items() if bad(k, v)]
 
 
 def _is_token_id(key: str) -> bool:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
 import torch
 
 from trio_llm import model_files
@@ -111,7 +110,7 @@ def generation_parts(
     budget = args.step_token_budget(device)
     # More running sequences than tokens per step would leave some never decoding.
     max_num_seqs = min(args.max_num_seqs, budget)
-    max_model_len = _max_model_len(args, config, num_blocks * args.block_size)
+    max_model_len = _max_model_len(args, config, num_blocks, spec.bytes_per_block)
     backend, why = attention_layers.attention_backend(
         layers, backend, args.attention_backend, max_model_len
     )
@@ -186,9 +185,7 @@ def pooling_parts(
     offset = loader.position_offset(config)
     positions = int(config.max_position_embeddings) - offset
     limit = min(args.max_model_len or pooling_config.max_seq_length or positions, positions)
-    max_model_len = _max_model_len(
-        msgspec.structs.replace(args, max_model_len=limit), config, positions
-    )
+    max_model_len = limit
     budget = max(args.max_num_pooled_tokens, max_model_len)
     num_blocks = -(-budget // args.block_size) + budget  # a partial block per input
     runner = PoolingRunner(
@@ -255,13 +252,42 @@ def _matryoshka(config: PretrainedConfig) -> list[int] | None:
     return [] if getattr(config, "is_matryoshka", False) else None
 
 
-def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
-    """The context limit: asked for, or the model's own, capped by what the engine can hold."""
-    limit = args.max_model_len or int(config.max_position_embeddings)  # type: ignore[attr-defined]
-    if limit > capacity:
-        log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
-        limit = capacity
-    return limit
+def _max_model_len(
+    args: EngineArgs,
+    config: object,
+    num_blocks: int,
+    block_bytes: int,
+) -> int:
+    """The context limit: asked for, or the model's own. A limit asked for that the KV cache
+    cannot hold is refused (serving less than asked for would be a silent change); the
+    model's own is served shorter, said at start-up as a warning, which the server's log
+    shows (and /v1/models reports the length)."""
+    capacity = num_blocks * args.block_size
+    native = int(config.max_position_embeddings)  # type: ignore[attr-defined]
+    limit = args.max_model_len or native
+
+    def memory_for(tokens: int) -> str:
+        return f"{-(-(-(-tokens // args.block_size) * block_bytes) // 2**20)}MiB"
+
+    if limit <= capacity:
+        return limit
+    held = (
+        f"kv_cache_memory {args.kv_cache_memory} ({num_blocks * block_bytes} bytes in "
+        f"{num_blocks} blocks) holds {capacity} tokens"
+    )
+    if args.max_model_len is not None:
+        raise EngineConfigError(
+            f"max_model_len {limit} does not fit the KV cache: {held}; pass --kv-cache-memory "
+            f"{memory_for(limit)} (or more), or --max-model-len {capacity} (or less)"
+        )
+    log.warning(
+        "max_model_len %d, not the model's %d: %s; --kv-cache-memory %s serves the model's own",
+        capacity,
+        native,
+        held,
+        memory_for(native),
+    )
+    return capacity
 
 
 def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -4,7 +4,8 @@ Owns how a generation becomes what an Anthropic client reads: content blocks in 
 model wrote them (its thinking, then text and tool uses), `stop_reason` (`end_turn`,
 `max_tokens`, `stop_sequence` with the sequence, `tool_use`), usage in Anthropic's split (the
 prompt's tokens read from the prefix cache as `cache_read_input_tokens`, the rest as
-`input_tokens`), and the event sequence of a stream: `message_start`, then per block
+`input_tokens`), and the event sequence of a stream: `message_start` (once the first output
+says what the prefix cache served, so its usage is the final one's split), then per block
 `content_block_start`, its deltas (`thinking_delta` then `signature_delta`, `text_delta`,
 `input_json_delta`), `content_block_stop`, with one `ping` after the first block's start (where
 Anthropic's own streams send it), then `message_delta` (stop reason, final usage) and
@@ -17,11 +18,11 @@ plain values.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import msgspec
 import partial_json_parser
 
 from trio_llm.http.answer import AnswerReader, Piece
@@ -49,6 +50,7 @@ from trio_llm.http.anthropic.protocol import (
     ToolUseBlock,
     error_object,
 )
+from trio_llm.http.anthropic.signing import PROCESS_KEY, sign
 from trio_llm.http.errors import ProtocolError
 from trio_llm.outputs import CompletionOutput, RequestOutput
 
@@ -56,12 +58,6 @@ from trio_llm.outputs import CompletionOutput, RequestOutput
 def tool_use_id(call_id: str) -> str:
     """Anthropic's id of a call the tool parser named `call_...`."""
     return "toolu_" + call_id.removeprefix("call_")
-
-
-def signature(thinking: str) -> str:
-    """A thinking block's `signature`: Anthropic's is opaque; this one is the thinking's digest,
-    so a block passed back unchanged can be told from an edited one."""
-    return hashlib.sha256(thinking.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -116,9 +112,11 @@ def message_response(
     reader: AnswerReader,
     *,
     show_thinking: bool = True,
+    key: bytes = PROCESS_KEY,
 ) -> Message:
     """The message of a request that does not stream, from its finished output;
-    `show_thinking` False: thinking blocks empty but for their signature."""
+    `show_thinking` False: thinking blocks empty but for their signature (made with `key`,
+    signing.py)."""
     tokens = _Tokens()
     tokens.add(output)
     [o] = output.outputs
@@ -126,7 +124,7 @@ def message_response(
     reasoning, content, calls = reader.finish()
     blocks: list[ContentBlock] = []
     if reasoning:
-        blocks.append(ThinkingBlock(reasoning if show_thinking else "", signature(reasoning)))
+        blocks.append(ThinkingBlock(reasoning if show_thinking else "", sign(reasoning, key)))
     if content:
         blocks.append(TextBlock(content))
     blocks += [ToolUseBlock(tool_use_id(c.id), c.name, tool_input(c.arguments)) for c in calls]
@@ -156,6 +154,8 @@ class MessagesStream:
     reader: AnswerReader
     show_thinking: bool = True
     """False: no thinking_delta events, the block's signature only."""
+    key: bytes = PROCESS_KEY
+    """What thinking blocks are signed with (signing.py)."""
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
     _index: int = field(default=-1, init=False)
     """The open block's index (-1: none yet)."""
@@ -164,9 +164,21 @@ class MessagesStream:
     _thinking: list[str] = field(default_factory=list, init=False)
     _called: bool = field(default=False, init=False)
     _last: CompletionOutput | None = field(default=None, init=False)
+    _started: bool = field(default=False, init=False)
+    """message_start went out."""
 
     def begin(self) -> list[Any]:
-        usage = MessageUsage(input_tokens=self.prompt_tokens, output_tokens=0)
+        """Nothing yet: message_start waits for the first output, which says how much of the
+        prompt the prefix cache served, so that its usage splits the input as message_delta's
+        and the unstreamed message's do."""
+        return []
+
+    def _message_start(self) -> list[Any]:
+        if self._started:
+            return []
+        self._started = True
+        tokens = self._tokens if self._tokens.prompt else _Tokens(prompt=self.prompt_tokens)
+        usage = msgspec.structs.replace(tokens.usage(), output_tokens=0)
         message = Message(id=self.response_id, model=self.model, content=[], usage=usage)
         return [MessageStart(message)]
 
@@ -185,7 +197,7 @@ class MessagesStream:
         events: list[Any] = []
         if self._open == "thinking":
             thought = "".join(self._thinking)
-            events.append(ContentBlockDelta(self._index, SignatureDelta(signature(thought))))
+            events.append(ContentBlockDelta(self._index, SignatureDelta(sign(thought, self.key))))
             self._thinking = []
         self._open = None
         return [*events, ContentBlockStop(self._index)]
@@ -213,7 +225,7 @@ class MessagesStream:
 
     def feed(self, prompt_index: int, output: RequestOutput) -> list[Any]:
         self._tokens.add(output)
-        events: list[Any] = []
+        events = self._message_start()
         for o in output.outputs:
             events += self._read(self.reader.feed(o.text))
             if o.finished:
@@ -222,7 +234,7 @@ class MessagesStream:
         return events
 
     def end(self) -> list[Any]:
-        events = self._read(self.reader.end())
+        events = [*self._message_start(), *self._read(self.reader.end())]
         if self._index < 0:  # nothing at all: one empty text block, as a client expects
             events += self._start(TextBlock(""), "text")
         events += self._stop()

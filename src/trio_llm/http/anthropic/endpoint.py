@@ -35,6 +35,7 @@ from trio_llm.http.anthropic.protocol import (
     MessagesRequest,
     TokenCount,
 )
+from trio_llm.http.anthropic.signing import thinking_key
 from trio_llm.http.generate.endpoint import Prompt, serve_generation
 from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
@@ -69,13 +70,15 @@ class MessagesEndpoint:
 
     formats: OutputFormats
     """--tool-call-parser and --reasoning-parser."""
+    key: bytes
+    """What thinking blocks are signed and verified with (signing.py)."""
     request_type: ClassVar = MessagesRequest
     id_prefix: ClassVar = "msg_"
 
     def plan(
         self, request: MessagesRequest, limits: RequestLimits, defaults: SamplingDefaults
     ) -> MessagesPlan:
-        return plan_messages(request, limits, defaults)
+        return plan_messages(request, limits, defaults, self.key)
 
     async def prepare(
         self, request: MessagesRequest, plan: MessagesPlan, engine: EngineClient, model: ModelInfo
@@ -93,6 +96,7 @@ class MessagesEndpoint:
             prepared.prompt_tokens,
             prepared.new_reader(),
             show_thinking=prepared.plan.show_thinking,
+            key=self.key,
         )
 
     def response(
@@ -109,11 +113,14 @@ class MessagesEndpoint:
             output,
             prepared.new_reader(),
             show_thinking=prepared.plan.show_thinking,
+            key=self.key,
         )
 
 
 async def create_message() -> Response:
-    return await serve_generation(MessagesEndpoint(OutputFormats.of(current_state().config)))
+    config = current_state().config
+    endpoint = MessagesEndpoint(OutputFormats.of(config), thinking_key(config.thinking_secret))
+    return await serve_generation(endpoint)
 
 
 async def count_tokens() -> Response:
@@ -121,5 +128,6 @@ async def count_tokens() -> Response:
     state = current_state()
     lease, _ = state.lease(request.model)
     formats = OutputFormats.of(state.config)
-    rendered = await render_conversation(lease.client, plan_conversation(request), formats)
+    conversation = plan_conversation(request, thinking_key(state.config.thinking_secret))
+    rendered = await render_conversation(lease.client, conversation, formats)
     return json_response(TokenCount(len(rendered.token_ids)))

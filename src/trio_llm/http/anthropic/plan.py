@@ -3,13 +3,15 @@ renders, the `SamplingParams`, the tools and the thinking asked for.
 
 Owns what Anthropic's fields mean here: `system` (a string or text blocks) as the system
 message; each message's blocks in order (text joined, an assistant's `tool_use` blocks as its
-tool calls, a user's `tool_result` blocks as tool messages, earlier thinking dropped as chat
-templates drop it); a conversation that ends with the assistant's text is continued from it
-(Anthropic's prefill); `max_tokens` (required), `stop_sequences`, the sampling fields with the
-model's defaults; `tools` and `tool_choice` (auto, any, tool, none; disable_parallel_tool_use)
-as http/tools takes them; `thinking` (enabled with its budget, adaptive, disabled) and
-`output_config` (a JSON schema for the answer, the effort). Images, documents and Anthropic's
-server tools are refused with a 400 naming where they are. Invariant: nothing here touches
+tool calls, a user's `tool_result` blocks as tool messages, an assistant's thinking blocks,
+their signatures verified (an edited one is a 400), as its `reasoning_content`, which the chat
+template shows again or drops as it does for chat); a conversation that ends with the
+assistant's text is continued from it (Anthropic's prefill); `max_tokens` (required),
+`stop_sequences`, the sampling fields with the model's defaults; `tools` and `tool_choice`
+(auto, any, tool, none; disable_parallel_tool_use) as http/tools takes them; `thinking`
+(enabled with its budget, adaptive, disabled) and `output_config` (a JSON schema for the
+answer, the effort). Images, documents and Anthropic's server tools are refused with a 400
+naming where they are. Invariant: nothing here touches
 Quart or the engine; every way a request can be wrong ends in a `ProtocolError` naming the
 parameter.
 """
@@ -40,6 +42,7 @@ from trio_llm.http.anthropic.protocol import (
     ToolResultBlockIn,
     ToolUseBlockIn,
 )
+from trio_llm.http.anthropic.signing import PROCESS_KEY, unseal
 from trio_llm.http.conversation import Conversation
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
 from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults, stop_list
@@ -94,19 +97,37 @@ def _tool_result(block: ToolResultBlockIn, where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
 
 
-def _message(message: MessageIn, where: str) -> list[dict[str, Any]]:
+def _message(message: MessageIn, where: str, key: bytes) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user's tool results become tool messages
-    (before its text), an assistant's tool uses its calls."""
+    (before its text), an assistant's tool uses its calls, its thinking (verified against
+    its signature) its `reasoning_content`."""
     role = message.role
     if isinstance(message.content, str):
         return [{"role": role, "content": message.content}]
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(message.content):
         at = f"{where}.content[{j}]"
-        if isinstance(block, ThinkingBlockIn | RedactedThinkingBlockIn):
+        if isinstance(block, ThinkingBlockIn):
+            # The signature carries the thinking: an omitted block (empty) gets it back.
+            thought = unseal(block.signature, key)
+            if thought is None or (block.thinking and block.thinking != thought):
+                raise bad_request(
+                    f"{at}.signature: Invalid `signature` in `thinking` block: this server did "
+                    "not sign this thinking (edited, from another model, or signed before a "
+                    "restart without --thinking-secret)",
+                    param=f"{at}.signature",
+                )
+            thoughts.append(thought)
             continue
+        if isinstance(block, RedactedThinkingBlockIn):
+            raise bad_request(
+                f"{at}.data: Invalid `data` in `redacted_thinking` block: this server writes "
+                "no redacted thinking",
+                param=f"{at}.data",
+            )
         if isinstance(block, ToolUseBlockIn):
             if role != "assistant":
                 raise bad_request(f"{at}: only the assistant uses tools", param=at)
@@ -122,8 +143,13 @@ def _message(message: MessageIn, where: str) -> list[dict[str, Any]]:
     out = list(results)
     if calls:
         out.append({"role": role, "content": "".join(texts) or None, "tool_calls": calls})
-    elif texts or not results:
+    elif texts or not results or thoughts:
         out.append({"role": role, "content": "".join(texts)})
+    if thoughts and role == "assistant":
+        # The template decides what the model sees again: Qwen3's shows the thinking of the
+        # turns since the last user message (a tool loop's) and drops earlier turns', as
+        # Anthropic documents for its models.
+        out[-1]["reasoning_content"] = "\n".join(thoughts)
     return out
 
 
@@ -134,13 +160,16 @@ def _system(system: str | list[TextBlockIn] | None) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def conversation_messages(request: ConversationFields) -> tuple[list[dict[str, Any]], bool]:
-    """The chat messages of the request, and whether the answer continues the last one."""
+def conversation_messages(
+    request: ConversationFields, key: bytes
+) -> tuple[list[dict[str, Any]], bool]:
+    """The chat messages of the request, and whether the answer continues the last one;
+    thinking blocks are verified with `key`."""
     if not request.messages:
         raise bad_request("messages: at least one message is required", param="messages")
     messages = _system(request.system)
     for i, message in enumerate(request.messages):
-        messages += _message(message, f"messages[{i}]")
+        messages += _message(message, f"messages[{i}]", key)
     last = request.messages[-1]
     continues = last.role == "assistant" and not messages[-1].get("tool_calls")
     return messages, continues
@@ -174,8 +203,12 @@ def _tools(request: ConversationFields) -> tuple[list[FunctionTool], ToolChoiceV
     return tools, check_tools(tools, choice), parallel
 
 
-def plan_conversation(request: ConversationFields) -> Conversation:
-    messages, continues = conversation_messages(request)
+def plan_conversation(request: ConversationFields, key: bytes) -> Conversation:
+    if request.mcp_servers:
+        raise not_supported("mcp_servers", "Connecting to MCP servers")
+    if request.context_management and request.context_management.get("edits"):
+        raise not_supported("context_management", "Context editing")
+    messages, continues = conversation_messages(request, key)
     tools, choice, parallel = _tools(request)
     thinking, budget = None, None
     given = request.thinking
@@ -213,9 +246,12 @@ def plan_conversation(request: ConversationFields) -> Conversation:
 
 
 def plan_messages(
-    request: MessagesRequest, limits: RequestLimits, defaults: SamplingDefaults
+    request: MessagesRequest,
+    limits: RequestLimits,
+    defaults: SamplingDefaults,
+    key: bytes = PROCESS_KEY,
 ) -> MessagesPlan:
-    conversation = plan_conversation(request)
+    conversation = plan_conversation(request, key)
     if conversation.budget is not None and conversation.budget >= request.max_tokens:
         raise bad_request(
             "thinking.budget_tokens: must be less than max_tokens "

@@ -170,7 +170,9 @@ class Metadata(Struct, kw_only=True):
 
 
 class ConversationFields(Struct, kw_only=True):
-    """What decides the prompt: the fields /v1/messages and /count_tokens share."""
+    """What decides the prompt: the fields /v1/messages and /count_tokens share. A field
+    outside these is a 400 (`...: Extra inputs are not permitted`), as Anthropic answers it:
+    the request types forbid unknown fields."""
 
     model: str
     messages: list[MessageIn]
@@ -181,11 +183,20 @@ class ConversationFields(Struct, kw_only=True):
     thinking: ThinkingConfig | None = None
     """None: the model thinks as its template does by default."""
     output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None
+    """Accepted (automatic caching): the prefix cache needs no breakpoints."""
+    speed: str | None = None
+    """Accepted: the server has one speed."""
+    context_management: dict[str, Any] | None = None
+    """Refused with edits (the plan): clearing earlier turns would change the prompt."""
+    mcp_servers: list[dict[str, Any]] | None = None
+    """Refused when not empty (the plan): the server connects to no MCP server."""
 
 
-class MessagesRequest(ConversationFields, kw_only=True):
-    """Anthropic's fields this server builds; unknown ones (service_tier, container, ...) are
-    ignored, as Anthropic's own API does with what it does not know."""
+class MessagesRequest(ConversationFields, kw_only=True, forbid_unknown_fields=True):
+    """Anthropic's fields (its SDK's `MessageCreateParams`): those that change the answer are
+    built or refused by the plan; those that cannot (service_tier, inference_geo, container
+    without a server tool, diagnostics) are accepted."""
 
     max_tokens: PositiveInt
     stop_sequences: list[str] | None = None
@@ -194,6 +205,11 @@ class MessagesRequest(ConversationFields, kw_only=True):
     top_p: float | None = None
     top_k: Int32 | None = None
     metadata: Metadata | None = None
+    service_tier: str | None = None
+    inference_geo: str | None = None
+    container: str | dict[str, Any] | None = None
+    """Where Anthropic's code-execution tool runs; server tools are refused."""
+    diagnostics: dict[str, Any] | None = None
 
     # What the request skeleton reads of every generating request (generate/endpoint.py).
     @property
@@ -205,7 +221,7 @@ class MessagesRequest(ConversationFields, kw_only=True):
         return 0
 
 
-class CountTokensRequest(ConversationFields, kw_only=True):
+class CountTokensRequest(ConversationFields, kw_only=True, forbid_unknown_fields=True):
     pass
 
 

@@ -17,12 +17,15 @@ import numpy as np
 
 from trio_llm.http.pooling.plan import RerankPlan
 from trio_llm.http.pooling.protocol import (
+    ApiVersion,
+    BilledUnits,
     ClassificationData,
     ClassificationResponse,
     PoolingData,
     PoolingResponse,
     PoolingUsage,
     RerankDocument,
+    RerankMeta,
     RerankResponse,
     RerankResult,
     RerankUsage,
@@ -99,8 +102,13 @@ def score_response(head: Head, outputs: Sequence[ScoringRequestOutput]) -> Score
 
 
 def rerank_response(
-    head: Head, plan: RerankPlan, outputs: Sequence[ScoringRequestOutput]
+    head: Head,
+    plan: RerankPlan,
+    outputs: Sequence[ScoringRequestOutput],
+    api_version: str | None = None,
 ) -> RerankResponse:
+    """`api_version` (Cohere's, "1" or "2"): the answer carries Cohere's `meta`, billing a
+    search unit per 100 documents as Cohere does."""
     scores = [o.outputs.score for o in outputs]
     best = sorted(range(len(scores)), key=lambda i: -scores[i])[: plan.top_n]
     tokens = prompt_tokens(outputs)
@@ -116,4 +124,9 @@ def rerank_response(
             )
             for i in best
         ],
+        meta=None
+        if api_version is None
+        else RerankMeta(
+            ApiVersion(api_version), BilledUnits(max(1, -(-len(plan.documents) // 100)))
+        ),
     )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from quart import Response
+from quart import Response, request
 
 from trio_llm.client.errors import InvalidPromptError
 from trio_llm.http.conversation import chat_messages
@@ -35,6 +35,7 @@ from trio_llm.http.pooling.plan import (
     plan_pooling,
     plan_rerank,
     plan_score,
+    pooling_options,
 )
 from trio_llm.http.pooling.protocol import (
     ClassificationRequest,
@@ -89,6 +90,7 @@ async def pooling(raw: bytes | None = None) -> Response:
     plan = plan_pooling(req, state.config.limits)
     sequences = 1 if plan.inputs is None else len(plan.inputs)
     lease, head = _route(state, req, "pooling", sequences, "pool-")
+    normalize = pooling_options(req, lease.client.task, lease.client.model_config.normalized)
     inputs = plan.inputs
     if inputs is None:
         assert req.messages is not None
@@ -125,6 +127,8 @@ async def pooling(raw: bytes | None = None) -> Response:
         if plan.inputs is None and error.param.startswith("input"):
             error.param = "messages"
         raise
+    if normalize:
+        vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
     tokens = prompt_tokens(outputs)
     _count(state, head, tokens)
     return json_response(pooling_response(head, vectors, tokens, as_base64=plan.base64))
@@ -175,4 +179,6 @@ async def rerank(raw: bytes | None = None) -> Response:
         names=("query", "documents"),
     )
     _count(state, head, prompt_tokens(outputs))
-    return json_response(rerank_response(head, plan, outputs))
+    # Cohere's routes answer with Cohere's `meta`; vLLM's /rerank (and /invocations) without.
+    version = {"/v1/rerank": "1", "/v2/rerank": "2"}.get(request.path)
+    return json_response(rerank_response(head, plan, outputs, version))

@@ -65,6 +65,42 @@ def plan_pooling(request: PoolingRequest, limits: RequestLimits) -> PoolingPlan:
     return PoolingPlan(inputs, request.encoding_format == "base64")
 
 
+def pooling_options(request: PoolingRequest, task: str, normalized: bool) -> bool:
+    """vLLM's `task`, `normalize` and `use_activation` against the model that serves the
+    request (its engine's `task`, whether its engine normalises): whether the endpoint must
+    normalise the vectors itself. What would change the output and cannot be done is a 400
+    naming the field, as vLLM refuses a parameter its task does not take."""
+    own = "embed" if task == "embed" else "classify"
+    if request.task is not None and request.task not in (own, task):
+        raise bad_request(
+            f"Unsupported task: {request.task!r}; this model serves {own!r}", param="task"
+        )
+    if own == "embed":
+        if request.use_activation is not None:
+            raise bad_request(
+                "use_activation: task embed does not take use_activation (classify does)",
+                param="use_activation",
+            )
+        if request.normalize is False and normalized:
+            raise bad_request(
+                "normalize: this model's engine normalises its embeddings; unnormalised "
+                "ones cannot be served",
+                param="normalize",
+            )
+        return bool(request.normalize) and not normalized
+    if request.normalize is not None:
+        raise bad_request(
+            "normalize: task classify does not take normalize (embed does)", param="normalize"
+        )
+    if request.use_activation is False:
+        raise bad_request(
+            "use_activation: this server's classifiers return activated scores only; raw "
+            "logits cannot be served",
+            param="use_activation",
+        )
+    return False
+
+
 def plan_classify(request: ClassificationRequest, limits: RequestLimits) -> ClassifyPlan:
     return ClassifyPlan(prompt_forms(request.input, "input", limits.max_embedding_inputs))
 

@@ -51,6 +51,15 @@ class PoolingRequest(PoolingFields, kw_only=True):
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    task: str | None = None
+    """vLLM's pooling task: None or the model's own (`embed`, `classify`); another (e.g.
+    `token_embed`) is a 400 naming it."""
+    normalize: bool | None = None
+    """With an embedding model: true L2-normalises the vectors (the engine's already are
+    when the model says so); false on a model whose engine normalises is a 400."""
+    use_activation: bool | None = None
+    """With a classifier: false (raw logits) is a 400: the engine returns activated
+    scores."""
 
 
 class ClassificationRequest(PoolingFields, kw_only=True):
@@ -150,12 +159,30 @@ class RerankUsage(Struct):
     total_tokens: int
 
 
-class RerankResponse(Struct, kw_only=True):
+class ApiVersion(Struct):
+    version: str
+
+
+class BilledUnits(Struct):
+    search_units: int
+    """Cohere's unit: one query over up to 100 documents."""
+
+
+class RerankMeta(Struct):
+    """Cohere's `meta` (its SDK's `ApiMeta`), on its routes /v1/rerank and /v2/rerank."""
+
+    api_version: ApiVersion
+    billed_units: BilledUnits
+
+
+class RerankResponse(Struct, kw_only=True, omit_defaults=True):
     id: str
     model: str
     usage: RerankUsage
     results: list[RerankResult]
     """Best first; ties keep the documents' order."""
+    meta: RerankMeta | None = None
+    """On Cohere's routes only: vLLM's /rerank has none."""
 
 
 WIRE_TYPES: tuple[type[Struct], ...] = (

@@ -47,6 +47,7 @@ from trio_llm.http.responses.protocol import (
     OutputTextDone,
     OutputTextPart,
     OutputTokensDetails,
+    RawMessage,
     ReasoningOut,
     ReasoningText,
     ReasoningTextDelta,
@@ -175,11 +176,13 @@ def complete_response(
     on_finished: OnFinished,
     top_logprobs: int | None = None,
     reader: AnswerReader | None = None,
+    prompt: RawMessage | None = None,
 ) -> ResponseObject:
     """The response of a request that does not stream, from its finished output;
     `top_logprobs`: alternatives per token in the text's logprobs (None: none); `reader`:
     reads the thinking and the function calls out of the text (None: the text is all
-    message)."""
+    message); `prompt` (enable_response_messages): the rendered prompt, the response then
+    carries it and the output as raw messages."""
     tokens = _Tokens()
     tokens.add(output)
     [o] = output.outputs
@@ -196,6 +199,9 @@ def complete_response(
     items += [_function_call(c.id, c.name, c.arguments, "completed") for c in calls]
     items[-1].status = _last_item_status(response)
     response.output = items
+    if prompt is not None:
+        response.input_messages = [prompt]
+        response.output_messages = [RawMessage(message=o.text, tokens=list(o.token_ids))]
     if response.status != "failed":
         on_finished(response)
     return response
@@ -221,6 +227,11 @@ class ResponsesStream:
     """Alternatives per token in the deltas' and the text's logprobs; None: none."""
     reader: AnswerReader = field(default_factory=AnswerReader)
     """Reads the thinking and the function calls out of the text."""
+    prompt: RawMessage | None = None
+    """With enable_response_messages: the rendered prompt; the final response carries it and
+    the whole output as raw messages."""
+    _raw: RawMessage = field(default_factory=lambda: RawMessage(message="", tokens=[]), init=False)
+    """The output so far, as text and token ids (kept only with `prompt`)."""
     _sequence: int = field(default=0, init=False)
     _tokens: _Tokens = field(default_factory=_Tokens, init=False)
     _output: list[OutputItem] = field(default_factory=list, init=False)
@@ -354,6 +365,9 @@ class ResponsesStream:
         self._tokens.add(output)
         events = []
         for o in output.outputs:
+            if self.prompt is not None:
+                self._raw.message += o.text
+                self._raw.tokens += o.token_ids
             events += self._read(self.reader.feed(o.text), _logprobs(o, self.top_logprobs))
         return events
 
@@ -365,6 +379,8 @@ class ResponsesStream:
         if self._open:
             events += self._finish(_last_item_status(response))
         response.output = list(self._output)
+        if self.prompt is not None:
+            response.input_messages, response.output_messages = [self.prompt], [self._raw]
         if response.status == "failed":
             return [*events, self._event(ResponseFailed, response=response)]
         self.on_finished(response)

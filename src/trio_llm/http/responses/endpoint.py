@@ -42,7 +42,12 @@ from trio_llm.http.responses.build import (
     initial_response,
 )
 from trio_llm.http.responses.plan import ResponsesPlan, conversation_messages, plan_responses
-from trio_llm.http.responses.protocol import DeletedResponse, ResponseObject, ResponsesRequest
+from trio_llm.http.responses.protocol import (
+    DeletedResponse,
+    RawMessage,
+    ResponseObject,
+    ResponsesRequest,
+)
 from trio_llm.http.responses.store import ResponseStore, StoredResponse
 from trio_llm.http.runtime.bodies import json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
@@ -66,6 +71,8 @@ class PreparedResponse:
     """Reads the thinking and the function calls out of the answer."""
     outbox: list[StoredResponse] = dataclasses.field(default_factory=list)
     """The finished response to store, from the builder until `settle` stores it."""
+    prompt: RawMessage | None = None
+    """With enable_response_messages: the rendered prompt, as text and token ids."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +109,13 @@ class ResponsesEndpoint:
         )
         rendered = await render_conversation(engine, conversation, self.formats)
         prompts = [Prompt(rendered.token_ids, "input")]
-        return PreparedResponse(plan, prompts, rendered.params(plan.params), rendered.new_reader)
+        prompt = None
+        if request.enable_response_messages:
+            text = await engine.decode(rendered.token_ids, skip_special_tokens=False)
+            prompt = RawMessage(message=text, tokens=list(rendered.token_ids))
+        return PreparedResponse(
+            plan, prompts, rendered.params(plan.params), rendered.new_reader, prompt=prompt
+        )
 
     def _base(
         self, request: ResponsesRequest, plan: ResponsesPlan, head: ResponseHead
@@ -137,6 +150,7 @@ class ResponsesEndpoint:
             self._on_finished(request, prepared),
             plan.top_logprobs,
             prepared.new_reader(),
+            prepared.prompt,
         )
 
     def response(
@@ -154,6 +168,7 @@ class ResponsesEndpoint:
             self._on_finished(request, prepared),
             plan.top_logprobs,
             prepared.new_reader(),
+            prepared.prompt,
         )
 
 

@@ -103,6 +103,9 @@ class ResponsesRequest(Struct, kw_only=True):
     seed: Int64 | None = None
     priority: Int32 = 0
     request_id: RequestId | None = None
+    enable_response_messages: bool = False
+    """The response carries `input_messages` (the rendered prompt) and `output_messages` (the
+    generated text), each as text and token ids (vLLM's, for a model without harmony)."""
 
 
 class InputTextPart(Struct, tag="input_text", tag_field="type"):
@@ -307,6 +310,15 @@ class ResponseError(Struct):
     message: str
 
 
+class RawMessage(Struct, kw_only=True):
+    """vLLM's `ResponseRawMessageAndToken`: a prompt or an output as the model saw or wrote
+    it; where text and tokens diverge, the tokens are the truth."""
+
+    message: str
+    tokens: list[int]
+    type: Literal["raw_message_tokens"] = "raw_message_tokens"
+
+
 class ResponseObject(Struct, kw_only=True):
     """The response, echoing the request's parameters as OpenAI does."""
 
@@ -336,6 +348,9 @@ class ResponseObject(Struct, kw_only=True):
     usage: ResponseUsage | None = None
     user: str | None = None
     background: bool = False
+    input_messages: list[RawMessage] | msgspec.UnsetType = msgspec.UNSET
+    output_messages: list[RawMessage] | msgspec.UnsetType = msgspec.UNSET
+    """With enable_response_messages (vLLM's): the prompt and the output, else absent."""
 
 
 class DeletedResponse(Struct):
