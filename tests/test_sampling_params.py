@@ -1,3 +1,5 @@
+import re
+
 import msgspec
 import pytest
 
@@ -31,7 +33,9 @@ def test_vocab_check_names_logit_bias() -> None:
         "token_id(s) [1000, 50000] in logit_bias contain out-of-vocab token ids. "
         "Vocabulary size: 1000"
     )
-    with pytest.raises(SamplingParamsError, match="101.0 for token 1, -200.0 for token 2"):
+    with pytest.raises(
+        SamplingParamsError, match=re.escape("101.0 for token 1, -200.0 for token 2")
+    ):
         SamplingParams(logit_bias={1: 101.0, 2: -200.0, 3: 5.0}).validate()
 
 
