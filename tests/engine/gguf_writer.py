@@ -36,7 +36,7 @@ _PERMUTED = {"llama", "granite"}
 
 
 def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path, matrices: Any = None) -> Path:
-    """`matrices`: a gguf.GGMLQuantizationType the 2-D weights are stored in (the embedding
+    """`matrices`: a gguf.GGMLQuantizationType the matrices are stored in (the embedding
     and the norms stay float, as in llama.cpp's quantized files' small tensors); None: F32."""
     import gguf
 
@@ -66,8 +66,8 @@ def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path, matrices: An
 
 def _quantizable(name: str, values: np.ndarray) -> bool:
     return (
-        values.ndim == 2
-        and values.shape[1] % 32 == 0
+        values.ndim in (2, 3)  # 3: a mixture's expert stacks
+        and values.shape[-1] % 32 == 0
         and name.endswith(".weight")
         and not name.startswith("token_embd")
     )

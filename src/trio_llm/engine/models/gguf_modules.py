@@ -17,9 +17,12 @@ grouping) are found by comparing with the values transformers read: a module is 
 where the quantized weight dequantizes to what transformers holds, so a layout this module does
 not know keeps its float weight and is named in the log, never computed wrong.
 
+A mixture of experts' stacked parameters (transformers' `...Experts` modules: `gate_up_proj`
+[E, 2I, H] and `down_proj` [E, H, I]) become a `QuantizedExperts`, each expert's two matrices
+read from llama.cpp's `ffn_{gate,up,down}_exps` stacks, running the same expert loop.
+
 What stays float, and is said at start-up: the embedding and a tied LM head (transformers'
-`nn.Embedding`), modules that are not `nn.Linear` (GPT-2's Conv1D, mixture-of-experts stacks:
-transformers multiplies their 3-D parameters in its own expert loop).
+`nn.Embedding`), and modules that are neither (GPT-2's Conv1D).
 """
 
 from __future__ import annotations
@@ -67,6 +70,40 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
 
 
+class QuantizedExperts(nn.Module):
+    """A mixture of experts' expert loop (transformers' own: each expert hit computes its
+    tokens' gated MLP, weighted, summed into their rows) on each expert's quantized matrices."""
+
+    def __init__(
+        self,
+        gate_up: list[QuantizedWeight],
+        down: list[QuantizedWeight],
+        act_fn: Callable[[Tensor], Tensor],
+        linear: Linear,
+    ) -> None:
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+        self.num_experts = len(gate_up)
+        self.act_fn = act_fn
+        self.linear = linear
+
+    def forward(self, hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        out = torch.zeros_like(hidden)
+        hit = top_k_index.flatten().unique().tolist()
+        for expert in hit:
+            if expert >= self.num_experts:  # transformers' padding slot
+                continue
+            token, slot = torch.where(top_k_index == expert)
+            x = hidden[token]
+            gate, up = self.linear(x, self.gate_up[expert], None).chunk(2, dim=-1)  # type: ignore[arg-type]
+            y = self.linear(self.act_fn(gate) * up, self.down[expert], None)  # type: ignore[arg-type]
+            out.index_add_(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
+        return out
+
+    def weights(self) -> list[QuantizedWeight]:
+        return [*self.gate_up, *self.down]
+
+
 def quantize_modules(model: nn.Module, path: Path, dtype: torch.dtype) -> Counter[str]:
     """Replace `model`'s decoder Linears by the GGUF file's quantized tensors; returns how many
     modules took which form, plus what stayed float and why (for the log and the tests)."""
@@ -99,6 +136,9 @@ def quantize_modules(model: nn.Module, path: Path, dtype: torch.dtype) -> Counte
         bias = None if module.bias is None else module.bias.detach()
         setattr(parent, child, QuantizedLinear(weight, bias, linear))
         kept[f"{g.tensors[tensor].tensor_type.name} as {_form(weight)}"] += 1
+    for name, module in list(model.named_modules()):
+        if _is_experts(module):
+            _quantize_experts(model, name, module, g, linear, kept)
     stayed = [n for n, m in model.named_modules() if _is_float_matrix(m)]
     for name in stayed:
         kept[f"{_short(name)} float ({type(model.get_submodule(name)).__name__})"] += 1
@@ -110,8 +150,15 @@ def quantize_modules(model: nn.Module, path: Path, dtype: torch.dtype) -> Counte
     return kept
 
 
-def quantized_linears(model: nn.Module) -> list[QuantizedLinear]:
-    return [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+def quantized_linears(model: nn.Module) -> list[QuantizedLinear | QuantizedExperts]:
+    return [m for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedExperts)]
+
+
+def quantized_weights(model: nn.Module) -> list[QuantizedWeight]:
+    out: list[QuantizedWeight] = []
+    for module in quantized_linears(model):
+        out += module.weights() if isinstance(module, QuantizedExperts) else [module.qweight]
+    return out
 
 
 def use_dense(model: nn.Module, dense: bool) -> None:
@@ -119,6 +166,56 @@ def use_dense(model: nn.Module, dense: bool) -> None:
     linear = dispatching(torch.nn.functional.linear, dense=dense)
     for module in quantized_linears(model):
         module.linear = linear
+
+
+def _is_experts(module: nn.Module) -> bool:
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (
+        isinstance(gate_up, nn.Parameter)
+        and isinstance(down, nn.Parameter)
+        and gate_up.dim() == 3
+        and down.dim() == 3
+        and hasattr(module, "act_fn")
+        and not any("bias" in n for n, _ in module.named_parameters(recurse=False))
+    )
+
+
+def _quantize_experts(
+    model: nn.Module, name: str, module: nn.Module, g: GGUFWeights, linear: Linear,
+    kept: Counter[str],
+) -> None:  # fmt: skip
+    """Replace an experts module by the file's expert stacks, each expert's gate and up fused
+    as transformers fuses them; kept float (and counted so) where the file has no stacks or
+    they do not match what transformers read."""
+    block = next((p for p in name.split(".") if p.isdigit()), None)
+    names = [f"blk.{block}.ffn_{part}_exps.weight" for part in ("gate", "up", "down")]
+    if block is None or not all(g.has(n) for n in names):
+        kept[f"{_short(name)} float (no expert stacks in the file)"] += 1
+        return
+    gate_up_ref, down_ref = module.gate_up_proj, module.down_proj  # type: ignore[union-attr]
+    experts, inter, hidden = (int(d) for d in gate_up_ref.shape)
+    inter //= 2
+    gate_up, down = [], []
+    for e in range(experts):
+        rows = np.arange(e * inter, (e + 1) * inter)
+        fused = g.matrix(names[0], names[1], rows=(rows, rows))
+        own = g.read(names[2], rows=np.arange(e * hidden, (e + 1) * hidden))
+        pair = (fused if not isinstance(fused, Tensor) else None, _runnable(own, g.kernel_dtype))
+        if pair[0] is None or pair[1] is None:
+            kept[f"{_short(name)} float (stored float)"] += 1
+            return
+        for weight, reference in ((pair[0], gate_up_ref[e]), (pair[1], down_ref[e])):
+            expected = reference.detach().float()
+            bound = MATCH_TOLERANCE * float(expected.abs().max().clamp(min=1e-12))
+            if float((weight.dequantize().float() - expected).abs().max()) > bound:
+                kept[f"{_short(name)} float (its file layout is not one this engine knows)"] += 1
+                return
+        gate_up.append(pair[0])
+        down.append(pair[1])
+    parent_name, _, child = name.rpartition(".")
+    quantized = QuantizedExperts(gate_up, down, module.act_fn, linear)  # type: ignore[arg-type]
+    setattr(model.get_submodule(parent_name), child, quantized)
+    kept[f"{_short(name)} ({g.tensors[names[0]].tensor_type.name}) as {_form(gate_up[0])}"] += 1
 
 
 def _linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear, str]]:
@@ -205,14 +302,8 @@ def _form(weight: QuantizedWeight) -> str:
 
 
 def _is_float_matrix(module: nn.Module) -> bool:
-    """A module multiplying float weights that stays so: the embedding, GPT-2's Conv1D, a
-    mixture of experts' stacked parameters."""
-    if isinstance(module, nn.Embedding):
-        return True
-    kind = type(module).__name__
-    return kind == "Conv1D" or (
-        kind.endswith("Experts") and any(True for _ in module.parameters(recurse=False))
-    )
+    """A module multiplying float weights that stays so: the embedding, GPT-2's Conv1D."""
+    return isinstance(module, nn.Embedding) or type(module).__name__ == "Conv1D"
 
 
 def _short(name: str) -> str:

@@ -203,7 +203,7 @@ class ModelRunner:
             gguf_modules.use_dense(model, not self.invariance.on)
             if not self.invariance.on:
                 self.dense_copies = dense_copies.keep(
-                    [m.qweight for m in modules],
+                    gguf_modules.quantized_weights(model),
                     quant.kernel_dtype(spec.dtype),
                     available=dense_copies.available_memory(),
                 )
