@@ -22,6 +22,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from trio_llm.http import ollama
 from trio_llm.http.anthropic import endpoint as anthropic
 from trio_llm.http.anthropic.protocol import error_body
 from trio_llm.http.audio import endpoint as audio
@@ -34,7 +35,6 @@ from trio_llm.http.invocations import endpoint as invocations
 from trio_llm.http.lora import endpoint as lora
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.models import endpoint as models
-from trio_llm.http.ollama import endpoint as ollama
 from trio_llm.http.ollama.protocol import error_body as ollama_error_body
 from trio_llm.http.ops import endpoint as ops
 from trio_llm.http.pooling import endpoint as pooling

@@ -19,17 +19,31 @@ import functools
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
+from quart import Response
 
 from trio_llm import __version__
-from trio_llm.http.errors import ProtocolError
+from trio_llm.http.errors import ProtocolError, bad_request
 from trio_llm.http.ollama.build import rfc3339
-from trio_llm.http.ollama.protocol import Details, ListedModel, RunningModel, ShowResponse
+from trio_llm.http.ollama.protocol import (
+    Details,
+    ListedModel,
+    ModelList,
+    ModelRequest,
+    RunningModel,
+    ShowResponse,
+    Status,
+    Version,
+)
+from trio_llm.http.ollama.served import read_any_body, served_name
 from trio_llm.http.reasoning import pick_reasoning_format
+from trio_llm.http.runtime.bodies import decode_body, json_response
+from trio_llm.http.runtime.state import current_state
 from trio_llm.model_files import resolve_model
 
 if TYPE_CHECKING:
@@ -214,3 +228,57 @@ def refuse_management(action: str, names: list[str]) -> ProtocolError:
         f"({served}); models are chosen on its command line (trio-llm serve MODEL ...)",
         code="unsupported",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+async def api_tags() -> Response:
+    return json_response(ModelList(await listed(current_state())))
+
+
+async def api_ps() -> Response:
+    return json_response(ModelList(await running(current_state())))
+
+
+async def api_show() -> Response:
+    state = current_state()
+    given = await decode_body(ModelRequest, await read_any_body())
+    if not given.model_name:
+        raise bad_request("model: this field is required", param="model")
+    name, card = served_name(state, given.model_name, "any")
+    template = None
+    if card.task == "generate":
+        template = state.engine_for(state.router.model(name)).chat_template
+    return json_response(await show(state, card, template))
+
+
+async def api_version() -> Response:
+    return json_response(Version(OLLAMA_API_VERSION, __version__))
+
+
+async def api_pull() -> Response:
+    """A model already served is there: success at once; any other is refused."""
+    state = current_state()
+    given = await decode_body(ModelRequest, await read_any_body())
+    names = state.router.names()
+    wanted = given.model_name
+    if wanted in names or wanted.removesuffix(":latest") in names:
+        return json_response(Status("success"))
+    raise refuse_management(f'pull of "{wanted}"', names)
+
+
+def _refusal(action: str) -> Callable[..., Any]:
+    async def refuse(**_: object) -> Response:
+        raise refuse_management(action, current_state().router.names())
+
+    refuse.__name__ = f"api_{action}"
+    return refuse
+
+
+api_push = _refusal("push")
+api_create = _refusal("create")
+api_copy = _refusal("copy")
+api_delete = _refusal("delete")
+api_blobs = _refusal("blobs")
