@@ -459,3 +459,46 @@ async def test_generating_and_embedding_models_keep_to_their_routes(
     with pytest.raises(ollama.ResponseError, match="does not support embeddings"):
         await client.embed("fake-model", "x")
     assert (await embedder.show("fake-embed")).capabilities == ["embedding"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "options": {"top_k": 2**40}}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "options": {"seed": 2**70}}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "options": {"num_ctx": -5}}),
+        (
+            "/api/chat",
+            {"model": "fake-model", "messages": HELLO, "options": {"num_predict": 2**40}},
+        ),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "options": {"stop": ["x"] * 99}}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "options": []}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "format": "xml"}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "format": {"type": "nope"}}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "think": "extreme"}),
+        ("/api/chat", {"model": "fake-model", "messages": HELLO, "tools": [{"type": "web"}]}),
+        ("/api/chat", {"model": "fake-model", "messages": [{"content": "x"}]}),
+        ("/api/generate", {"model": "fake-model", "prompt": "x", "context": [-1]}),
+        ("/api/generate", {"model": "fake-model", "prompt": "x", "context": [10**6]}),
+        ("/api/generate", {"model": "fake-model", "prompt": "x", "raw": True, "think": True}),
+        ("/api/embed", {"model": "fake-model", "input": "x", "dimensions": 0}),
+        ("/api/show", {}),
+        ("/api/pull", {"model": 5}),
+    ],
+)
+async def test_no_request_is_a_500(url: str, path: str, body: dict[str, Any]) -> None:
+    response = await post(url, path, {**body, "stream": False})
+    assert 400 <= response.status_code < 500, response.text
+    assert isinstance(response.json()["error"], str)
+
+
+async def test_the_openai_routes_still_stream_server_sent_events(url: str) -> None:
+    """NDJSON is the Ollama builders' framing; every other stream stays SSE."""
+    body = {"model": "fake-model", "messages": HELLO, "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=url, headers=KEY) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = (await r.aread()).decode()
+    assert text.startswith("data: {") and text.endswith("data: [DONE]\n\n")

@@ -64,8 +64,6 @@ async def api_embed() -> Response:
         if not text:
             where = "input" if isinstance(given.input, str) else f"input[{i}]"
             raise bad_request(f"{where}: must not be empty", param=where)
-    if given.dimensions is not None and given.dimensions < 1:
-        raise bad_request("dimensions: must be at least 1", param="dimensions")
     vectors, tokens = ([], 0)
     if inputs:
         vectors, tokens = await _embed(state, name, inputs, given.truncate, given.dimensions)

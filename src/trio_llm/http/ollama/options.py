@@ -46,8 +46,6 @@ IGNORED = (
 _OFF = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}
 """Sampling methods this server does not build, and the value that turns each off."""
 
-_INT64 = 2**63
-
 
 def refused(option: str, why: str) -> ProtocolError:
     param = f"options.{option}"
@@ -122,8 +120,6 @@ def map_options(options: Options | None) -> Sampling:
     if options is None:
         return Sampling()
     _checked_off(options)
-    if options.seed is not None and not -_INT64 <= options.seed < _INT64:
-        raise bad_request("options.seed: must fit in 64 bits", param="options.seed")
     num_ctx = options.num_ctx
     if num_ctx is not None and num_ctx < 1:
         raise bad_request(

@@ -18,6 +18,7 @@ import msgspec
 from msgspec import Struct
 
 from trio_llm.http.errors import ProtocolError
+from trio_llm.http.wire import Int32, Int64, PositiveInt, TokenId
 
 # ---------------------------------------------------------------------------------------------
 # Requests
@@ -29,7 +30,7 @@ class Options(Struct, kw_only=True):
 
     # Load-time and runtime settings: they change how fast, not what.
     numa: bool | None = None
-    num_ctx: int | None = None
+    num_ctx: Int32 | None = None
     num_batch: int | None = None
     num_gpu: int | None = None
     main_gpu: int | None = None
@@ -43,19 +44,19 @@ class Options(Struct, kw_only=True):
     num_thread: int | None = None
     num_keep: int | None = None
     # Sampling.
-    seed: int | None = None
-    num_predict: int | None = None
-    top_k: int | None = None
+    seed: Int64 | None = None
+    num_predict: Int32 | None = None
+    top_k: Int32 | None = None
     top_p: float | None = None
     min_p: float | None = None
     typical_p: float | None = None
     tfs_z: float | None = None
-    repeat_last_n: int | None = None
+    repeat_last_n: Int32 | None = None
     temperature: float | None = None
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    mirostat: int | None = None
+    mirostat: Int32 | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
     penalize_newline: bool | None = None
@@ -138,7 +139,7 @@ class GenerateRequest(_Generating, kw_only=True):
     template: str | None = None
     raw: bool = False
     suffix: str | None = None
-    context: list[int] | None = None
+    context: list[TokenId] | None = None
     images: list[str] | None = None
 
 
@@ -147,7 +148,7 @@ class EmbedRequest(Struct, kw_only=True):
     input: str | list[str]
     truncate: bool = True
     """Ollama's default: inputs past the context are cut to fit rather than refused."""
-    dimensions: int | None = None
+    dimensions: PositiveInt | None = None
     options: Options | None = None
     keep_alive: KeepAlive = None
 
