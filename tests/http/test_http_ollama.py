@@ -295,7 +295,8 @@ async def test_generate_raw_sends_the_prompt_as_written(
         ({"suffix": "return x"}, "suffix"),
         ({"images": ["aGVsbG8="]}, "images"),
         ({"raw": True, "system": "x"}, "system"),
-        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ],
 )
 async def test_generate_refuses_what_it_cannot_do(
@@ -304,6 +305,15 @@ async def test_generate_refuses_what_it_cannot_do(
     response = await post(url, "/api/generate", {"model": "fake-model", "prompt": "x", **fields})
     assert response.status_code == 400
     assert named in response.json()["error"]
+
+
+async def test_logprobs_are_asked_of_the_engine(
+    client: ollama.AsyncClient, engine: FakeEngine
+) -> None:
+    await client.generate("fake-model", "x", logprobs=True, top_logprobs=3)
+    await client.generate("fake-model", "x", logprobs=True)
+    await client.generate("fake-model", "x")
+    assert [p.logprobs for p in engine.params.values()] == [3, 0, None]
 
 
 async def test_chat_refuses_images(client: ollama.AsyncClient) -> None:

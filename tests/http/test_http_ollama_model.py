@@ -51,6 +51,20 @@ def test_chat_streamed_and_not_give_the_same_answer_for_a_seed(client: ollama.Cl
     assert other.message.content != whole.message.content
 
 
+def test_logprobs_come_with_every_token(client: ollama.Client) -> None:
+    asked = {"logprobs": True, "top_logprobs": 3, "options": {**SAMPLED, "num_predict": 6}}
+    whole = client.chat(DEFAULT_MODEL, STORY, **asked)
+    assert len(whole.logprobs) == whole.eval_count == 6
+    assert "".join(p.token for p in whole.logprobs) == whole.message.content
+    for position in whole.logprobs:
+        assert position.logprob <= 0 and len(position.top_logprobs) == 3
+        best = max(t.logprob for t in position.top_logprobs)
+        assert position.logprob <= best + 1e-6
+    parts = list(client.chat(DEFAULT_MODEL, STORY, stream=True, **asked))
+    streamed = [p for part in parts for p in part.logprobs or ()]
+    assert [p.token for p in streamed] == [p.token for p in whole.logprobs]
+
+
 def test_num_predict_ends_the_answer_with_length(client: ollama.Client) -> None:
     response = client.chat(DEFAULT_MODEL, STORY, options={**SAMPLED, "num_predict": 5})
     assert (response.eval_count, response.done_reason) == (5, "length")

@@ -8,7 +8,9 @@ them whole, in one object before the last: Ollama's clients read calls only whol
 last object's `done_reason` ("stop", or "length" when max tokens or the context ended it),
 counts and durations in nanoseconds (`load_duration` is 0: models are loaded when the server
 starts), `created_at` in RFC 3339, and generate's `context` (the prompt's and the answer's
-token ids, for a next request to continue from). A failure after the 200 is a line
+token ids, for a next request to continue from), and with `logprobs` each generated token's
+log probability and alternatives (streamed, with the first object after the token's text
+was read). A failure after the 200 is a line
 `{"error": ...}`, which Ollama's clients raise. Every answer goes through one `AnswerReader`
 (thinking, answer, tool calls), shared with the other APIs.
 
@@ -33,13 +35,15 @@ from trio_llm.http.ollama.protocol import (
     ChatChunk,
     ErrorLine,
     GenerateChunk,
+    Logprob,
     MessageOut,
     Timings,
+    TokenLogprob,
     ToolCallFunctionOut,
     ToolCallOut,
 )
 from trio_llm.http.tools import ToolCall
-from trio_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from trio_llm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 
 _encoder = msgspec.json.Encoder()
 
@@ -70,6 +74,20 @@ def tool_calls(calls: list[ToolCall]) -> list[ToolCallOut] | None:
             function=ToolCallFunctionOut(name=c.name, arguments=tool_input(c.arguments), index=i),
         )
         for i, c in enumerate(calls)
+    ]
+
+
+def logprobs(positions: list[PositionLogprobs] | None) -> list[Logprob] | None:
+    """Ollama's `logprobs`: each generated token's, with its alternatives when asked for."""
+    if positions is None:
+        return None
+    return [
+        Logprob(
+            token=p.chosen.decoded,
+            logprob=p.chosen.logprob,
+            top_logprobs=[TokenLogprob(token=t.decoded, logprob=t.logprob) for t in p.top] or None,
+        )
+        for p in positions
     ]
 
 
@@ -140,6 +158,7 @@ def chat_response(
         message=message,
         done=True,
         done_reason=done_reason(o),
+        logprobs=logprobs(o.logprobs),
         **_final(clock.timings()),
     )
 
@@ -171,6 +190,8 @@ class _Stream:
     clock: Clock
     _calls: _Calls = field(default_factory=_Calls, init=False)
     _last: CompletionOutput | None = field(default=None, init=False)
+    _logprobs: list[Logprob] = field(default_factory=list, init=False)
+    """Of tokens whose text no object has carried yet (held back by a reader)."""
 
     def begin(self) -> list[Any]:
         return []
@@ -188,10 +209,17 @@ class _Stream:
         self.clock.add(output)
         chunks: list[Any] = []
         for o in output.outputs:
+            self._logprobs += logprobs(o.logprobs) or []
             chunks += self._read(self.reader.feed(o.text))
             if o.finished:
                 chunks += self._read(self.reader.end())
                 self._last = o
+        return self._with_logprobs(chunks)
+
+    def _with_logprobs(self, chunks: list[Any]) -> list[Any]:
+        """The logprobs of the tokens read so far go out with the first object that follows."""
+        if chunks and self._logprobs:
+            chunks[0].logprobs, self._logprobs = self._logprobs, []
         return chunks
 
     def fail(self, error: ProtocolError) -> list[ErrorLine]:
@@ -220,7 +248,7 @@ class ChatStream(_Stream):
             done_reason=done_reason(self._last),
             **_final(self.clock.timings()),
         )
-        return [*chunks, last]
+        return self._with_logprobs([*chunks, last])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,6 +271,7 @@ def generate_response(
         done=True,
         done_reason=done_reason(o),
         context=[*output.prompt_token_ids, *o.token_ids],
+        logprobs=logprobs(o.logprobs),
         **_final(clock.timings()),
     )
 
@@ -280,4 +309,4 @@ class GenerateStream(_Stream):
             context=[*self._prompt, *self._tokens],
             **_final(self.clock.timings()),
         )
-        return [*chunks, last]
+        return self._with_logprobs([*chunks, last])

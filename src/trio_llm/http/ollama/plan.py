@@ -12,7 +12,8 @@ on or off, "low"/"medium"/"high" turns it on with that effort, for templates tha
 answer returned, put before the new prompt). Refused with a 400 naming the field: images
 (this server takes no images yet), a Go `template` (the model's own chat template is used;
 `raw` with a prompt formatted by the client does the rest), `suffix` (no fill-in-the-middle),
-`system` with `raw` (a raw prompt is sent as written), `logprobs`. The options are options.py's.
+`system` with `raw` (a raw prompt is sent as written). `logprobs` and `top_logprobs` ask
+for the generated tokens' log probabilities. The options are options.py's.
 Invariant: nothing here touches Quart or the engine.
 """
 
@@ -81,7 +82,7 @@ def thinking(think: Think) -> tuple[bool | None, str | None]:
 
 def sampling_params(
     sampling: Sampling,
-    stream: bool,
+    request: ChatRequest | GenerateRequest,
     constraint: Constraint | None,
     limits: RequestLimits,
     defaults: SamplingDefaults,
@@ -107,7 +108,8 @@ def sampling_params(
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
         stop=stops,
-        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        logprobs=_logprobs(request),
+        output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         constraint=constraint,
     )
     try:
@@ -118,9 +120,13 @@ def sampling_params(
     return params
 
 
-def _refuse_logprobs(request: ChatRequest | GenerateRequest) -> None:
-    if request.logprobs or request.top_logprobs:
-        raise not_supported("logprobs", "Ollama's logprobs")
+def _logprobs(request: ChatRequest | GenerateRequest) -> int | None:
+    """Alternatives per generated token (None: no logprobs)."""
+    if not request.logprobs:
+        if request.top_logprobs:
+            raise bad_request("top_logprobs: needs logprobs to be true", param="top_logprobs")
+        return None
+    return request.top_logprobs or 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +198,6 @@ def _tools(tools: list[ToolIn] | None) -> list[FunctionTool]:
 def plan_chat(
     request: ChatRequest, limits: RequestLimits, defaults: SamplingDefaults
 ) -> OllamaPlan:
-    _refuse_logprobs(request)
     if not request.messages:
         raise bad_request("messages: at least one message is required", param="messages")
     messages = chat_messages(request.messages)
@@ -201,7 +206,7 @@ def plan_chat(
     constraint = format_constraint(request.format)
     sampling = map_options(request.options)
     params = sampling_params(
-        sampling, request.stream, None if constraint is None else constraint[0], limits, defaults
+        sampling, request, None if constraint is None else constraint[0], limits, defaults
     )
     enabled, effort = thinking(request.think)
     continues = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
@@ -251,14 +256,13 @@ def _refuse_generate_fields(request: GenerateRequest) -> None:
 def plan_generate(
     request: GenerateRequest, limits: RequestLimits, defaults: SamplingDefaults
 ) -> OllamaPlan:
-    _refuse_logprobs(request)
     _refuse_generate_fields(request)
     if not request.prompt:
         raise bad_request("prompt: must not be empty", param="prompt")
     constraint = format_constraint(request.format)
     sampling = map_options(request.options)
     params = sampling_params(
-        sampling, request.stream, None if constraint is None else constraint[0], limits, defaults
+        sampling, request, None if constraint is None else constraint[0], limits, defaults
     )
     context = tuple(request.context or ())
     constraint_param = None if constraint is None else constraint[1]

@@ -18,7 +18,7 @@ import msgspec
 from msgspec import Struct
 
 from trio_llm.http.errors import ProtocolError
-from trio_llm.http.wire import Int32, Int64, PositiveInt, TokenId
+from trio_llm.http.wire import Int32, Int64, PositiveInt, TokenId, TopLogprobs
 
 # ---------------------------------------------------------------------------------------------
 # Requests
@@ -115,8 +115,9 @@ class _Generating(Struct, kw_only=True):
     keep_alive: KeepAlive = None
     """Accepted: models stay loaded for as long as the server runs."""
     think: Think = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = None
+    """Alternatives per position (0-20), with logprobs."""
 
     # What the generate skeleton reads of every request (generate/endpoint.py).
     @property
@@ -200,6 +201,19 @@ class MessageOut(Struct, kw_only=True, omit_defaults=True):
     tool_calls: list[ToolCallOut] | None = None
 
 
+class TokenLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+
+
+class Logprob(Struct, kw_only=True, omit_defaults=True):
+    """One generated token's: its log probability and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    top_logprobs: list[TokenLogprob] | None = None
+
+
 class Timings(Struct, kw_only=True):
     """The final object's counts and durations (nanoseconds)."""
 
@@ -219,6 +233,7 @@ class ChatChunk(Struct, kw_only=True, omit_defaults=True):
     message: MessageOut
     done: bool
     done_reason: str | None = None
+    logprobs: list[Logprob] | None = None
     total_duration: int | None = None
     load_duration: int | None = None
     prompt_eval_count: int | None = None
@@ -235,6 +250,7 @@ class GenerateChunk(Struct, kw_only=True, omit_defaults=True):
     done: bool
     done_reason: str | None = None
     context: list[int] | None = None
+    logprobs: list[Logprob] | None = None
     total_duration: int | None = None
     load_duration: int | None = None
     prompt_eval_count: int | None = None
