@@ -9,9 +9,13 @@ client that goes away cancels the handler, which aborts the inputs still in the 
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
+import trio
 from quart import Response
 
+from trio_llm.client.embeddings import cut_embedding
+from trio_llm.http.embeddings.endpoint import ENCODE_OFF_LOOP
 from trio_llm.http.errors import bad_request
 from trio_llm.http.ids import new_response_id
 from trio_llm.http.ollama.build import Clock
@@ -46,9 +50,17 @@ async def _embed(
     return [o.outputs.data for o in outputs], tokens
 
 
-def _unit(vector: np.ndarray) -> list[float]:
-    norm = float(np.linalg.norm(vector))
-    return (vector / norm if norm > 0 else vector).tolist()
+def _embed_body(name: str, vectors: list[np.ndarray], tokens: int, clock: Clock) -> bytes:
+    """The answer's JSON, the vectors made unit length, as Ollama's are."""
+    embeddings = [cut_embedding(v, v.size, normalized=True).tolist() for v in vectors]
+    response = EmbedResponse(
+        model=name,
+        embeddings=embeddings,
+        total_duration=clock.timings().total_duration,
+        load_duration=0,
+        prompt_eval_count=tokens,
+    )
+    return msgspec.json.encode(response)
 
 
 async def api_embed() -> Response:
@@ -67,16 +79,11 @@ async def api_embed() -> Response:
     vectors, tokens = ([], 0)
     if inputs:
         vectors, tokens = await _embed(state, name, inputs, given.truncate, given.dimensions)
-    timings = clock.timings()
-    return json_response(
-        EmbedResponse(
-            model=name,
-            embeddings=[_unit(v) for v in vectors],
-            total_duration=timings.total_duration,
-            load_duration=0,
-            prompt_eval_count=tokens,
-        )
-    )
+    if sum(v.size for v in vectors) <= ENCODE_OFF_LOOP:
+        body = _embed_body(name, vectors, tokens, clock)
+    else:  # a large batch's JSON takes a while: off the event loop
+        body = await trio.to_thread.run_sync(_embed_body, name, vectors, tokens, clock)
+    return Response(body, mimetype="application/json")
 
 
 async def api_embeddings() -> Response:

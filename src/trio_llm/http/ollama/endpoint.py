@@ -98,12 +98,19 @@ def _fit_context(
 
 @dataclass(frozen=True, slots=True)
 class _OllamaEndpoint:
-    """What chat and generate share (`GenerationEndpoint`)."""
+    """What chat and generate share (`GenerationEndpoint`); each says its request type, plan,
+    stream builder and response."""
 
     formats: OutputFormats
     clock: Clock = field(default_factory=Clock)
     """Started when the request came."""
     id_prefix: ClassVar = "ollama-"
+    plan_request: ClassVar[Callable[..., OllamaPlan]]
+    stream_type: ClassVar[type[ChatStream | GenerateStream]]
+    respond: ClassVar[Callable[..., ChatChunk | GenerateChunk]]
+
+    def plan(self, request: Any, limits: RequestLimits, defaults: SamplingDefaults) -> OllamaPlan:
+        return self.plan_request(request, limits, defaults)
 
     async def prepare(
         self, request: Any, plan: OllamaPlan, engine: EngineClient, model: ModelInfo
@@ -130,55 +137,36 @@ class _OllamaEndpoint:
         param = "messages" if isinstance(request, ChatRequest) else "prompt"
         return PreparedOllama(plan, [Prompt(token_ids, param)], params, new_reader)
 
+    def stream(
+        self, request: Any, prepared: PreparedOllama, head: ResponseHead
+    ) -> ChatStream | GenerateStream:
+        return self.stream_type(head.model, prepared.new_reader(), self.clock)
+
+    def response(
+        self,
+        request: Any,
+        prepared: PreparedOllama,
+        head: ResponseHead,
+        outputs: list[RequestOutput],
+    ) -> ChatChunk | GenerateChunk:
+        [output] = outputs
+        return self.respond(head.model, output, prepared.new_reader(), self.clock)
+
 
 @dataclass(frozen=True, slots=True)
 class ChatEndpoint(_OllamaEndpoint):
     request_type: ClassVar = ChatRequest
-
-    def plan(
-        self, request: ChatRequest, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> OllamaPlan:
-        return plan_chat(request, limits, defaults)
-
-    def stream(
-        self, request: ChatRequest, prepared: PreparedOllama, head: ResponseHead
-    ) -> ChatStream:
-        return ChatStream(head.model, prepared.new_reader(), self.clock)
-
-    def response(
-        self,
-        request: ChatRequest,
-        prepared: PreparedOllama,
-        head: ResponseHead,
-        outputs: list[RequestOutput],
-    ) -> ChatChunk:
-        [output] = outputs
-        return chat_response(head.model, output, prepared.new_reader(), self.clock)
+    plan_request = staticmethod(plan_chat)
+    stream_type = ChatStream
+    respond = staticmethod(chat_response)
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateEndpoint(_OllamaEndpoint):
     request_type: ClassVar = GenerateRequest
-
-    def plan(
-        self, request: GenerateRequest, limits: RequestLimits, defaults: SamplingDefaults
-    ) -> OllamaPlan:
-        return plan_generate(request, limits, defaults)
-
-    def stream(
-        self, request: GenerateRequest, prepared: PreparedOllama, head: ResponseHead
-    ) -> GenerateStream:
-        return GenerateStream(head.model, prepared.new_reader(), self.clock)
-
-    def response(
-        self,
-        request: GenerateRequest,
-        prepared: PreparedOllama,
-        head: ResponseHead,
-        outputs: list[RequestOutput],
-    ) -> GenerateChunk:
-        [output] = outputs
-        return generate_response(head.model, output, prepared.new_reader(), self.clock)
+    plan_request = staticmethod(plan_generate)
+    stream_type = GenerateStream
+    respond = staticmethod(generate_response)
 
 
 def _loaded(keep_alive: object) -> str:

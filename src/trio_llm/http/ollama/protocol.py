@@ -225,38 +225,34 @@ class Timings(Struct, kw_only=True):
     eval_duration: int
 
 
-class ChatChunk(Struct, kw_only=True, omit_defaults=True):
+class _Chunk(Struct, kw_only=True, omit_defaults=True):
+    """What every object of /api/chat and /api/generate carries; the last (done) adds the
+    reason, the counts and the durations (`Timings`)."""
+
+    model: str
+    created_at: str
+    done: bool
+    done_reason: str | None = None
+    logprobs: list[Logprob] | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+
+
+class ChatChunk(_Chunk, kw_only=True, omit_defaults=True):
     """One object of /api/chat: a piece of the answer, or (done) the whole or the last."""
 
-    model: str
-    created_at: str
     message: MessageOut
-    done: bool
-    done_reason: str | None = None
-    logprobs: list[Logprob] | None = None
-    total_duration: int | None = None
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
-    prompt_eval_duration: int | None = None
-    eval_count: int | None = None
-    eval_duration: int | None = None
 
 
-class GenerateChunk(Struct, kw_only=True, omit_defaults=True):
-    model: str
-    created_at: str
+class GenerateChunk(_Chunk, kw_only=True, omit_defaults=True):
     response: str
     thinking: str | None = None
-    done: bool
-    done_reason: str | None = None
     context: list[int] | None = None
-    logprobs: list[Logprob] | None = None
-    total_duration: int | None = None
-    load_duration: int | None = None
-    prompt_eval_count: int | None = None
-    prompt_eval_duration: int | None = None
-    eval_count: int | None = None
-    eval_duration: int | None = None
+    """The last object's: the prompt's and the answer's token ids."""
 
 
 class EmbedResponse(Struct, kw_only=True):
