@@ -37,10 +37,10 @@ from trio_llm.http.ollama.protocol import (
     GenerateChunk,
     Logprob,
     MessageOut,
+    OllamaToolCallOut,
     Timings,
     TokenLogprob,
     ToolCallFunctionOut,
-    ToolCallOut,
 )
 from trio_llm.http.tools import ToolCall
 from trio_llm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
@@ -65,11 +65,11 @@ def done_reason(output: CompletionOutput | None) -> str:
     return "length" if output is not None and output.finish_reason == "length" else "stop"
 
 
-def tool_calls(calls: list[ToolCall]) -> list[ToolCallOut] | None:
+def tool_calls(calls: list[ToolCall]) -> list[OllamaToolCallOut] | None:
     if not calls:
         return None
     return [
-        ToolCallOut(
+        OllamaToolCallOut(
             id=c.id,
             function=ToolCallFunctionOut(name=c.name, arguments=tool_input(c.arguments), index=i),
         )

@@ -33,11 +33,12 @@ from trio_llm.http.ollama.build import rfc3339
 from trio_llm.http.ollama.protocol import (
     Details,
     ListedModel,
-    ModelList,
     ModelRequest,
+    Running,
     RunningModel,
     ShowResponse,
     Status,
+    Tags,
     Version,
 )
 from trio_llm.http.ollama.served import read_any_body, served_name
@@ -235,11 +236,11 @@ def refuse_management(action: str, names: list[str]) -> ProtocolError:
 
 
 async def api_tags() -> Response:
-    return json_response(ModelList(await listed(current_state())))
+    return json_response(Tags(await listed(current_state())))
 
 
 async def api_ps() -> Response:
-    return json_response(ModelList(await running(current_state())))
+    return json_response(Running(await running(current_state())))
 
 
 async def api_show() -> Response:

@@ -31,9 +31,9 @@ from trio_llm.http.ollama.protocol import (
     ChatRequest,
     Format,
     GenerateRequest,
-    MessageIn,
+    OllamaMessage,
+    OllamaTool,
     Think,
-    ToolIn,
 )
 from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults, stop_list
 from trio_llm.http.structured import validated
@@ -137,7 +137,7 @@ def _arguments(arguments: dict[str, Any] | str) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def chat_messages(messages: list[MessageIn]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     """The conversation in OpenAI's chat shape (what http/tools and the template read)."""
     out: list[dict[str, Any]] = []
     unanswered: list[str] = []
@@ -182,7 +182,7 @@ def chat_messages(messages: list[MessageIn]) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(tools: list[ToolIn] | None) -> list[FunctionTool]:
+def _tools(tools: list[OllamaTool] | None) -> list[FunctionTool]:
     out = []
     for i, tool in enumerate(tools or ()):
         if tool.type != "function":

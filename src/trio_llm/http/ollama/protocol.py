@@ -70,19 +70,19 @@ class ToolCallFunctionIn(Struct, kw_only=True):
     index: int | None = None
 
 
-class ToolCallIn(Struct, kw_only=True):
+class OllamaToolCall(Struct, kw_only=True):
     function: ToolCallFunctionIn
     id: str | None = None
     type: str | None = None
 
 
-class MessageIn(Struct, kw_only=True):
+class OllamaMessage(Struct, kw_only=True):
     role: str
     content: str | None = None
     thinking: str | None = None
     """An earlier answer's thinking: dropped, as chat templates drop it."""
     images: list[str] | None = None
-    tool_calls: list[ToolCallIn] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     """A tool message's: the tool that answered."""
     tool_call_id: str | None = None
@@ -94,7 +94,7 @@ class FunctionIn(Struct, kw_only=True):
     parameters: dict[str, Any] | None = None
 
 
-class ToolIn(Struct, kw_only=True):
+class OllamaTool(Struct, kw_only=True):
     type: str = "function"
     function: FunctionIn
 
@@ -130,8 +130,8 @@ class _Generating(Struct, kw_only=True):
 
 
 class ChatRequest(_Generating, kw_only=True):
-    messages: list[MessageIn] = []
-    tools: list[ToolIn] | None = None
+    messages: list[OllamaMessage] = []
+    tools: list[OllamaTool] | None = None
 
 
 class GenerateRequest(_Generating, kw_only=True):
@@ -187,7 +187,7 @@ class ToolCallFunctionOut(Struct, kw_only=True):
     index: int = 0
 
 
-class ToolCallOut(Struct, kw_only=True):
+class OllamaToolCallOut(Struct, kw_only=True):
     id: str
     function: ToolCallFunctionOut
 
@@ -198,7 +198,7 @@ class MessageOut(Struct, kw_only=True, omit_defaults=True):
     role: str
     content: str
     thinking: str | None = None
-    tool_calls: list[ToolCallOut] | None = None
+    tool_calls: list[OllamaToolCallOut] | None = None
 
 
 class TokenLogprob(Struct, kw_only=True):
@@ -300,8 +300,16 @@ class RunningModel(Struct, kw_only=True):
     context_length: int
 
 
-class ModelList(Struct):
-    models: list[ListedModel] | list[RunningModel]
+class Tags(Struct):
+    """/api/tags: the served models."""
+
+    models: list[ListedModel]
+
+
+class Running(Struct):
+    """/api/ps: the served models with a live engine."""
+
+    models: list[RunningModel]
 
 
 class ShowResponse(Struct, kw_only=True):
@@ -343,4 +351,14 @@ WIRE_TYPES: tuple[type[Struct], ...] = (
     GenerateChunk,
     EmbedRequest,
     EmbedResponse,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    ModelRequest,
+    Tags,
+    Running,
+    ShowResponse,
+    Status,
+    Version,
+    ErrorLine,
 )
+"""What /openapi.json shows."""
