@@ -114,6 +114,15 @@ async def test_think_false_turns_the_templates_thinking_off(
     assert engine.template_kwargs[-1]["enable_thinking"] is False
 
 
+async def test_a_think_level_sets_the_templates_effort(
+    client: ollama.AsyncClient, engine: FakeEngine
+) -> None:
+    engine.chat_template = "{{ reasoning_effort }}" + THINKING_TEMPLATE
+    response = await client.chat("fake-model", HELLO, think="high")
+    assert response.message.thinking == "Let me think: é🙂."
+    assert engine.template_kwargs[-1] == {"enable_thinking": True, "reasoning_effort": "high"}
+
+
 async def test_think_on_a_model_that_does_not_think_is_refused(
     engine: FakeEngine, url: str
 ) -> None:
