@@ -1,6 +1,6 @@
 """A request's generations, fanned in: one stream of (prompt index, output) from the
-`generate()` of each of its prompts, framed as server-sent events or collected into finished
-outputs.
+`generate()` of each of its prompts, framed as server-sent events (or as the builder says:
+Ollama's one JSON object a line) or collected into finished outputs.
 
 Invariants:
 - Every generation runs in the request's own task or in a nursery held by a context manager
@@ -215,8 +215,8 @@ def sse_response(
     settle: Settle = _nothing_to_settle,
 ) -> Response:
     """The generations as one SSE stream of `builder`'s chunks (or framed as the builder
-    says: Ollama's NDJSON); `settle` runs between the
-    builder's last chunks being made and their going out."""
+    says: Ollama's NDJSON); `settle` runs between the builder's last chunks being made and
+    their going out."""
     response = Response(
         _ContextBody(_sse_stream(generations, builder, metrics, settle)),
         mimetype=_framing(builder).mimetype,
