@@ -22,6 +22,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from trio_llm.http import ollama
 from trio_llm.http.anthropic import endpoint as anthropic
 from trio_llm.http.anthropic.protocol import error_body
 from trio_llm.http.audio import endpoint as audio
@@ -34,6 +35,7 @@ from trio_llm.http.invocations import endpoint as invocations
 from trio_llm.http.lora import endpoint as lora
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.models import endpoint as models
+from trio_llm.http.ollama.protocol import error_body as ollama_error_body
 from trio_llm.http.ops import endpoint as ops
 from trio_llm.http.pooling import endpoint as pooling
 from trio_llm.http.responses import endpoint as responses
@@ -80,6 +82,21 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("GET", "/get_load", ops.get_load),
     ("GET", "/metrics", ops.metrics),
     ("GET", "/openapi.json", ops.openapi_json),
+    ("POST", "/api/chat", ollama.api_chat),
+    ("POST", "/api/generate", ollama.api_generate),
+    ("POST", "/api/embed", ollama.api_embed),
+    ("POST", "/api/embeddings", ollama.api_embeddings),
+    ("GET", "/api/tags", ollama.api_tags),
+    ("POST", "/api/show", ollama.api_show),
+    ("GET", "/api/ps", ollama.api_ps),
+    ("GET", "/api/version", ollama.api_version),
+    ("POST", "/api/pull", ollama.api_pull),
+    ("POST", "/api/push", ollama.api_push),
+    ("POST", "/api/create", ollama.api_create),
+    ("POST", "/api/copy", ollama.api_copy),
+    ("DELETE", "/api/delete", ollama.api_delete),
+    ("POST", "/api/blobs/<digest>", ollama.api_blobs),
+    ("HEAD", "/api/blobs/<digest>", ollama.api_blobs),
     ("GET", "/", ui.chat_page),
     ("GET", "/ui/<name>", ui.asset),
 )
@@ -111,9 +128,18 @@ def _make_app(state: AppState) -> QuartTrio:
 
 _ANTHROPIC_PATHS = "/v1/messages"
 """Errors under this path take Anthropic's shape (its SDKs read no other)."""
+_OLLAMA_PATHS = "/api/"
+"""Errors under this path take Ollama's shape, `{"error": "..."}`."""
 
 
 def _error(error: ProtocolError) -> Response:
+    if request.path.startswith(_OLLAMA_PATHS):
+        return Response(
+            ollama_error_body(error),
+            status=error.status,
+            headers=error.headers,
+            mimetype="application/json",
+        )
     if request.path.startswith(_ANTHROPIC_PATHS):
         return Response(
             error_body(error),

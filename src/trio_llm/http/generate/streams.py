@@ -1,6 +1,6 @@
 """A request's generations, fanned in: one stream of (prompt index, output) from the
-`generate()` of each of its prompts, framed as server-sent events or collected into finished
-outputs.
+`generate()` of each of its prompts, framed as server-sent events (or as the builder says:
+Ollama's one JSON object a line) or collected into finished outputs.
 
 Invariants:
 - Every generation runs in the request's own task or in a nursery held by a context manager
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -34,8 +35,21 @@ Generations = list[AsyncGenerator[RequestOutput, None]]
 """One `generate()` per prompt of the request, in prompt order, not yet iterated."""
 
 
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """How a stream's chunks go on the wire: server-sent events (OpenAI's, Anthropic's) or
+    one JSON object a line (Ollama's NDJSON)."""
+
+    frame: Callable[[Any], bytes]
+    mimetype: str
+
+
+SSE = Framing(sse_event, "text/event-stream")
+
+
 class Builder(Protocol):
-    """What turns a request's outputs into the chunks of its stream (each API's build.py)."""
+    """What turns a request's outputs into the chunks of its stream (each API's build.py).
+    A builder with a `framing` attribute is framed that way; without one, as SSE."""
 
     done: bytes
     """What closes the stream after its last event (`data: [DONE]`, or nothing)."""
@@ -161,19 +175,20 @@ async def _nothing_to_settle() -> None:
 async def _sse_events(
     outputs: AsyncIterator[tuple[int, RequestOutput]], builder: Builder, settle: Settle
 ) -> AsyncIterator[bytes]:
+    frame = _framing(builder).frame
     try:
         for chunk in builder.begin():
-            yield sse_event(chunk)
+            yield frame(chunk)
         async for index, output in outputs:
             for chunk in builder.feed(index, output):
-                yield sse_event(chunk)
+                yield frame(chunk)
         last = builder.end()
         await settle()
         for chunk in last:
-            yield sse_event(chunk)
+            yield frame(chunk)
     except Exception as error:  # the 200 is out: the error becomes an event
         for chunk in builder.fail(translate_error(error)):
-            yield sse_event(chunk)
+            yield frame(chunk)
     if builder.done:
         yield builder.done
 
@@ -189,17 +204,22 @@ async def _sse_stream(
         yield events
 
 
+def _framing(builder: Builder) -> Framing:
+    return getattr(builder, "framing", SSE)
+
+
 def sse_response(
     generations: Generations,
     builder: Builder,
     metrics: ModelMetrics,
     settle: Settle = _nothing_to_settle,
 ) -> Response:
-    """The generations as one SSE stream of `builder`'s chunks; `settle` runs between the
-    builder's last chunks being made and their going out."""
+    """The generations as one SSE stream of `builder`'s chunks (or framed as the builder
+    says: Ollama's NDJSON); `settle` runs between the builder's last chunks being made and
+    their going out."""
     response = Response(
         _ContextBody(_sse_stream(generations, builder, metrics, settle)),
-        mimetype="text/event-stream",
+        mimetype=_framing(builder).mimetype,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
     response.timeout = None

@@ -18,6 +18,7 @@ from trio_llm.http.embeddings import protocol as embeddings
 from trio_llm.http.generate import protocol as generate
 from trio_llm.http.lora import protocol as lora
 from trio_llm.http.models import protocol as models
+from trio_llm.http.ollama import protocol as ollama
 from trio_llm.http.pooling import protocol as pooling
 from trio_llm.http.responses import protocol as responses
 
@@ -61,6 +62,42 @@ _ANTHROPIC_ERROR_SCHEMA = {
     "required": ["type", "error"],
 }
 """The errors of the Messages API's routes: Anthropic's shape."""
+
+
+def _ollama_paths() -> dict[str, Any]:
+    """Ollama's API: NDJSON streams (its default), `{"error": "..."}` errors."""
+
+    def post(summary: str, request: type, response: type, *, streams: bool) -> dict[str, Any]:
+        path = _post(summary, request, response, streams=False, errors="ErrorLine")
+        if streams:
+            content = path["post"]["responses"]["200"]["content"]
+            content["application/x-ndjson"] = {"schema": _ref(response.__name__)}
+        return path
+
+    return {
+        "/api/chat": post("Ollama's chat", ollama.ChatRequest, ollama.ChatChunk, streams=True),
+        "/api/generate": post(
+            "Ollama's generate", ollama.GenerateRequest, ollama.GenerateChunk, streams=True
+        ),
+        "/api/embed": post(
+            "Ollama's embeddings", ollama.EmbedRequest, ollama.EmbedResponse, streams=False
+        ),
+        "/api/embeddings": post(
+            "Ollama's legacy embedding",
+            ollama.EmbeddingsRequest,
+            ollama.EmbeddingsResponse,
+            streams=False,
+        ),
+        "/api/show": post(
+            "One served model, in Ollama's terms",
+            ollama.ModelRequest,
+            ollama.ShowResponse,
+            streams=False,
+        ),
+        "/api/tags": _get("The served models, in Ollama's terms", ollama.Tags),
+        "/api/ps": _get("The served models with a live engine", ollama.Running),
+        "/api/version": _get("The Ollama API version followed", ollama.Version),
+    }
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -186,6 +223,7 @@ def openapi_document(version: str, *, lora_routes: bool = False) -> dict[str, An
             *pooling.WIRE_TYPES,
             *lora.WIRE_TYPES,
             *generate.WIRE_TYPES,
+            *ollama.WIRE_TYPES,
         ),
         ref_template="#/components/schemas/{name}",
     )
@@ -372,6 +410,7 @@ def openapi_document(version: str, *, lora_routes: bool = False) -> dict[str, An
             "/ping": _get("The same as /health (SageMaker's and vLLM's name)"),
             "/version": _get("Server version"),
             "/metrics": _get("Prometheus metrics"),
+            **_ollama_paths(),
             **(loras if lora_routes else {}),
         },
         "components": {"schemas": schemas},

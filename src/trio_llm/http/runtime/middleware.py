@@ -5,10 +5,10 @@ Invariants:
 - A request's cleanups (`on_request_end`) run when its ASGI call ends, which is the only point
   that comes after both the handler and the response body, whatever happened: a handler that
   raised, a stream the client dropped, a body never started.
-- With an API key, every route under `/v1/`, `/tokenize`, `/detokenize` and `/invocations`
-  needs it (all routes with `protect_all_routes`); CORS preflights (OPTIONS) and the chat page's
-  static files never do (a browser cannot send the key when it opens a page; the page sends it
-  on its API calls).
+- With an API key, every route under `/v1/`, `/api/` (Ollama's), `/tokenize`, `/detokenize`
+  and `/invocations` needs it (all routes with `protect_all_routes`); CORS preflights
+  (OPTIONS) and the chat page's static files never do (a browser cannot send the key when it
+  opens a page; the page sends it on its API calls).
 - The key is read from `Authorization: Bearer <key>` (OpenAI's SDKs) or `x-api-key: <key>`
   (Anthropic's), whichever the client sends. Several keys may be configured, each with roles
   (api_keys.py); the roles of the key a request sent are in its scope for `check_priority`,
@@ -39,7 +39,7 @@ from trio_llm.http.runtime.metrics import Metrics
 _CLEANUP = "trio_llm.cleanup"
 _ROLES = "trio_llm.roles"
 """The roles of the key the request sent (api_keys.py), set before any handler runs."""
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/invocations")
+_PROTECTED_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize", "/invocations")
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
