@@ -81,6 +81,26 @@ def test_top_k_and_top_p_together() -> None:
     assert set(tokens) == {1, 2}
 
 
+def test_top_p_among_the_candidates_keeps_what_the_full_sort_keeps() -> None:
+    """The nucleus found among the most likely NUCLEUS_CANDIDATES tokens, or by sorting the
+    whole row where it reaches past them (flat rows), is the one the full sort finds."""
+    from trio_llm.engine.step.sampler import _sorted_top_k_top_p, apply_top_k_top_p
+
+    gen = torch.Generator().manual_seed(3)
+    vocab = 5000
+    scales = torch.tensor([8.0, 3.0, 1.0, 0.01, 5.0, 0.5, 2.0, 8.0])  # peaked ... nearly flat
+    logits = torch.randn(len(scales), vocab, generator=gen) * scales[:, None]
+    top_p = torch.tensor([0.9, 0.95, 0.5, 0.9, 1.0, 0.99, 0.7, 1.0])
+    top_k = torch.tensor([0, 0, 0, 0, 40, 2000, 0, 0])
+    got = apply_top_k_top_p(logits, top_k, top_p)
+    k = torch.where(top_k > 0, top_k, vocab)
+    want = _sorted_top_k_top_p(logits, k, top_p)
+    assert torch.equal(got.isfinite(), want.isfinite())
+    assert torch.equal(got[got.isfinite()], logits[got.isfinite()])
+    assert torch.equal(got[7], logits[7])  # neither top-k nor top-p: untouched
+    assert int(got[3].isfinite().sum()) > 1024  # the flat row's nucleus passed the candidates
+
+
 def test_min_p_drops_tokens_below_a_fraction_of_the_top() -> None:
     logits = probs_logits(0.6, 0.3, 0.1, rows=400)
     tokens = sample(logits, seqs_for(*[SamplingParams(min_p=0.2)] * 400))

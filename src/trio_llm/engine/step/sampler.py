@@ -351,6 +351,15 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
     logits.masked_fill_(probs < min_p.unsqueeze(1) * top, _NEG_INF)
 
 
+NUCLEUS_CANDIDATES = 1024
+"""Top-p looks for its nucleus among each row's this many most likely tokens first, and sorts
+only the rows whose nucleus reaches past them. Measured on one thread (the AMD EPYC, beside
+other work) over the default model's 49,152 tokens at top_p 0.9: for peaked rows as a language
+model's are (Gaussian logits of deviation 8, nuclei of 3-4 tokens) 8.3 -> 1.0 ms for one row
+and 300 -> 38 ms for 32; for flat rows (deviation 3, nuclei of ~2,000) 1.35-1.5x slower than
+sorting at once."""
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
@@ -363,11 +372,43 @@ def apply_top_k_top_p(
         kth = logits.topk(kmax, dim=-1).values.gather(1, (k.clamp(min=1) - 1).unsqueeze(1))
         kth.masked_fill_((k == 0).unsqueeze(1), _NEG_INF)  # rows without top-k keep all
         return logits.masked_fill(logits < kth, _NEG_INF)
+    k = torch.full_like(top_p, vocab, dtype=torch.long) if top_k is None else top_k
+    k = torch.where(k > 0, k, vocab).clamp(max=vocab)
+    cap = min(NUCLEUS_CANDIDATES, vocab)
+    values, order = logits.topk(cap, dim=-1)  # descending
+    values = values.masked_fill(torch.arange(cap, device=logits.device) >= k.unsqueeze(1), _NEG_INF)
+    # Each candidate's probability within what top-k keeps (the whole row without top-k).
+    whole = k >= vocab
+    total = torch.where(
+        (k <= cap).unsqueeze(1),
+        values.logsumexp(dim=-1, keepdim=True),
+        logits.logsumexp(dim=-1, keepdim=True),
+    )
+    probs = (values - total).exp()
+    # A token stays while the more likely ones above it hold less than p (the sorted
+    # version's "drop the smallest whose total stays within 1 - p"); the first always does.
+    above = probs.cumsum(dim=-1) - probs
+    nucleus = torch.where(top_p < 1.0, top_p, float("inf"))  # 1.0: top-p off for the row
+    values = values.masked_fill(above >= nucleus.unsqueeze(1), _NEG_INF)
+    # Rows the candidates settle: top-k within them, or a nucleus that closes inside them;
+    # a row with neither top-k nor top-p keeps every token.
+    untouched = whole & (top_p >= 1.0)
+    settled = (k <= cap) | (whole & (probs.sum(dim=-1) >= nucleus))
+    out = torch.full_like(logits, _NEG_INF).scatter_(1, order, values)
+    out[untouched] = logits[untouched]
+    rest = (~settled & ~untouched).nonzero().squeeze(1)
+    if rest.numel():
+        out[rest] = _sorted_top_k_top_p(logits[rest], k[rest], top_p[rest])
+    return out
+
+
+def _sorted_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-k and top-p over each row's whole sorted vocabulary: the rows whose nucleus is not
+    among their NUCLEUS_CANDIDATES most likely tokens (nearly flat distributions)."""
+    vocab = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1)  # ascending
-    if top_k is not None:
-        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
-        kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
-        sorted_logits.masked_fill_(sorted_logits < kth, _NEG_INF)
+    kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
+    sorted_logits.masked_fill_(sorted_logits < kth, _NEG_INF)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     # Drop the smallest tokens whose total stays within 1 - p; the largest always survives.
     drop = cum <= (1.0 - top_p).unsqueeze(1)
