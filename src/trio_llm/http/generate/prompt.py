@@ -69,12 +69,24 @@ class Rendered:
         tools = None if self.tools is None else self.tools.new_parser()
         return AnswerReader(self.reasoning.new_parser(), tools)
 
+    @property
+    def keeps_special(self) -> bool:
+        """Whether the output is decoded with its special tokens: the tool-call or reasoning
+        format's markers are such tokens (`[TOOL_CALLS]`, Harmony's `<|channel|>`), which the
+        parsers must see."""
+        format = self.reasoning.format
+        tools = self.tools is not None and self.tools.keeps_special
+        return tools or (format is not None and format.keeps_special)
+
     def params(self, planned: SamplingParams) -> SamplingParams:
         """`planned` (what the endpoint's plan asked for) generating under the constraint of
-        the whole output."""
-        if self.constraint == planned.constraint:
-            return planned
-        return msgspec.structs.replace(planned, constraint=self.constraint)
+        the whole output, decoded with special tokens when the parsers need them."""
+        updates: dict[str, object] = {}
+        if self.constraint != planned.constraint:
+            updates["constraint"] = self.constraint
+        if self.keeps_special and planned.skip_special_tokens:
+            updates["skip_special_tokens"] = False
+        return msgspec.structs.replace(planned, **updates) if updates else planned
 
 
 async def render_conversation(

@@ -19,6 +19,8 @@ class ReasoningFormat:
     starts_inside: bool = False
     """Whether the output is thinking until the closing tag even when the prompt does not end
     with the open tag (DeepSeek-R1's distills often leave it out)."""
+    keeps_special: bool = False
+    """Its tags are special tokens: the output is decoded with them kept."""
 
 
 DEEPSEEK_R1 = ReasoningFormat("deepseek_r1", starts_inside=True)
