@@ -231,3 +231,41 @@ def test_mistral_v11_templates_get_the_name_args_form(accepts: Any) -> None:
     assert plan.constraint is not None and plan.keeps_special
     assert accepts(plan.constraint.spec, '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris"}')
     assert not accepts(plan.constraint.spec, '[TOOL_CALLS][{"name":"get_weather"}]')
+
+
+# -- per-model options ------------------------------------------------------------------------
+
+
+def test_a_model_entry_names_its_own_formats_and_template(tmp_path: Any) -> None:
+    from trio_llm.config import EngineArgs
+    from trio_llm.http.model_specs import ModelSpecError, model_specs
+
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["mistral"])
+    entries = [f"/m:name=a,tools=mistral,reasoning=qwen3,chat-template={template}", "/m:name=b"]
+    a, b = model_specs(entries, EngineArgs(), replicas=1)
+    assert (a.args.tool_call_parser, a.args.reasoning_parser) == ("mistral", "qwen3")
+    assert a.args.chat_template == str(template)
+    assert (b.args.tool_call_parser, b.args.reasoning_parser, b.args.chat_template) == (
+        None,
+        None,
+        None,
+    )
+    for bad, words in (
+        ("/m:tools=nope", "tools must be one of"),
+        ("/m:reasoning=nope", "reasoning must be one of"),
+        (f"/m:chat-template={tmp_path}/missing.jinja", "is not a file"),
+    ):
+        with pytest.raises(ModelSpecError, match=words):
+            model_specs([bad], EngineArgs(), replicas=1)
+
+
+def test_a_model_s_own_formats_win_over_the_server_s() -> None:
+    from types import SimpleNamespace
+
+    from trio_llm.http.generate.prompt import OutputFormats
+
+    server = OutputFormats("auto", "auto")
+    own = SimpleNamespace(tool_call_parser="pythonic", reasoning_parser=None)
+    assert server.of_model(own) == OutputFormats("pythonic", "auto")
+    assert server.of_model(object()) == server

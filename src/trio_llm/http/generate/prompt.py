@@ -55,6 +55,13 @@ class OutputFormats:
     def of(cls, config: ServerConfig) -> OutputFormats:
         return cls(config.tool_call_parser, config.reasoning_parser)
 
+    def of_model(self, engine: object) -> OutputFormats:
+        """These formats with the model's own where it has them (`MODEL:tools=...,
+        reasoning=...`), so one server hosts models that write different formats."""
+        tools = getattr(engine, "tool_call_parser", None) or self.tool_call_parser
+        reasoning = getattr(engine, "reasoning_parser", None) or self.reasoning_parser
+        return OutputFormats(tools, reasoning)
+
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
@@ -96,6 +103,7 @@ async def render_conversation(
     reasoning `formats`; a 400 naming the parameter when the constraint of the whole output
     cannot be enforced."""
     template = engine.chat_template
+    formats = formats.of_model(engine)
     messages = conversation.messages
     kwargs = thinking_kwargs(template, enabled=conversation.thinking, effort=conversation.effort)
     constraint, param = conversation.constraint, conversation.constraint_param
