@@ -242,9 +242,9 @@ def test_a_model_entry_names_its_own_formats_and_template(tmp_path: Any) -> None
 
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATES["mistral"])
-    entries = [f"/m:name=a,tools=mistral,reasoning=qwen3,chat-template={template}", "/m:name=b"]
+    entries = [f"/m:name=a,tools=mistral,reasoning=mistral,chat-template={template}", "/m:name=b"]
     a, b = model_specs(entries, EngineArgs(), replicas=1)
-    assert (a.args.tool_call_parser, a.args.reasoning_parser) == ("mistral", "qwen3")
+    assert (a.args.tool_call_parser, a.args.reasoning_parser) == ("mistral", "mistral")
     assert a.args.chat_template == str(template)
     assert (b.args.tool_call_parser, b.args.reasoning_parser, b.args.chat_template) == (
         None,

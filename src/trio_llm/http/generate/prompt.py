@@ -136,7 +136,7 @@ async def render_conversation(
     format = pick_reasoning_format(formats.reasoning_parser, template)
     if format is not None:
         tail = await engine.decode(token_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-        reasoning = plan_reasoning(format, tail, conversation.budget)
+        reasoning = plan_reasoning(format, tail, conversation.budget, conversation.thinking)
         if constraint is None:
             param = conversation.budget_param
         constraint = reasoning.constrain(constraint)

@@ -50,6 +50,8 @@ class ReasoningParser:
     """Thinking: some of it was sent (leading blanks are dropped until then)."""
     _gap: bool = field(default=False, init=False)
     """Answer: the blanks after the closing tag are still being dropped."""
+    _heading: bool = field(default=False, init=False)
+    """Answer: the format's control heads may still come (Harmony's channel header)."""
     _thought: bool = field(default=False, init=False)
     _ended: bool = field(default=False, init=False)
     _reasoning: list[str] = field(default_factory=list, init=False)
@@ -125,6 +127,9 @@ class ReasoningParser:
         if not stripped or tag.startswith(stripped):
             return False  # blanks, or the start of the tag: wait
         self._state = _State.ANSWER
+        if self.format.answer_heads:
+            self._heading = True
+            return True
         content.append(self._buf)
         self._buf = ""
         return False
@@ -145,6 +150,7 @@ class ReasoningParser:
             self._think(buf[:at].rstrip(), reasoning)
             self._buf = buf[at + len(close) :]
             self._state, self._gap = _State.ANSWER, True
+            self._heading = bool(self.format.answer_heads)
             return True
         keep = len(buf) - held_back(buf, (close,))
         sent = buf[:keep].rstrip()
@@ -166,5 +172,14 @@ class ReasoningParser:
             if not self._buf:
                 return
             self._gap = False
+        while self._heading:
+            heads = self.format.answer_heads
+            head = next((h for h in heads if self._buf.startswith(h)), None)
+            if head is not None:
+                self._buf = self._buf[len(head) :]
+            elif any(h.startswith(self._buf) for h in heads):
+                return  # a head may be coming (or nothing yet)
+            else:
+                self._heading = False
         content.append(self._buf)
         self._buf = ""
