@@ -3,7 +3,9 @@ random-weight Llama per format (the default tokenizer with the families' control
 each served with the family's chat template and its format by the per-model options
 (`:chat-template=...,tools=...`; half leave `tools` to auto, which reads the template). A forced
 call (named, or required), streamed and not, comes back through the OpenAI SDK as a call whose
-arguments validate; Mistral's 9-character call id goes back through its template."""
+arguments validate; Mistral's 9-character call id goes back through its template. The Harmony
+model's template shows the analysis channel too: its thinking (ended by the budget) comes
+back apart, then the call on the commentary channel."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def server(
     model = build_tiny_model(root / "model", tokenizer, LlamaConfig, LlamaForCausalLM)
     entries = []
     for format in SERVED:
-        template = TEMPLATES[format]
+        template = HARMONY_THINKING if format == "openai" else TEMPLATES[format]
         path = root / f"{format}.jinja"
         path.write_text(template)
         tools = f",tools={format}" if format in EXPLICIT else ""
@@ -82,7 +84,18 @@ def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
         yield client
 
 
+HARMONY_THINKING = TEMPLATES["openai"].replace(
+    "<|start|>assistant<|channel|>final<|message|>",
+    "<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>",
+)
+"""gpt-oss's template shows the analysis channel: auto reads its thinking too (`openai`)."""
+BUDGET = 6
+
+
 def ask(sdk: openai.OpenAI, format: str, **fields: Any) -> Any:
+    if format == "openai":  # a random model thinks on: the budget ends its analysis channel
+        fields.setdefault("extra_body", {"thinking_token_budget": BUDGET})
     request = {
         "model": format,
         "messages": QUESTION,
@@ -111,6 +124,11 @@ def test_a_forced_call_comes_back_whole_and_streamed(sdk: openai.OpenAI, format:
     assert not choice.message.content
     [call] = choice.message.tool_calls
     check_call(format, call.id, call.function.name, call.function.arguments)
+    thought = (choice.message.model_extra or {}).get("reasoning_content")
+    if format == "openai":  # the analysis channel, apart, and no header left in it
+        assert thought is not None and "<|" not in thought
+    else:
+        assert thought is None
 
     calls: dict[int, dict[str, str]] = {}
     content, finish = "", None
