@@ -269,3 +269,17 @@ def test_a_model_s_own_formats_win_over_the_server_s() -> None:
     own = SimpleNamespace(tool_call_parser="pythonic", reasoning_parser=None)
     assert server.of_model(own) == OutputFormats("pythonic", "auto")
     assert server.of_model(object()) == server
+
+
+@pytest.mark.parametrize("format", sorted(FORMATS))
+def test_an_earlier_call_is_written_back_as_the_parser_reads_it(format: str) -> None:
+    """For a template without tools the server writes earlier calls itself, in the format."""
+    calls = [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]
+    text = FORMATS[format].render_calls(calls)
+    parser = new_parser(format)
+    parser.feed(text)
+    content, found = parser.finish()
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in found] == [
+        ("get_weather", {"city": "Paris", "days": 2})
+    ]

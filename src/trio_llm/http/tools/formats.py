@@ -71,7 +71,7 @@ class ToolFormat:
         if self.reader == "pythonic":
             return "[" + ", ".join(_python_call(c) for c in calls) + "]"
         if self.reader == "marked":
-            return self.open_tag or ""  # such templates take tools: never rendered here
+            return "".join(_marked_call(self, c) for c in calls)
         objects = [{"name": c["name"], self.arguments_key: c["arguments"]} for c in calls]
         close = self.close_tag or ""
         if self.open_tag is None:
@@ -82,6 +82,22 @@ class ToolFormat:
                 f"{self.open_tag}\n{json.dumps(o, ensure_ascii=False)}\n{close}" for o in objects
             )
         return f"{self.open_tag}{body}{close}"
+
+
+def _marked_call(format: ToolFormat, call: dict[str, Any]) -> str:
+    name, arguments = call["name"], call["arguments"]
+    text = json.dumps(arguments, ensure_ascii=False)
+    if format.name == "qwen3_coder":
+        pairs = arguments.items() if isinstance(arguments, dict) else ()
+        parameters = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for k, v in pairs
+        )
+        return f"<tool_call>\n<function={name}>\n{parameters}</function>\n</tool_call>"
+    if format.name == "deepseek_v3":
+        call_text = f"{format.call_open}function{DEEPSEEK_SEP}{name}\n```json\n{text}\n```"
+        return f"{format.open_tag}{call_text}{format.call_close}{format.close_tag}"
+    return f"{format.open_tag}{name} <|constrain|>json<|message|>{text}{format.close_tag}"
 
 
 def _python_call(call: dict[str, Any]) -> str:

@@ -197,16 +197,15 @@ def _read_call(
 
 
 def _typed(value: str, schema: Any) -> Any:
-    """A Qwen3-Coder parameter's text as its schema's type says (text when it says string or
-    nothing, or when the text does not read as that type)."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
+    """A Qwen3-Coder parameter's text as its schema says: text for a string (or a parameter
+    without a schema), else JSON as the grammar writes it (text when it does not read)."""
     if value == "null":
         return None
-    if kind is None or kind == "string" or (isinstance(kind, list) and "string" in kind):
+    if not isinstance(schema, dict) or schema.get("type") == "string":
         return value
     try:
         return json.loads(value)
     except ValueError:
-        if kind == "boolean" and value.lower() in ("true", "false"):
+        if value.lower() in ("true", "false"):
             return value.lower() == "true"
         return value
