@@ -251,6 +251,15 @@ def test_a_model_entry_names_its_own_formats_and_template(tmp_path: Any) -> None
         None,
         None,
     )
+    from trio_llm.http.serve_flags import parse_serve_args
+
+    other = tmp_path / "other.jinja"
+    other.write_text("{{ messages }}")
+    argv = [f"/m:name=a,chat-template={template}", "/m:name=b", "--chat-template", str(other)]
+    own, server_wide = parse_serve_args(argv).model_specs
+    assert (own.args.chat_template, server_wide.args.chat_template) == (str(template), str(other))
+    with pytest.raises(SystemExit):
+        parse_serve_args(["/m", "--chat-template", str(tmp_path / "missing.jinja")])
     for bad, words in (
         ("/m:tools=nope", "tools must be one of"),
         ("/m:reasoning=nope", "reasoning must be one of"),
