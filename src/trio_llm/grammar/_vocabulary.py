@@ -3,8 +3,10 @@
 What it owns: `GrammarVocabulary` (llguidance's tokenizer, as wide as the model's logits, with
 one placeholder token past them per byte no token of the model produces) and
 `unproducible_bytes`, the frontend's cheap view of those same bytes; the byte-level alphabet
-both read a vocabulary in; and the non-special added tokens (`<think>`, `</think>`) moved into
-the vocabulary as text, so a grammar that writes such a tag can be satisfied by its token.
+both read a vocabulary in; and the non-special added tokens (`<think>`, `</think>`), and the
+special ones tool-call and reasoning formats write (`FORMAT_MARKERS`: `[TOOL_CALLS]`, Harmony's
+`<|channel|>`...), moved into the vocabulary as text, so a grammar that writes such a tag can
+be satisfied by its token.
 
 Invariant: the bytes `unproducible_bytes` names are exactly those `grammar_vocabulary` gives a
 placeholder, so the frontend's check and the engine's masks agree on what a model can write.

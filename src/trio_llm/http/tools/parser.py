@@ -1,4 +1,5 @@
-"""The streaming tool-call parser: a model's output text in, content and tool calls out.
+"""The streaming parser of JSON tool calls (hermes, llama3_json, mistral, granite): a model's
+output text in, content and tool calls out.
 
 One parser per choice, fed the output's text as it arrives. It keeps the invariants a client
 relies on:
@@ -19,6 +20,10 @@ relies on:
 A region that does not hold a call (`<tool_call>hello</tool_call>`: an unconstrained model's
 mistake) comes back as content, unchanged. Output cut inside a call (max_tokens) ends that call
 with the arguments written so far, as OpenAI's API does.
+
+Mistral's v11 calls (`[TOOL_CALLS]name[ARGS]{...}`, the control token again before each) are
+read in the same region: a bare name and its marker start the call, and the object that
+follows is its arguments, streamed the same way.
 
 Why over 400 lines: text mode, call mode and the nesting walker share the held-back state
 that makes streamed and complete answers agree; the format-specific parts are data in
