@@ -13,8 +13,8 @@ here reads a request body or touches Quart):
     reasoning, content = parser.finish()                     # the whole of both
 
 Modules: formats (the `<think>` family, Mistral's `[THINK]`, Granite's, Harmony's analysis
-channel; `auto` from the template), parser (the streaming
-parser), planning (template switches, where the output starts, the constraint).
+channel; `auto` from the template), parser (the streaming parser), planning (template
+switches, where the output starts, the constraint).
 """
 
 from trio_llm.http.reasoning.formats import (
