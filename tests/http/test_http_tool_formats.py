@@ -292,3 +292,17 @@ def test_an_earlier_call_is_written_back_as_the_parser_reads_it(format: str) -> 
     assert [(c.name, json.loads(c.arguments)) for c in found] == [
         ("get_weather", {"city": "Paris", "days": 2})
     ]
+
+
+@pytest.mark.parametrize("format", ["deepseek_v3", "openai"])
+def test_json_arguments_stream_as_they_are_written(format: str) -> None:
+    """DeepSeek's and Harmony's calls start at their head; the arguments follow piece by piece
+    (Qwen3-Coder's, typed by the schema, come whole)."""
+    text = next(t for f, t, _, calls in RECORDED if f == format and calls)
+    parser = new_parser(format)
+    fed = [parser.feed(c)[1] for c in text]
+    pieces = [d for step in fed for d in step]
+    first = next(i for i, step in enumerate(fed) if step)
+    assert pieces[0].name == "get_weather" and pieces[0].arguments == ""
+    assert text[: first + 1].endswith(("\n```json\n{", "<|message|>{"))
+    assert len([d for d in pieces if d.index == 0 and d.arguments]) > 5

@@ -2,11 +2,13 @@
 `<function=...>`, DeepSeek-V3's `<｜tool▁call▁begin｜>...`, gpt-oss's Harmony commentary channel.
 
 The same interface and invariants as parser.py's: text that might start a marker is held back;
-a call's deltas concatenate to it; a region that holds no call comes back as content. What
-differs: a call is read when its closing marker arrives (these formats' arguments are not one
-JSON value a nesting walk can stream), so it comes as one delta with its id, name and whole
-arguments. Markers are searched for only in text that could hold them, so each character is
-scanned a bounded number of times. Harmony's channel headers (`dropped`) are neither content
+a call's deltas concatenate to it; a region that holds no call comes back as content. A
+DeepSeek or Harmony call starts once its head (its name, and the markers before its JSON
+arguments) is complete, and its arguments are sent as they are written, short of anything that
+may be their end; a Qwen3-Coder call (parameters whose types its schema decides) is read when
+its closing marker arrives and comes as one delta with its id, name and arguments. Markers
+are searched for only in text that could hold them, so each character is scanned a bounded
+number of times. Harmony's channel headers (`dropped`) are neither content
 nor calls.
 """
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trio_llm.client.stop_strings import held_back
-from trio_llm.http.tools.formats import DEEPSEEK_SEP, ToolFormat
+from trio_llm.http.tools.formats import DEEPSEEK_SEP, DEEPSEEK_V3, ToolFormat
 from trio_llm.http.tools.parser import ToolCall, ToolCallDelta
 
 _QWEN_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)(?:</function>\s*|$)", re.S)
@@ -29,6 +31,23 @@ _DEEPSEEK_V3 = re.compile(
 )
 _DEEPSEEK_V31 = re.compile(r"\s*([^\s<]+)" + re.escape(DEEPSEEK_SEP) + r"(.*)$", re.S)
 _HARMONY = re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>\s*\S*?)?\s*<\|message\|>(.*)$", re.S)
+_HEADS = {
+    "deepseek_v3": re.compile(
+        r"\s*(?:"
+        + re.escape(DEEPSEEK_V3.call_open)
+        + r")?\s*(?:(?:function)?"
+        + re.escape(DEEPSEEK_SEP)
+        + r"([^\n]+)\n```(?:json)?\n|([^\s<]+)"
+        + re.escape(DEEPSEEK_SEP)
+        + r"(?=\s*\{))\s*"
+    ),
+    "openai": re.compile(r"([^\s<]+)\s*(?:<\|constrain\|>\s*\S*?)?\s*<\|message\|>\s*"),
+}
+"""A call's head, up to where its JSON arguments start, in the formats whose arguments are
+streamed as they are written."""
+_FENCE = "\n```"
+_HEAD_WITHIN = 512
+"""How far into a call its head is looked for."""
 
 
 @dataclass
@@ -47,6 +66,10 @@ class MarkedCallParser:
     """Call mode: where the next search for a closing marker starts."""
     _call_start: int = 0
     _region_calls: int = 0
+    _streaming: ToolCall | None = None
+    """The call whose arguments are being sent as they come (DeepSeek's, Harmony's)."""
+    _args_at: int = 0
+    """Where in the region the streaming call's arguments start."""
     _blank: str = ""
     """Whitespace after a call, held until text follows it."""
     _ended: bool = False
@@ -128,6 +151,8 @@ class MarkedCallParser:
             if not ends:
                 longest = max(len(format.call_close), len(close))
                 self._searched = max(self._call_start, len(buf) - longest + 1)
+                if format.name in _HEADS:
+                    self._stream(deltas)
                 return False
             at, mark = min(ends)
             if mark == format.call_close:
@@ -148,9 +173,47 @@ class MarkedCallParser:
             self._text_out(content, f"{self.format.open_tag}{region}{closing}")
         self._in_region = False
 
+    def _stream(self, deltas: list[ToolCallDelta]) -> None:
+        """Start the call once its head is complete, then send its arguments as they come,
+        short of what may be its end (a closing marker, blanks, DeepSeek's closing fence)."""
+        buf, call = self._buf, self._streaming
+        if call is None:
+            if len(buf) - self._call_start > _HEAD_WITHIN:
+                return
+            head = _HEADS[self.format.name].match(buf, self._call_start)
+            if head is None or head.end() >= len(buf):
+                return  # not yet (the arguments' first character shows the head is whole)
+            name = next(g for g in head.groups() if g is not None).strip()
+            call = self._streaming = ToolCall(self.format.new_call_id(), name, "")
+            self._args_at = head.end()
+            deltas.append(ToolCallDelta(len(self.calls), call.id, call.name))
+            self.calls.append(call)
+        ends = tuple(m for m in (_FENCE, self.format.call_close, self.format.close_tag) if m)
+        upto = len(buf) - held_back(buf, ends)
+        sent = self._args_at + len(call.arguments)
+        fence = buf.find(_FENCE, max(self._args_at, sent - len(_FENCE)))
+        if fence >= 0:  # DeepSeek's closing fence (JSON text holds no raw newline)
+            upto = min(upto, fence)
+        while upto > self._args_at and buf[upto - 1].isspace():
+            upto -= 1
+        text = buf[sent:upto]
+        if text:
+            call.arguments += text
+            deltas.append(ToolCallDelta(len(self.calls) - 1, arguments=text))
+
     def _read(self, text: str, deltas: list[ToolCallDelta], *, complete: bool) -> bool:
         """Read one call's text; False when it is not one."""
         read = _read_call(self.format, text, self.schemas, complete=complete)
+        call, self._streaming = self._streaming, None
+        if call is not None:  # announced already: the rest of its arguments
+            rest = ""
+            if read is not None and read[1].startswith(call.arguments):
+                rest = read[1][len(call.arguments) :]
+            if rest:
+                call.arguments += rest
+                deltas.append(ToolCallDelta(len(self.calls) - 1, arguments=rest))
+            self._region_calls += 1
+            return True
         if read is None:
             return False
         name, arguments = read
