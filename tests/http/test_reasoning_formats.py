@@ -35,6 +35,7 @@ OUTPUTS = [
         "Take an umbrella.",
     ),
     ("granite", "Here is the answer.", None, "Here is the answer."),
+    ("granite", "Here's my thought process: Hm.\nHere's my response: Yes.", "Hm.", "Yes."),
     (
         "openai",
         f"<|channel|>analysis<|message|>User asks. Easy.<|end|>{HARMONY_FINAL}Hi there.",

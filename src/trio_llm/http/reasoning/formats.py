@@ -29,9 +29,21 @@ class ReasoningFormat:
     it (`header`) after the block."""
     header: str = ""
     """What a constrained answer may start with after the block (Harmony's final channel)."""
+    variants: tuple[tuple[str, str], ...] = ()
+    """Other spellings of the tags the parser reads (Granite's "Here's ..."); the grammar and
+    the budget write the main ones."""
     opt_in: bool = False
     """The model thinks only when the request turns thinking on (Granite's `thinking`): the
     grammar opens no block otherwise."""
+
+    @property
+    def open_tags(self) -> tuple[str, ...]:
+        """Every spelling of the open tag the parser reads, the main one first."""
+        return (self.open_tag, *(v[0] for v in self.variants))
+
+    @property
+    def close_tags(self) -> tuple[str, ...]:
+        return (self.close_tag, *(v[1] for v in self.variants))
 
 
 DEEPSEEK_R1 = ReasoningFormat("deepseek_r1", starts_inside=True)
@@ -46,7 +58,11 @@ MISTRAL = ReasoningFormat("mistral", "[THINK]", "[/THINK]", keeps_special=True)
 """Magistral: `[THINK]...[/THINK]` then the answer; the tags are control tokens."""
 
 GRANITE = ReasoningFormat(
-    "granite", "Here is my thought process:", "Here is my response:", opt_in=True
+    "granite",
+    "Here is my thought process:",
+    "Here is my response:",
+    variants=(("Here's my thought process:", "Here's my response:"),),
+    opt_in=True,
 )
 """IBM Granite 3.2/3.3 with `thinking=True`: plain sentences open and close the thinking."""
 
