@@ -128,6 +128,15 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     it, so a bound close to the adapters' ranks costs least."""
     lora_modules: dict[str, str] = msgspec.field(default_factory=dict)
     """Adapters loaded at start: served name -> PEFT adapter directory."""
+    chat_template: str | None = None
+    """Frontend: a Jinja chat template file used instead of the model's (vLLM's
+    --chat-template); None: the model's own."""
+    tool_call_parser: str | None = None
+    """Frontend: this model's tool-call format (http/tools); None: the server's
+    --tool-call-parser."""
+    reasoning_parser: str | None = None
+    """Frontend: this model's reasoning format (http/reasoning); None: the server's
+    --reasoning-parser."""
     ring_capacity: int = 8 << 20
     """Bytes in each shared-memory ring."""
     startup_timeout: float = 300.0

@@ -57,6 +57,9 @@ class Thinking(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True)
     budget: int | None = None
     """At most this many tokens inside the block (its tags among them); then the engine forces
     the closing tag (thinking_budget.py). None: no limit."""
+    header: str = ""
+    """What the answer may start with after the block (Harmony's final-channel header), which
+    the constraint on the answer does not cover; empty: nothing."""
 
 
 ANY_TEXT = "start: /(.|\\n)*/"

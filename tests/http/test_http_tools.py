@@ -354,10 +354,10 @@ def test_plan_tools_offers_the_answer_beside_the_calls_or_gives_way() -> None:
     assert (refused.value.status, refused.value.param) == (400, "tool_choice")
 
 
-MISTRAL_LIKE = (
-    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}"
-    "{%- for m in messages %}{%- if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
-    "{%- else %}{{ m.content }}{%- endif %}{%- endfor %}"
+KIMI_LIKE = (
+    "{%- if tools %}{{ tools | tojson }}{%- endif %}"
+    "{%- for m in messages %}{%- if m.tool_calls %}<|tool_calls_section_begin|>"
+    "{{ m.tool_calls | tojson }}{%- else %}{{ m.content }}{%- endif %}{%- endfor %}"
 )
 
 
@@ -365,7 +365,7 @@ def test_auto_refuses_tools_in_a_call_format_it_does_not_read() -> None:
     """Before, any template auto did not recognise was served as hermes: the model, shown the
     tools by its own template, wrote calls the parser never saw."""
     for template, words in (
-        (MISTRAL_LIKE, "Mistral's [TOOL_CALLS]"),
+        (KIMI_LIKE, "Kimi K2's"),
         ("{% for t in tools %}{{ t.name }}{% endfor %}{{ messages }}", "no call format"),
     ):
         with pytest.raises(UnknownToolFormat, match="--tool-call-parser"):
@@ -376,7 +376,7 @@ def test_auto_refuses_tools_in_a_call_format_it_does_not_read() -> None:
         assert "--tool-call-parser" in refused.value.message
         # Without tools in play the template still renders the history itself.
         assert plan_tools([], None, None, HISTORY, chat_template=template).constraint is None
-    assert pick_format("hermes", MISTRAL_LIKE) is HERMES
+    assert pick_format("hermes", KIMI_LIKE) is HERMES
     assert pick_format("auto", SMOLLM2) is HERMES  # no tools in it: the server's own prompt
 
 

@@ -110,6 +110,12 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         self.model_config: ModelConfig = msgspec.structs.replace(
             ready, model=args.served_model_name or ready.model
         )
+        self.tool_call_parser = args.tool_call_parser
+        """This model's tool-call format when it has its own (`MODEL:tools=...`); None: the
+        server's."""
+        self.reasoning_parser = args.reasoning_parser
+        """Its reasoning format when it has its own (`MODEL:reasoning=...`); None: the
+        server's."""
         self.generation_config: dict[str, Any] = generation_config or {}
         """The model's generation_config.json as written (empty when it has none): its
         creator's recommended sampling values, which the server applies as defaults."""

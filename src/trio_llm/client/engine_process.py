@@ -25,6 +25,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -92,10 +93,13 @@ class _Tokenizer:
     the constraint check refuses a grammar that forces one."""
 
 
-def _load_tokenizer(model: str) -> _Tokenizer:
+def _load_tokenizer(model: str, chat_template: str | None = None) -> _Tokenizer:
+    """`chat_template`: a template file that replaces the model's own."""
     with _TOKENIZER_LOADING:
         source = resolve_model(model)
         tokenizer = load_tokenizer(source)
+        if chat_template is not None:
+            tokenizer.chat_template = Path(chat_template).read_text(encoding="utf-8")
         _compile_chat_template(tokenizer)
         return _Tokenizer(
             tokenizer, read_generation_config(source.path), unproducible_bytes(tokenizer)
@@ -122,7 +126,7 @@ async def _handshake(
         with anyio.fail_after(args.startup_timeout):
             try:
                 loaded = await anyio.to_thread.run_sync(
-                    _load_tokenizer, args.model, abandon_on_cancel=True
+                    _load_tokenizer, args.model, args.chat_template, abandon_on_cancel=True
                 )
             except Exception as exc:
                 raise EngineStartError(

@@ -150,9 +150,12 @@ def _after_thinking(answer: str, thinking: Thinking) -> str:
     inner[0]["name"] = "answer"
     close = json.dumps(thinking.close, ensure_ascii=False)
     opening = "" if thinking.inside else json.dumps(thinking.open, ensure_ascii=False) + " "
+    header = ""
+    if thinking.header:
+        header = json.dumps(thinking.header, ensure_ascii=False) + "? "
     lark = [
         "%llguidance {}",
-        f"start: {opening}thought GAP @answer",
+        f"start: {opening}thought GAP {header}@answer",
         f"thought[suffix={close}]: /(.|\\n)*/",
         f"GAP: {_THINK_GAP}",
     ]

@@ -3,8 +3,10 @@
 What it owns: `GrammarVocabulary` (llguidance's tokenizer, as wide as the model's logits, with
 one placeholder token past them per byte no token of the model produces) and
 `unproducible_bytes`, the frontend's cheap view of those same bytes; the byte-level alphabet
-both read a vocabulary in; and the non-special added tokens (`<think>`, `</think>`) moved into
-the vocabulary as text, so a grammar that writes such a tag can be satisfied by its token.
+both read a vocabulary in; and the non-special added tokens (`<think>`, `</think>`), and the
+special ones tool-call and reasoning formats write (`FORMAT_MARKERS`: `[TOOL_CALLS]`, Harmony's
+`<|channel|>`...), moved into the vocabulary as text, so a grammar that writes such a tag can
+be satisfied by its token.
 
 Invariant: the bytes `unproducible_bytes` names are exactly those `grammar_vocabulary` gives a
 placeholder, so the frontend's check and the engine's masks agree on what a model can write.
@@ -51,7 +53,7 @@ def grammar_vocabulary(
     backend.no_padding()
     backend.no_truncation()
     spec = json.loads(backend.to_str())
-    _added_tokens_as_text(spec)
+    _added_tokens_as_text(spec, frozenset(eos_token_ids))
     vocab = (spec.get("model") or {}).get("vocab")
     missing = []
     if isinstance(vocab, dict) and _is_byte_level(spec.get("decoder")):
@@ -101,9 +103,36 @@ def _byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def _added_tokens_as_text(spec: dict[str, Any]) -> None:
+FORMAT_MARKERS = frozenset(
+    {
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "[CALL_ID]",
+        "[THINK]",
+        "[/THINK]",
+        "<|tool_call|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|constrain|>",
+        "<|start|>",
+        "<|end|>",
+        "<\uff5ctool\u2581calls\u2581begin\uff5c>",
+        "<\uff5ctool\u2581calls\u2581end\uff5c>",
+        "<\uff5ctool\u2581call\u2581begin\uff5c>",
+        "<\uff5ctool\u2581call\u2581end\uff5c>",
+        "<\uff5ctool\u2581sep\uff5c>",
+    }
+)
+"""Special tokens that tool-call and reasoning formats (http/tools, http/reasoning) write as
+part of their text: Mistral's control tokens, Granite's, Harmony's channel markers,
+DeepSeek's. A grammar writes them, and a lazy grammar's free text must let the model write
+them, so they are text to llguidance, as non-special added tokens are."""
+
+
+def _added_tokens_as_text(spec: dict[str, Any], eos_token_ids: frozenset[int]) -> None:
     """Move the added tokens of tokenizer.json `spec` that are not special (Qwen3's `<think>`
-    and `</think>`, DeepSeek-R1's) into its vocabulary, spelled in the byte-level alphabet.
+    and `</think>`, DeepSeek-R1's), and the special ones formats write (`FORMAT_MARKERS`, not
+    an end of sequence), into its vocabulary, spelled in the byte-level alphabet.
     llguidance takes every added token for a special one, which no text of a grammar matches:
     a grammar that writes `</think>` could then never be satisfied by the token a model closes
     its thinking with. (llguidance then tokenizes such a tag as the text it is, which only
@@ -116,7 +145,8 @@ def _added_tokens_as_text(spec: dict[str, Any]) -> None:
     kept = []
     for token in added:
         spelled = "".join(alphabet[b] for b in token["content"].encode())
-        if token.get("special") or spelled in vocab:  # a vocabulary entry of its own already
+        marker = token["content"] in FORMAT_MARKERS and token["id"] not in eos_token_ids
+        if (token.get("special") and not marker) or spelled in vocab:  # an entry already
             kept.append(token)
         else:
             vocab[spelled] = token["id"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trio_llm.http.reasoning import ReasoningParser
-from trio_llm.http.tools import ToolCall, ToolCallDelta, ToolCallParser
+from trio_llm.http.tools import CallParser, ToolCall, ToolCallDelta
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class AnswerReader:
     """`feed` each piece of text, then `end` (a stream's last piece) or `finish` (the whole)."""
 
     reasoning: ReasoningParser | None = None
-    tools: ToolCallParser | None = None
+    tools: CallParser | None = None
     _content: list[str] = field(default_factory=list, init=False)
     _ended: bool = field(default=False, init=False)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs
@@ -49,6 +50,11 @@ def add_engine_flags(add: AddFlag) -> None:
         "fewest sequences in flight (default %(default)s)",
     )
     add("--max-model-len", type=positive_int, help="context length (default: the model's)")
+    add(
+        "--chat-template",
+        help="a Jinja chat template file used instead of the model's (a model's own: "
+        "MODEL:chat-template=PATH) (default: the model's)",
+    )
     add(
         "--max-num-seqs",
         default=engine.max_num_seqs,
@@ -196,6 +202,7 @@ def model_specs_from(args: argparse.Namespace) -> tuple[ModelSpec, ...]:
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.max_model_len,
+        chat_template=args.chat_template,
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory=args.kv_cache_memory,
         num_threads=args.num_threads,
@@ -214,6 +221,8 @@ def model_specs_from(args: argparse.Namespace) -> tuple[ModelSpec, ...]:
         **kv_events_fields(args.kv_events_config),
     )
     engine.kv_cache_bytes()  # a bad size fails here, at start-up, not in the engine process
+    if engine.chat_template is not None and not os.path.isfile(engine.chat_template):
+        raise ValueError(f"--chat-template {engine.chat_template!r} is not a file")
     try:
         specs = model_specs(args.model or [DEFAULT_MODEL], engine, replicas=args.data_parallel_size)
         specs = with_lora_modules(specs, lora_modules(args.lora_modules))

@@ -14,6 +14,13 @@ options after a colon, comma-separated: `all-MiniLM-L6-v2:dtype=float32,dp=2`,
              type (int8, float32, ...)                 lora     NAME=PATH, a LoRA adapter served
     max-loras      adapters at once (--max-loras)               from the start (repeatable)
     max-lora-rank  their largest rank (--max-lora-rank)
+    tools          its tool-call format (--tool-call-parser's values)
+    reasoning      its reasoning format (--reasoning-parser's values)
+    chat-template  a Jinja chat template file used instead of the model's (vLLM's
+                   --chat-template)
+
+So models that write different formats share one server:
+`/models/mistral:tools=mistral /models/qwen:tools=qwen3_coder,reasoning=qwen3`.
 
 Any lora option turns LoRA on for that model (`lora=sql=/adapters/sql,lora=chat=/adapters/chat`).
 Only a tail that reads as `key=value` pairs is taken for options, so a path with a colon in it
@@ -32,6 +39,8 @@ from typing import Any
 import msgspec
 
 from trio_llm.config import EngineArgs, parse_size
+from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
+from trio_llm.http.tools.formats import PARSER_NAMES as TOOL_PARSERS
 from trio_llm.tasks import TASKS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -50,6 +59,9 @@ _OPTIONS = {
     "lora": "lora_modules",
     "max_loras": "max_loras",
     "max_lora_rank": "max_lora_rank",
+    "tools": "tool_call_parser",
+    "reasoning": "reasoning_parser",
+    "chat_template": "chat_template",
 }
 _INT_OPTIONS = frozenset(
     {"max_model_len", "max_num_seqs", "num_threads", "replicas", "max_loras", "max_lora_rank"}
@@ -199,6 +211,14 @@ def _spec(entry: str, base: EngineArgs, replicas: int) -> ModelSpec:
             raise ModelSpecError(f"{entry!r}: dtype must be one of {', '.join(DTYPES)}")
         elif field == "task" and text not in TASKS:
             raise ModelSpecError(f"{entry!r}: task must be one of {', '.join(TASKS)}")
+        elif field == "tool_call_parser" and text not in TOOL_PARSERS:
+            raise ModelSpecError(f"{entry!r}: tools must be one of {', '.join(TOOL_PARSERS)}")
+        elif field == "reasoning_parser" and text not in REASONING_PARSERS:
+            raise ModelSpecError(
+                f"{entry!r}: reasoning must be one of {', '.join(REASONING_PARSERS)}"
+            )
+        elif field == "chat_template" and not os.path.isfile(text):
+            raise ModelSpecError(f"{entry!r}: chat-template {text!r} is not a file")
         elif field == "kv_cache_memory":
             try:
                 parse_size(text)

@@ -198,7 +198,9 @@ def add_serve_arguments(
         default=defaults.tool_call_parser,
         choices=list(PARSER_NAMES),
         help="the format of tool calls: 'hermes' (<tool_call> tags, SmolLM2, Qwen, Hermes), "
-        "'llama3_json' (Llama 3.x JSON calls), or 'auto' (from the model's chat template) "
+        "'llama3_json' (Llama 3.x JSON calls), 'mistral' ([TOOL_CALLS]), 'pythonic' (Llama "
+        "3.2/4), 'qwen3_coder', 'deepseek_v3', 'granite', 'openai' (gpt-oss's Harmony), or "
+        "'auto' (from the model's chat template); a model's own is MODEL:tools=FORMAT "
         "(default %(default)s)",
     )
     add(
@@ -207,8 +209,9 @@ def add_serve_arguments(
         choices=list(REASONING_PARSERS),
         help="how a model's thinking is split from its answer (reasoning_content, reasoning "
         "items, thinking blocks): 'deepseek_r1' (the output thinks until </think>), 'qwen3' "
-        "(it opens <think> itself), 'none', or 'auto' (from the model's chat template) "
-        "(default %(default)s)",
+        "(it opens <think> itself), 'mistral' ([THINK]), 'granite', 'openai' (gpt-oss's "
+        "analysis channel; also gpt_oss), 'none', or 'auto' (from the model's chat "
+        "template); a model's own is MODEL:reasoning=FORMAT (default %(default)s)",
     )
     add(
         "--no-engine-restart",

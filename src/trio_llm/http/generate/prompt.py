@@ -55,6 +55,13 @@ class OutputFormats:
     def of(cls, config: ServerConfig) -> OutputFormats:
         return cls(config.tool_call_parser, config.reasoning_parser)
 
+    def of_model(self, engine: object) -> OutputFormats:
+        """These formats with the model's own where it has them (`MODEL:tools=...,
+        reasoning=...`), so one server hosts models that write different formats."""
+        tools = getattr(engine, "tool_call_parser", None) or self.tool_call_parser
+        reasoning = getattr(engine, "reasoning_parser", None) or self.reasoning_parser
+        return OutputFormats(tools, reasoning)
+
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
@@ -69,12 +76,24 @@ class Rendered:
         tools = None if self.tools is None else self.tools.new_parser()
         return AnswerReader(self.reasoning.new_parser(), tools)
 
+    @property
+    def keeps_special(self) -> bool:
+        """Whether the output is decoded with its special tokens: the tool-call or reasoning
+        format's markers are such tokens (`[TOOL_CALLS]`, Harmony's `<|channel|>`), which the
+        parsers must see."""
+        format = self.reasoning.format
+        tools = self.tools is not None and self.tools.keeps_special
+        return tools or (format is not None and format.keeps_special)
+
     def params(self, planned: SamplingParams) -> SamplingParams:
         """`planned` (what the endpoint's plan asked for) generating under the constraint of
-        the whole output."""
-        if self.constraint == planned.constraint:
-            return planned
-        return msgspec.structs.replace(planned, constraint=self.constraint)
+        the whole output, decoded with special tokens when the parsers need them."""
+        updates: dict[str, object] = {}
+        if self.constraint != planned.constraint:
+            updates["constraint"] = self.constraint
+        if self.keeps_special and planned.skip_special_tokens:
+            updates["skip_special_tokens"] = False
+        return msgspec.structs.replace(planned, **updates) if updates else planned
 
 
 async def render_conversation(
@@ -84,6 +103,7 @@ async def render_conversation(
     reasoning `formats`; a 400 naming the parameter when the constraint of the whole output
     cannot be enforced."""
     template = engine.chat_template
+    formats = formats.of_model(engine)
     messages = conversation.messages
     kwargs = thinking_kwargs(template, enabled=conversation.thinking, effort=conversation.effort)
     constraint, param = conversation.constraint, conversation.constraint_param
@@ -116,7 +136,7 @@ async def render_conversation(
     format = pick_reasoning_format(formats.reasoning_parser, template)
     if format is not None:
         tail = await engine.decode(token_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-        reasoning = plan_reasoning(format, tail, conversation.budget)
+        reasoning = plan_reasoning(format, tail, conversation.budget, conversation.thinking)
         if constraint is None:
             param = conversation.budget_param
         constraint = reasoning.constrain(constraint)

@@ -74,7 +74,8 @@ async def tokenize() -> Response:
         check_template_kwargs(req.chat_template_kwargs)
         messages = await by_body_size(len(raw), chat_messages, req.messages)
         if uses_tools(messages):  # written out as chat renders them
-            parser = current_state().config.tool_call_parser
+            parser = getattr(engine, "tool_call_parser", None)
+            parser = parser or current_state().config.tool_call_parser
             messages = plan_tools(
                 [], None, None, messages, chat_template=engine.chat_template, parser=parser
             ).messages

@@ -12,8 +12,9 @@ here reads a request body or touches Quart):
     reasoning_delta, content_delta = parser.end()            # at the output's end
     reasoning, content = parser.finish()                     # the whole of both
 
-Modules: formats (the `<think>` family; `auto` from the template), parser (the streaming
-parser), planning (template switches, where the output starts, the constraint).
+Modules: formats (the `<think>` family, Mistral's `[THINK]`, Granite's, Harmony's analysis
+channel; `auto` from the template), parser (the streaming parser), planning (template
+switches, where the output starts, the constraint).
 """
 
 from trio_llm.http.reasoning.formats import (

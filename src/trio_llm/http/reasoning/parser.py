@@ -50,6 +50,8 @@ class ReasoningParser:
     """Thinking: some of it was sent (leading blanks are dropped until then)."""
     _gap: bool = field(default=False, init=False)
     """Answer: the blanks after the closing tag are still being dropped."""
+    _heading: bool = field(default=False, init=False)
+    """Answer: the format's control heads may still come (Harmony's channel header)."""
     _thought: bool = field(default=False, init=False)
     _ended: bool = field(default=False, init=False)
     _reasoning: list[str] = field(default_factory=list, init=False)
@@ -117,14 +119,18 @@ class ReasoningParser:
     def _start(self, content: list[str]) -> bool:
         """Whether the block opened (the rest is thinking); else hold or send the answer."""
         stripped = self._buf.lstrip()
-        tag = self.format.open_tag
-        if stripped.startswith(tag):
+        opens = self.format.open_tags
+        tag = next((t for t in opens if stripped.startswith(t)), None)
+        if tag is not None:
             self._buf = stripped[len(tag) :]
             self._state, self._thought, self._scan = _State.THINKING, True, 0
             return True
-        if not stripped or tag.startswith(stripped):
-            return False  # blanks, or the start of the tag: wait
+        if not stripped or any(t.startswith(stripped) for t in opens):
+            return False  # blanks, or the start of a tag: wait
         self._state = _State.ANSWER
+        if self.format.answer_heads:
+            self._heading = True
+            return True
         content.append(self._buf)
         self._buf = ""
         return False
@@ -139,18 +145,20 @@ class ReasoningParser:
                 buf = self._buf = stripped[len(opening) :]
             elif opening.startswith(stripped):
                 return False
-        close = self.format.close_tag
-        at = buf.find(close, self._scan)
-        if at >= 0:
+        closes = self.format.close_tags
+        found = [(at, c) for c in closes if (at := buf.find(c, self._scan)) >= 0]
+        if found:
+            at, close = min(found)
             self._think(buf[:at].rstrip(), reasoning)
             self._buf = buf[at + len(close) :]
             self._state, self._gap = _State.ANSWER, True
+            self._heading = bool(self.format.answer_heads)
             return True
-        keep = len(buf) - held_back(buf, (close,))
+        keep = len(buf) - held_back(buf, closes)
         sent = buf[:keep].rstrip()
         self._think(sent, reasoning)
         self._buf = buf[len(sent) :]
-        self._scan = max(0, len(self._buf) - len(close) + 1)
+        self._scan = max(0, len(self._buf) - max(map(len, closes)) + 1)
         return False
 
     def _think(self, text: str, reasoning: list[str]) -> None:
@@ -166,5 +174,14 @@ class ReasoningParser:
             if not self._buf:
                 return
             self._gap = False
+        while self._heading:
+            heads = self.format.answer_heads
+            head = next((h for h in heads if self._buf.startswith(h)), None)
+            if head is not None:
+                self._buf = self._buf[len(head) :]
+            elif any(h.startswith(self._buf) for h in heads):
+                return  # a head may be coming (or nothing yet)
+            else:
+                self._heading = False
         content.append(self._buf)
         self._buf = ""

@@ -103,21 +103,25 @@ class ReasoningPlan:
             close=self.format.close_tag,
             inside=self.inside,
             budget=self.budget,
+            header=self.format.header,
         )
         return constraint.after_thinking(thinking)
 
 
 def plan_reasoning(
-    format: ReasoningFormat | None, prompt_tail: str, budget: int | None = None
+    format: ReasoningFormat | None,
+    prompt_tail: str,
+    budget: int | None = None,
+    enabled: bool | None = None,
 ) -> ReasoningPlan:
     """Where the output starts, from the end of the rendered prompt (`prompt_tail`: the text of
     its last `PROMPT_TAIL_TOKENS` tokens, special tokens included): a prompt that ends with the
     open tag opened the block, one that ends with the closing tag turned thinking off;
-    otherwise the format says."""
+    otherwise the format says (an opt-in format thinks only when `enabled`)."""
     if format is None:
         return ReasoningPlan(None)
     tail = prompt_tail.rstrip()
-    if tail.endswith(format.close_tag):
+    if tail.endswith(format.close_tag) or (format.opt_in and not enabled):
         return ReasoningPlan(format, inside=False, thinks=False, budget=budget)
     inside = tail.endswith(format.open_tag) or format.starts_inside
     return ReasoningPlan(format, inside=inside, thinks=True, budget=budget)

@@ -16,9 +16,11 @@ request body or touches Quart):
 "required", a `NamedFunction(name)` or None (OpenAI's default); `messages` are OpenAI chat
 messages (see `plan_tools`). A `ToolCallDelta` is (index, id, name, arguments fragment): the
 first of a call has the id and name, its fragments concatenate to `ToolCall.arguments`.
-Modules: formats (hermes, llama3_json; `auto` from the template), prompting (the tool block for
-templates without tools), grammar (the lazily triggered or forced Lark grammar), parser (the
-streaming parser), planning (`plan_tools`).
+Modules: formats (hermes, llama3_json, mistral, pythonic, qwen3_coder, deepseek_v3, granite,
+openai; `auto` from the template), prompting (the tool block for templates without tools),
+grammar (the lazily triggered or forced Lark grammar) and call_rules (one call in each format's
+syntax), the streaming parsers: parser (JSON calls), marked (calls between control markers),
+pythonic (a Python list of calls); planning (`plan_tools`).
 """
 
 from trio_llm.http.tools.formats import (
@@ -29,8 +31,10 @@ from trio_llm.http.tools.formats import (
     pick_format,
     template_takes_tools,
 )
+from trio_llm.http.tools.marked import MarkedCallParser
 from trio_llm.http.tools.parser import ToolCall, ToolCallDelta, ToolCallParser, new_call_id
 from trio_llm.http.tools.planning import (
+    CallParser,
     NamedFunction,
     ToolChoiceValue,
     ToolPlan,
@@ -38,12 +42,16 @@ from trio_llm.http.tools.planning import (
     plan_tools,
 )
 from trio_llm.http.tools.prompting import FunctionTool
+from trio_llm.http.tools.pythonic import PythonicCallParser
 
 __all__ = [
     "FORMATS",
     "PARSER_NAMES",
+    "CallParser",
     "FunctionTool",
+    "MarkedCallParser",
     "NamedFunction",
+    "PythonicCallParser",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",

@@ -20,43 +20,15 @@ import msgspec
 
 from trio_llm.constraint import Constraint
 from trio_llm.grammar import lark_expression
+from trio_llm.http.tools.call_rules import call_rule, schema_text
+from trio_llm.http.tools.call_rules import closed as closed
 from trio_llm.http.tools.formats import ToolFormat
 from trio_llm.http.tools.prompting import FunctionTool
-
-_NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-
-
-def closed(schema: Any) -> Any:
-    """`schema` with `additionalProperties: false` wherever it lists `properties` and says
-    nothing about others (in properties, items, anyOf and oneOf; not allOf, whose parts would
-    then exclude each other's keys). What it accepts still validates against `schema`, and a
-    small model can no longer add key after key until max_tokens (LangChain and pydantic send
-    schemas without the keyword)."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
-        out.setdefault("additionalProperties", False)
-    if isinstance(out.get("items"), dict):
-        out["items"] = closed(out["items"])
-    for key in ("anyOf", "oneOf"):
-        if isinstance(out.get(key), list):
-            out[key] = [closed(s) for s in out[key]]
-    if isinstance(out.get("$defs"), dict):
-        out["$defs"] = {k: closed(v) for k, v in out["$defs"].items()}
-    return out
-
-
-def _schema(tool: FunctionTool) -> str:
-    schema = closed(tool.parameters) if tool.parameters is not None else dict(_NO_ARGUMENTS)
-    schema.setdefault("x-guidance", {"whitespace_flexible": False})
-    return json.dumps(schema, ensure_ascii=False)
 
 
 def _call_schema(tool: FunctionTool, format: ToolFormat) -> str:
     """A whole call object, `{"name": ..., <arguments key>: ...}`, as one JSON schema."""
-    arguments = json.loads(_schema(tool))
+    arguments = json.loads(schema_text(tool))
     arguments.pop("x-guidance")
     schema = {
         "type": "object",
@@ -118,19 +90,18 @@ def _build(
     # A call whose object starts the answer, beside an answer that is JSON too (llama3_json
     # with a JSON answer), is one JSON schema: a call's head as one string lexeme would not
     # let the lexer fall back to the answer's `{` once the text stops matching it.
-    whole = answer is not None and format.open_tag is None
+    whole = answer is not None and format.open_tag is None and format.reader == "json"
     for i, tool in enumerate(tools):
         if whole:
             lines.append(f"f{i}: %json {_call_schema(tool, format)}")
         else:
-            head = _literal(f'{{"name":{json.dumps(tool.name)},"{format.arguments_key}":')
-            lines.append(f"f{i}: {head} %json {_schema(tool)} " + '"}"')
+            lines.append(f"f{i}: {call_rule(format, tool)}")
         names.append(f"f{i}")
     lines.append("obj: " + " | ".join(names))
     if answer is not None:
         lines.append(f"answer: {lark_expression(answer)}")
     if format.open_tag is None:
-        lines += _llama3_rules(forced, parallel, answer is not None)
+        lines += _answer_start_rules(format, forced, parallel, answer is not None)
     else:
         lines += _tagged_rules(format, forced, parallel, answer is not None)
     return "\n".join(lines) + "\n"
@@ -145,25 +116,27 @@ def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool
     the last call, the model may write text and end; text that opens another tag starts
     another call (a lazy lexeme: its text ends at the first tag), or none when only one call
     is allowed."""
-    open_tag, close_tag = _literal(format.open_tag or ""), _literal(format.close_tag or "")
-    more = ' ("," NL obj)*' if parallel else ""
-    # SmolLM2's prompt says to write an empty list when no call is needed: allowed with auto.
-    empty = "" if forced else ' | "[" NL "]"'
+    open_tag = _literal(format.open_tag or "")
+    close = "" if format.close_tag is None or format.closes_output else format.close_tag
+    close_tag = f" {_literal(close)}" if close else ""
     tag = _regex_literal(format.open_tag or "")
     rules = [
         "NL: /\\n?/",
         "WS: /[ \\t\\r\\n]{1,8}/",
-        f'body: obj | "[" NL obj{more} NL "]"{empty}',
+        f"body: {_body(format, parallel, forced)}",
         "TEXT: /(.|\\n)+/",
         "ANY: /(.|\\n)*/",
         f"TAIL: /(.|\\n)+/ & ~/(.|\\n)*{tag}(.|\\n)*/",
         f"call_hd[lazy]: ANY {open_tag}",
-        f"call: call_hd NL body NL {close_tag}",
-        f"first: {open_tag} NL body NL {close_tag}",
+        f"call: call_hd NL body NL{close_tag}",
+        f"first: {open_tag} NL body NL{close_tag}",
     ]
     calls = "first call* TEXT?" if parallel else "first TAIL?"
+    header = f"{_literal(format.header)}? " if format.header else ""
     if forced:
-        rules.append("start: first (WS? first)* WS?" if parallel else "start: first WS?")
+        rules.append(
+            f"start: {header}first (WS? first)* WS?" if parallel else f"start: {header}first WS?"
+        )
     elif answer:
         rules.append(f"start: {calls} | answer")
     else:
@@ -171,11 +144,36 @@ def _tagged_rules(format: ToolFormat, forced: bool, parallel: bool, answer: bool
     return rules
 
 
-def _llama3_rules(forced: bool, parallel: bool, answer: bool) -> list[str]:
-    """The answer is the calls, `; ` between them; after the last, whitespace when forced
-    (as for tagged calls), else any text that does not continue the list."""
-    calls = 'calls: obj ("; " obj)*' if parallel else "calls: obj"
-    rules = [calls, "TAIL: /[^;](.|\\n)*/", "TEXT: /[^{](.|\\n)*/"]
+def _body(format: ToolFormat, parallel: bool, forced: bool) -> str:
+    """What one call region holds: a JSON list of calls or one (hermes, Mistral's and
+    Granite's lists), calls each after the open tag again (Mistral's `name[ARGS]`), several
+    marked calls (DeepSeek), or one (Qwen3-Coder, Harmony)."""
+    if format.reader == "json" and format.args_marker and not format.lists:
+        return f"obj ({_literal(format.open_tag or '')} obj)*" if parallel else "obj"
+    if format.reader == "json":
+        more = ' ("," NL obj)*' if parallel else ""
+        more = ' ("," " "? NL obj)*' if parallel and format.close_tag is None else more
+        # SmolLM2's prompt says to write an empty list when no call is needed: allowed with auto.
+        empty = "" if forced else ' | "[" NL "]"'
+        single = "" if format.close_tag is None else "obj | "
+        return f'{single}"[" NL obj{more} NL "]"{empty}'
+    if format.call_close:
+        return "obj (NL obj)*" if parallel else "obj"
+    return "obj"
+
+
+def _answer_start_rules(
+    format: ToolFormat, forced: bool, parallel: bool, answer: bool
+) -> list[str]:
+    """Calls that start the answer. llama3_json: objects, `; ` between them; pythonic: a
+    Python list. After the calls, whitespace when forced (as for tagged calls), else any text
+    that does not continue them."""
+    if format.reader == "pythonic":
+        calls = 'calls: "[" obj (", " obj)* "]"' if parallel else 'calls: "[" obj "]"'
+        rules = [calls, "TAIL: /(.|\\n)+/", "TEXT: /[^\\[](.|\\n)*/"]
+    else:
+        calls = 'calls: obj ("; " obj)*' if parallel else "calls: obj"
+        rules = [calls, "TAIL: /[^;](.|\\n)*/", "TEXT: /[^{](.|\\n)*/"]
     if forced:
         return [calls, "WS: /[ \\t\\r\\n]{1,8}/", "start: calls WS?"]
     if answer:

@@ -1,4 +1,5 @@
-"""The streaming tool-call parser: a model's output text in, content and tool calls out.
+"""The streaming parser of JSON tool calls (hermes, llama3_json, mistral, granite): a model's
+output text in, content and tool calls out.
 
 One parser per choice, fed the output's text as it arrives. It keeps the invariants a client
 relies on:
@@ -19,6 +20,10 @@ relies on:
 A region that does not hold a call (`<tool_call>hello</tool_call>`: an unconstrained model's
 mistake) comes back as content, unchanged. Output cut inside a call (max_tokens) ends that call
 with the arguments written so far, as OpenAI's API does.
+
+Mistral's v11 calls (`[TOOL_CALLS]name[ARGS]{...}`, the control token again before each) are
+read in the same region: a bare name and its marker start the call, and the object that
+follows is its arguments, streamed the same way.
 
 Why over 400 lines: text mode, call mode and the nesting walker share the held-back state
 that makes streamed and complete answers agree; the format-specific parts are data in
@@ -62,6 +67,10 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
+_BARE_NAME = re.compile(r"[A-Za-z0-9_.\-]*")
+"""A call's name before Mistral's `[ARGS]` marker."""
+
+
 _SEPARATORS = " \t\r\n[],;"
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 """A call object's start when its name comes first: where its arguments' text begins."""
@@ -89,6 +98,8 @@ class _Pending:
     """Where the first value nested in the object (a header-first call's arguments) ends."""
     end: int = -1
     """Where the object ends (just past its closing brace); -1: not yet."""
+    bare: bool = False
+    """The object is the arguments themselves (its name came before, `name[ARGS]{...}`)."""
 
     def advance(self, region: str, upto: int) -> None:
         """Follow the object's nesting through `region[:upto]`, stopping where it closes."""
@@ -288,14 +299,15 @@ class ToolCallParser:
         while not self._invalid:
             pending = self._pending
             if pending is None:
-                pos = self._pos
-                while pos < visible and region[pos] in _SEPARATORS:
-                    pos += 1
+                pos, waiting = self._skip(self._pos, visible)
                 self._pos = pos
-                if pos >= visible:
+                if waiting or pos >= visible:
                     return
                 if region[pos] != "{":
-                    self._invalid = True
+                    if not self.format.args_marker:
+                        self._invalid = True
+                    elif self._read_bare_name(pos, visible, deltas):
+                        continue
                     return
                 pending = self._pending = _Pending(pos)
             pending.advance(region, visible)
@@ -307,6 +319,42 @@ class ToolCallParser:
             if pending.args_start >= 0:
                 self._send_arguments(pending, visible, deltas)
             return
+
+    def _skip(self, pos: int, visible: int) -> tuple[int, bool]:
+        """Past separators and, inside a region that runs to the output's end, the open tags
+        of further calls (Mistral's `[TOOL_CALLS]` before each); short of a possible tag."""
+        region, tag = self._region, self.format.open_tag
+        reopens = tag is not None and self.format.close_tag is None
+        while pos < visible:
+            if reopens and tag is not None and region[pos] == tag[0]:
+                if region.startswith(tag, pos):
+                    pos += len(tag)
+                    continue
+                if tag.startswith(region[pos:visible]):
+                    return pos, True  # the tag may be coming
+            if region[pos] not in _SEPARATORS:
+                break
+            pos += 1
+        return pos, False
+
+    def _read_bare_name(self, pos: int, visible: int, deltas: list[ToolCallDelta]) -> bool:
+        """`name[ARGS]{...}`: start the call once its marker is seen (True); else wait or
+        find the region invalid."""
+        marker = self.format.args_marker
+        name = _BARE_NAME.match(self._region, pos, visible)
+        assert name is not None
+        after = name.end()
+        if after >= visible or marker.startswith(self._region[after:visible]):
+            return False  # the name or the marker is still coming
+        if not name.group() or not self._region.startswith(marker, after):
+            self._invalid = True
+            return False
+        start = after + len(marker)
+        call = ToolCall(self.format.new_call_id(), name.group(), "")
+        self._pending = _Pending(start, call, args_start=start, sent=start, bare=True)
+        deltas.append(ToolCallDelta(len(self.calls), call.id, call.name))
+        self.calls.append(call)
+        return True
 
     def _read_header(self, pending: _Pending, visible: int, deltas: list[ToolCallDelta]) -> None:
         """Start the call once its name is complete and its arguments are next."""
@@ -326,7 +374,7 @@ class ToolCallParser:
             return
         if self._region[header.end()] != "{":
             return  # arguments given as a string, or not an object: read whole
-        call = ToolCall(new_call_id(), partial["name"], "")
+        call = ToolCall(self.format.new_call_id(), partial["name"], "")
         pending.call = call
         pending.args_start = pending.sent = header.end()
         deltas.append(ToolCallDelta(len(self.calls), call.id, call.name))
@@ -340,7 +388,10 @@ class ToolCallParser:
         except ValueError:
             self._invalid = True
             return
-        arguments = _arguments_of(obj, self.format)
+        if pending.bare:
+            arguments = json.dumps(obj, ensure_ascii=False) if isinstance(obj, dict) else None
+        else:
+            arguments = _arguments_of(obj, self.format)
         if arguments is None:
             self._invalid = True
             return
@@ -352,7 +403,7 @@ class ToolCallParser:
                 written = region[header.end() : closing].rstrip()
                 if _same_json(written, arguments):
                     arguments = written
-            call = ToolCall(new_call_id(), obj["name"], arguments)
+            call = ToolCall(self.format.new_call_id(), obj["name"], arguments)
             deltas.append(ToolCallDelta(len(self.calls), call.id, call.name, arguments))
             self.calls.append(call)
         elif pending.args_start >= 0:
@@ -363,7 +414,7 @@ class ToolCallParser:
 
     def _send_arguments(self, pending: _Pending, upto: int, deltas: list[ToolCallDelta]) -> None:
         """Send the arguments' text up to `upto`, never past their own closing brace."""
-        if pending.inner_end >= 0:
+        if pending.inner_end >= 0 and not pending.bare:
             upto = min(upto, pending.inner_end)
         text = self._region[pending.sent : upto]
         if not text:

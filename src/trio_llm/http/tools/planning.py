@@ -9,6 +9,7 @@ raised before anything reaches the engine.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,10 +23,13 @@ from trio_llm.http.tools.formats import (
     UnknownToolFormat,
     pick_format,
     template_takes_tools,
+    writes_args_marker,
 )
 from trio_llm.http.tools.grammar import tool_grammar
+from trio_llm.http.tools.marked import MarkedCallParser
 from trio_llm.http.tools.parser import ToolCallParser
 from trio_llm.http.tools.prompting import FunctionTool, render_messages
+from trio_llm.http.tools.pythonic import PythonicCallParser
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +53,28 @@ class ToolPlan:
     constraint beside them with auto), or with tool_choice none the request's own."""
     format: ToolFormat | None = None
     """None: the answer is not parsed for calls."""
+    schemas: dict[str, Any] = field(default_factory=dict)
+    """Each tool's parameters schema, by name (Qwen3-Coder's values are typed by them)."""
 
-    def new_parser(self) -> ToolCallParser | None:
+    @property
+    def keeps_special(self) -> bool:
+        """Whether the output must be decoded with special tokens kept (the format's markers
+        are special tokens: Mistral's `[TOOL_CALLS]`, Harmony's channels)."""
+        return self.format is not None and self.format.keeps_special
+
+    def new_parser(self) -> CallParser | None:
         """A parser for one choice's output; None when calls are not read."""
-        return None if self.format is None else ToolCallParser(self.format)
+        if self.format is None:
+            return None
+        if self.format.reader == "marked":
+            return MarkedCallParser(self.format, self.schemas)
+        if self.format.reader == "pythonic":
+            return PythonicCallParser(self.format)
+        return ToolCallParser(self.format)
+
+
+CallParser = ToolCallParser | MarkedCallParser | PythonicCallParser
+"""A streaming call parser of one of the readers (the same `feed`, `end`, `finish`)."""
 
 
 def check_tools(
@@ -113,6 +135,8 @@ def plan_tools(
         if choice != "none":
             raise bad_request(f"tools: {error}", param="tools") from None
         format = HERMES  # shown to no one: the template writes the history itself
+    if writes_args_marker(format, chat_template):
+        format = dataclasses.replace(format, lists=False)  # `name[ARGS]{...}` per call
     takes_tools = template_takes_tools(chat_template)
     shown = list(tools) if choice != "none" else []
     rendered = render_messages(messages, shown, format, takes_tools=takes_tools)
@@ -138,4 +162,5 @@ def plan_tools(
                 "use tool_choice required or none with it",
                 param="tool_choice",
             ) from None
-    return ToolPlan(rendered, kwargs, Constraint.grammar(grammar), format)
+    schemas = {t.name: t.parameters for t in tools if t.parameters is not None}
+    return ToolPlan(rendered, kwargs, Constraint.grammar(grammar), format, schemas)

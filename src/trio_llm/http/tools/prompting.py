@@ -62,15 +62,27 @@ name and its value}}. Do not use variables.
 {tools}"""
 
 
+_EXAMPLE_BLOCK = """\
+You have access to the following functions:
+{tools}
+
+To call functions, answer with the calls only, written like this:
+{example}"""
+"""For the other formats: the tools, and a call written in the format as an example."""
+
+
 def tools_block(tools: Sequence[FunctionTool], format: ToolFormat) -> str:
     """The system text that teaches a model without tool support in its template the tools
     and the format to call them in."""
     listed = [t.openai()["function"] for t in tools]
-    if format.open_tag is None:
+    if format.name == "llama3_json":
         return _LLAMA3_BLOCK.format(
             tools="\n".join(json.dumps(t, ensure_ascii=False) for t in listed)
         )
-    return _SMOLLM2_BLOCK.format(tools=json.dumps(listed, ensure_ascii=False))
+    if format.name == "hermes":
+        return _SMOLLM2_BLOCK.format(tools=json.dumps(listed, ensure_ascii=False))
+    example = format.render_calls([{"name": "func_name1", "arguments": {"argument1": "value1"}}])
+    return _EXAMPLE_BLOCK.format(tools=json.dumps(listed, ensure_ascii=False), example=example)
 
 
 def _arguments(text: str) -> Any:
