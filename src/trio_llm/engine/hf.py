@@ -27,3 +27,11 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     if not isinstance(decoder, torch.nn.Module):
         decoder = model.get_decoder()  # type: ignore[operator]
     return decoder
+
+
+def language_model_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The text decoder: a vision-language model's language model (its decoder holds the
+    vision tower beside it), else the decoder itself."""
+    decoder = decoder_of(model)
+    language = getattr(decoder, "language_model", None)
+    return language if isinstance(language, torch.nn.Module) else decoder

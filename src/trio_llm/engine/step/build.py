@@ -22,7 +22,7 @@ import torch
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
 from trio_llm.engine.attention import resolve_backend
-from trio_llm.engine.hf import decoder_of
+from trio_llm.engine.hf import language_model_of, text_config
 from trio_llm.engine.lora import LoraLoadError, LoraRegistry
 from trio_llm.engine.models import attention_layers, gguf_weights, loader, pooling, quantized
 from trio_llm.engine.models.classifier import classifier_head
@@ -246,7 +246,8 @@ def _matryoshka(config: PretrainedConfig) -> list[int] | None:
 
 def _max_model_len(args: EngineArgs, config: object, capacity: int) -> int:
     """The context limit: asked for, or the model's own, capped by what the engine can hold."""
-    limit = args.max_model_len or int(config.max_position_embeddings)  # type: ignore[attr-defined]
+    positions = text_config(config).max_position_embeddings  # type: ignore[attr-defined]
+    limit = args.max_model_len or int(positions)
     if limit > capacity:
         log.warning("max_model_len %d capped to %d: the KV cache holds no more", limit, capacity)
         limit = capacity
@@ -258,7 +259,7 @@ def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     step spends its time on, layer by layer."""
     from transformers.pytorch_utils import Conv1D
 
-    decoder = decoder_of(model)
+    decoder = language_model_of(model)
     stacks = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m)]
     weights = [
         m.weight if isinstance(m, torch.nn.Linear) else m.weight.T  # Conv1D: [in, out]

@@ -1,0 +1,151 @@
+"""Images in a prompt, on the frontend's side: the model's own processor turns each picture
+into pixel values and a run of placeholder tokens, and the prompt's single image markers become
+those runs.
+
+What it owns: the processor of a vision-language model (loaded with its tokenizer at start-up),
+decoding pictures with Pillow, and the `ImageInput`s a request carries to the engine. All of it
+runs on a worker thread (`ImagePrompts.expand`): decoding and resizing a picture takes
+milliseconds to seconds, which the event loop streaming everyone else's tokens must not wait
+for.
+
+Invariant: a prompt's image markers (the processor's image token, one per picture, where the
+chat template rendered each image part) and its pictures are matched in order, one to one; a
+count that differs is an `InvalidImageError`, never a silent shift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+import numpy as np
+
+from trio_llm.client.errors import InvalidPromptError
+from trio_llm.ipc.messages import ImageInput
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+
+class InvalidImageError(InvalidPromptError):
+    """A picture the model's processor cannot read, or more or fewer pictures than the prompt
+    has image markers. `index`: which of the request's pictures, when one is at fault."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def load_processor(path: Path) -> Any | None:
+    """The model's processor when it is a vision-language model's (it has an image processor
+    and an image token), else None. The slow, Pillow-based image processor: the fast one needs
+    torchvision."""
+    from transformers import AutoConfig, AutoProcessor
+
+    config = AutoConfig.from_pretrained(path)
+    if getattr(config, "vision_config", None) is None:
+        return None
+    processor = AutoProcessor.from_pretrained(path, use_fast=False)
+    if getattr(processor, "image_processor", None) is None or not getattr(
+        processor, "image_token", None
+    ):
+        return None
+    return processor
+
+
+def decode_image(data: bytes, index: int = 0, max_pixels: int | None = None) -> Image:
+    """Pillow's RGB picture of `data` (any format Pillow reads); InvalidImageError for bytes
+    that are not a picture, or one of more than `max_pixels` pixels."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        picture = Image.open(io.BytesIO(data))
+        if max_pixels is not None and picture.width * picture.height > max_pixels:
+            raise InvalidImageError(
+                f"the image has {picture.width}x{picture.height} pixels, more than the "
+                f"{max_pixels} allowed",
+                index,
+            )
+        return picture.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidImageError(f"cannot read the image: {exc}", index) from None
+
+
+def image_inputs(
+    prompt: Sequence[int], pixel_values: np.ndarray, image_token_id: int
+) -> list[ImageInput]:
+    """The images of a prompt the processor expanded: each run of `image_token_id` is one
+    picture's placeholders, in the order of `pixel_values` ([images, C, H, W])."""
+    ids = np.asarray(prompt)
+    marks = np.flatnonzero(ids == image_token_id)
+    runs = np.split(marks, np.flatnonzero(np.diff(marks) != 1) + 1) if len(marks) else []
+    if len(runs) != len(pixel_values):
+        raise InvalidImageError(
+            f"the prompt has {len(runs)} runs of image placeholders for {len(pixel_values)} images"
+        )
+    out = []
+    for run, pixels in zip(runs, pixel_values, strict=True):
+        data = np.ascontiguousarray(pixels, dtype="<f4").tobytes()
+        out.append(
+            ImageInput(
+                offset=int(run[0]),
+                length=len(run),
+                shape=list(pixels.shape),
+                pixels=data,
+                digest=hashlib.sha256(data).digest(),
+            )
+        )
+    return out
+
+
+class ImagePrompts:
+    """A vision-language model's processor, used off the event loop."""
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.image_token: str = processor.image_token
+        self.image_token_id: int = int(processor.tokenizer.convert_tokens_to_ids(self.image_token))
+
+    async def expand(
+        self, prompt: list[int], pictures: Sequence[Image]
+    ) -> tuple[list[int], list[ImageInput]]:
+        """`prompt` (with one image marker per picture) with each marker replaced by its
+        picture's placeholders, and the pictures as the engine takes them."""
+        return await anyio.to_thread.run_sync(self._expand, prompt, list(pictures))
+
+    def _expand(
+        self, prompt: list[int], pictures: list[Image]
+    ) -> tuple[list[int], list[ImageInput]]:
+        marks = [i for i, t in enumerate(prompt) if t == self.image_token_id]
+        if len(marks) != len(pictures):
+            raise InvalidImageError(
+                f"the prompt has {len(marks)} image markers for {len(pictures)} images"
+            )
+        ids: list[int] = []
+        pixels = []
+        last = 0
+        for index, (mark, picture) in enumerate(zip(marks, pictures, strict=True)):
+            try:
+                # The processor expands one marker into the picture's placeholders (and any
+                # tokens its model puts around an image).
+                out = self.processor(
+                    text=[self.image_token],
+                    images=[picture],
+                    add_special_tokens=False,
+                    return_tensors="np",
+                )
+            except Exception as exc:  # the processor's refusal of this picture
+                raise InvalidImageError(
+                    f"the model's processor cannot read it: {exc}", index
+                ) from None
+            ids += prompt[last:mark] + [int(t) for t in out["input_ids"][0]]
+            pixels.append(np.asarray(out["pixel_values"], dtype=np.float32)[0])
+            last = mark + 1
+        ids += prompt[last:]
+        return ids, image_inputs(
+            ids, np.stack(pixels) if pixels else np.zeros((0,)), self.image_token_id
+        )

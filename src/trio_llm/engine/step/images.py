@@ -1,0 +1,85 @@
+"""A sequence's images in the engine: their pixels, their placeholder runs, their features
+while the prompt's prefill needs them, and what they add to the prefix cache's block keys.
+
+Invariants:
+- An image goes through the vision tower once per prefill: its features are kept from the step
+  whose chunk first reaches its placeholders until the chunk that computes its last one, then
+  dropped (a preemption, which recomputes the prompt, encodes it again from the pixels kept).
+- A block's key is its tokens plus, for every image whose placeholders it holds, the image's
+  content digest and where in the image the block starts: two prompts with equal tokens but
+  different images never share a block, and the same image in a later request does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from trio_llm.ipc.messages import ImageInput
+
+if TYPE_CHECKING:
+    from trio_llm.engine.models.vision import VisionEncoder
+
+
+class ImageError(ValueError):
+    """A request's images do not fit its prompt or its model."""
+
+
+@dataclass(slots=True, eq=False)
+class ImageSlot:
+    offset: int
+    length: int
+    pixels: torch.Tensor
+    """[C, H, W] float32, on the CPU."""
+    digest: bytes
+    features: torch.Tensor | None = None
+    """[length, hidden] once encoded, until the prefill has passed the image."""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+def slots_of(
+    images: Seq[ImageInput], prompt: Seq[int], vision: VisionEncoder | None
+) -> list[ImageSlot]:
+    """The engine's slots for a request's images; ImageError when the model takes none, or an
+    image is not one its tower reads, or its placeholders are not where the request says."""
+    if vision is None:
+        raise ImageError("this model does not take images")
+    image_token_id = vision.image_token_id
+    slots = []
+    end = 0
+    for i, image in enumerate(images):
+        if image.offset < end or image.length < 1 or image.offset + image.length > len(prompt):
+            raise ImageError(f"image {i}'s placeholders lie outside the prompt or overlap")
+        if any(t != image_token_id for t in prompt[image.offset : image.offset + image.length]):
+            raise ImageError(f"image {i}'s placeholder positions hold other tokens")
+        why = vision.check(image.shape, image.length)
+        if why is not None:
+            raise ImageError(f"image {i}: {why}")
+        count = int(np.prod(image.shape))
+        if len(image.pixels) != 4 * count:
+            raise ImageError(f"image {i} has {len(image.pixels)} bytes of pixels, not {4 * count}")
+        pixels = torch.from_numpy(np.frombuffer(image.pixels, "<f4").reshape(image.shape).copy())
+        slots.append(ImageSlot(image.offset, image.length, pixels, image.digest))
+        end = image.offset + image.length
+    return slots
+
+
+def block_key(
+    token_ids: Seq[int], images: Seq[ImageSlot], index: int, block_size: int
+) -> tuple[object, ...]:
+    """Block `index`'s key: its tokens, then (digest, offset into the image) of each image
+    whose placeholders it holds."""
+    start = index * block_size
+    end = start + block_size
+    key: tuple[object, ...] = tuple(token_ids[start:end])
+    for image in images:
+        if image.offset < end and image.end > start:
+            key += ((image.digest, start - image.offset),)
+    return key
