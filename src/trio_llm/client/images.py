@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,16 @@ class InvalidImageError(InvalidPromptError):
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index
+
+
+def takes_images(path: Path) -> bool:
+    """Whether the model directory's config is a vision-language model's (read as JSON: no
+    transformers config class is built for a text model)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
 def load_processor(path: Path) -> Any | None:
@@ -102,6 +114,15 @@ def image_inputs(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ImagePrompt:
+    """A prompt with pictures, as `EngineClient.generate` takes it: the token ids with each
+    picture's placeholders (`ImagePrompts.expand`) and the pictures as the engine reads them."""
+
+    token_ids: list[int]
+    images: list[ImageInput]
+
+
 class ImagePrompts:
     """A vision-language model's processor, used off the event loop."""
 
@@ -111,11 +132,24 @@ class ImagePrompts:
         self.image_token_id: int = int(processor.tokenizer.convert_tokens_to_ids(self.image_token))
 
     async def expand(
-        self, prompt: list[int], pictures: Sequence[Image]
-    ) -> tuple[list[int], list[ImageInput]]:
+        self,
+        prompt: list[int],
+        pictures: Sequence[Image | bytes],
+        *,
+        max_pixels: int | None = None,
+    ) -> ImagePrompt:
         """`prompt` (with one image marker per picture) with each marker replaced by its
-        picture's placeholders, and the pictures as the engine takes them."""
-        return await anyio.to_thread.run_sync(self._expand, prompt, list(pictures))
+        picture's placeholders, and the pictures (Pillow's, or encoded bytes) as the engine
+        takes them; on a worker thread."""
+
+        def run() -> ImagePrompt:
+            decoded = [
+                decode_image(p, i, max_pixels) if isinstance(p, bytes | bytearray) else p
+                for i, p in enumerate(pictures)
+            ]
+            return ImagePrompt(*self._expand(prompt, decoded))
+
+        return await anyio.to_thread.run_sync(run)
 
     def _expand(
         self, prompt: list[int], pictures: list[Image]

@@ -1,0 +1,208 @@
+"""Pictures in chat, through the real server (`python -m trio_llm serve`) on a tiny random
+LLaVA and the official OpenAI SDK: a data: URL and an http URL served on loopback give
+transformers' own greedy answer on that picture; each way a picture cannot be had is a 400
+naming its part; /v1/models says which inputs each model takes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+
+from http_server_process import ServerProcess, run_server
+from trio_llm.model_files import ModelSource, load_tokenizer
+from vision_models import build_tiny_llava, picture
+
+MAX_TOKENS = 8
+SLOW = "/slow.png"
+
+
+def _png(seed: int) -> bytes:
+    out = io.BytesIO()
+    picture(seed).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+class _Pictures(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == SLOW:
+            time.sleep(3)
+        body = _png(int(self.path.strip("/").split(".")[0])) if self.path != SLOW else _png(0)
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def pictures_port() -> Iterator[int]:
+    """A tiny http.server thread on loopback serving /<seed>.png (and a slow one)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def llava(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource
+) -> tuple[Path, Any]:
+    path = tmp_path_factory.mktemp("tiny-llava")
+    return path, build_tiny_llava(path, load_tokenizer(tokenizer_source))
+
+
+@pytest.fixture(scope="module")
+def server(llava: tuple[Path, Any]) -> Iterator[ServerProcess]:
+    with run_server(
+        str(llava[0]),
+        "--served-model-name", "llava",
+        "--max-num-seqs", "4",
+        "--kv-cache-memory", "32MiB",
+        "--dtype", "float32",
+        "--shutdown-timeout", "2",
+        "--allowed-media-domains", "localhost",
+        "--media-fetch-timeout", "1",
+        "--limit-mm-per-prompt", '{"image": 2}',
+    ) as s:  # fmt: skip
+        yield s
+
+
+@pytest.fixture(scope="module")
+def sdk(server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client:
+        yield client
+
+
+def _ask(sdk: openai.OpenAI, *urls: str, text: str = "What is in this picture?") -> str:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    content += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    reply = sdk.chat.completions.create(
+        model="llava",
+        messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    return reply.choices[0].message.content or ""
+
+
+def _hf_answer(llava: tuple[Path, Any], server: ServerProcess, seed: int) -> str:
+    """transformers' greedy answer on the server's own rendered prompt and the same picture."""
+    import httpx
+    from transformers import AutoProcessor
+
+    content = [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": _data_url(_png(seed))}},
+    ]
+    body = {"model": "llava", "messages": [{"role": "user", "content": content}]}
+    rendered = httpx.post(server.url + "/v1/chat/completions/render", json=body, timeout=30)
+    assert rendered.status_code == 200, rendered.text
+    ids = rendered.json()["token_ids"]
+    processor = AutoProcessor.from_pretrained(llava[0], use_fast=False)
+    pixels = processor.image_processor(images=[picture(seed)], return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        out = llava[1].generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            pixel_values=pixels,
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return processor.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+
+
+def test_a_data_url_gives_transformers_answer_on_the_picture(
+    sdk: openai.OpenAI, server: ServerProcess, llava: tuple[Path, Any]
+) -> None:
+    answers = [_ask(sdk, _data_url(_png(seed))) for seed in (0, 1)]
+    assert answers[0] == _hf_answer(llava, server, 0)
+    assert answers[1] == _hf_answer(llava, server, 1)
+    assert answers[0] != answers[1], "two pictures, the same text"
+
+
+def test_an_http_url_is_fetched_by_the_server(sdk: openai.OpenAI, pictures_port: int) -> None:
+    fetched = _ask(sdk, f"http://localhost:{pictures_port}/1.png")
+    assert fetched == _ask(sdk, _data_url(_png(1)))
+
+
+def _refusal(sdk: openai.OpenAI, *urls: str) -> openai.BadRequestError:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _ask(sdk, *urls)
+    return caught.value
+
+
+def test_each_way_a_picture_cannot_be_had_is_a_400_naming_its_part(
+    sdk: openai.OpenAI, pictures_port: int
+) -> None:
+    part = "messages[0].content[1].image_url"
+    unreadable = _refusal(sdk, _data_url(b"not a picture at all"))
+    assert unreadable.body["param"] == part  # type: ignore[index]
+    assert "cannot read the image" in unreadable.message
+    outside = _refusal(sdk, f"http://127.0.0.1:{pictures_port}/0.png")
+    assert outside.body["param"] == part  # type: ignore[index]
+    assert "allowed media domains" in outside.message
+    slow = _refusal(sdk, f"http://localhost:{pictures_port}{SLOW}")
+    assert "timed out" in slow.message and slow.body["param"] == part  # type: ignore[index]
+    local = _refusal(sdk, "file:///etc/hostname")
+    assert "--allowed-local-media-path" in local.message
+    three = _refusal(sdk, *[_data_url(_png(i)) for i in range(3)])
+    assert three.body["param"] == "messages[0].content[3].image_url"  # type: ignore[index]
+    assert "--limit-mm-per-prompt" in three.message
+
+
+def test_models_say_which_inputs_each_takes(sdk: openai.OpenAI) -> None:
+    [card] = sdk.models.list().data
+    assert card.model_extra is not None
+    assert card.model_extra["input_modalities"] == ["text", "image"]
+
+
+def test_a_picture_for_a_text_model_is_a_400(tiny_model_dir: Path) -> None:
+    with (
+        run_server(
+            str(tiny_model_dir),
+            "--served-model-name",
+            "tiny",
+            "--max-num-seqs",
+            "2",
+            "--kv-cache-memory",
+            "8MiB",
+            "--dtype",
+            "float32",
+            "--shutdown-timeout",
+            "2",
+        ) as text_server,  # fmt: skip
+        openai.OpenAI(base_url=text_server.url + "/v1", api_key="none", max_retries=0) as sdk,
+    ):
+        [card] = sdk.models.list().data
+        assert card.model_extra is not None and card.model_extra["input_modalities"] == ["text"]
+        content = [
+            {"type": "text", "text": "hi"},
+            {"type": "image_url", "image_url": {"url": _data_url(_png(0))}},
+        ]
+        with pytest.raises(openai.BadRequestError) as caught:
+            sdk.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+                max_tokens=2,
+            )
+        assert caught.value.body["param"] == "messages[0].content[1].image_url"  # type: ignore[index]
+        assert "takes text only" in caught.value.message
