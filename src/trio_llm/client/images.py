@@ -52,20 +52,20 @@ def takes_images(path: Path) -> bool:
     return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
-def load_processor(path: Path) -> Any | None:
-    """The model's processor when it is a vision-language model's (it has an image processor
-    and an image token), else None. The slow, Pillow-based image processor: the fast one needs
-    torchvision."""
-    from transformers import AutoConfig, AutoProcessor
+def load_processor(path: Path) -> Any:
+    """A vision-language model's processor (`takes_images`): its slow, Pillow-based image
+    processor (the fast one needs torchvision). ValueError, which refuses the model at
+    start-up, when it has no image processor or names no image token."""
+    from transformers import AutoProcessor
 
-    config = AutoConfig.from_pretrained(path)
-    if getattr(config, "vision_config", None) is None:
-        return None
     processor = AutoProcessor.from_pretrained(path, use_fast=False)
     if getattr(processor, "image_processor", None) is None or not getattr(
         processor, "image_token", None
     ):
-        return None
+        raise ValueError(
+            f"{path} is a vision-language model without an image processor and an image token "
+            "(processor_config.json / preprocessor_config.json): its pictures cannot be read"
+        )
     return processor
 
 
