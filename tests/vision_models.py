@@ -12,9 +12,9 @@ PATCH = 8
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
 
 
-def build_tiny_llava(path: Path, tokenizer: Any, *, seed: int = 0) -> Any:
-    """A LLaVA (CLIP tower, two-layer projector, Llama decoder) saved at `path` with its
-    LlavaProcessor; the model back, float32 and in eval mode."""
+def build_tiny_llava(path: Path, tokenizer: Any, *, seed: int = 0, tower: str = "clip") -> Any:
+    """A LLaVA (a CLIP or SigLIP tower, two-layer projector, Llama decoder) saved at `path`
+    with its LlavaProcessor; the model back, float32 and in eval mode."""
     import torch
     from transformers import (
         CLIPImageProcessor,
@@ -23,20 +23,29 @@ def build_tiny_llava(path: Path, tokenizer: Any, *, seed: int = 0) -> Any:
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
     )
 
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
     image_token_id = tokenizer.convert_tokens_to_ids("<image>")
-    images = CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
-    )
+    # CLIP has a class token that the `default` strategy drops; SigLIP has none (`full`).
+    clip = tower == "clip"
+    strategy = "default" if clip else "full"
+    if clip:
+        images: Any = CLIPImageProcessor(
+            size={"shortest_edge": IMAGE_SIZE},
+            crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        )
+    else:
+        images = SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor = LlavaProcessor(
         image_processor=images,
         tokenizer=tokenizer,
         patch_size=PATCH,
-        vision_feature_select_strategy="default",
+        vision_feature_select_strategy=strategy,
         image_token="<image>",
-        num_additional_image_tokens=1,
+        num_additional_image_tokens=1 if clip else 0,
     )
     text = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -55,21 +64,20 @@ def build_tiny_llava(path: Path, tokenizer: Any, *, seed: int = 0) -> Any:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    vision = CLIPVisionConfig(
+    vision = (CLIPVisionConfig if clip else SiglipVisionConfig)(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
         image_size=IMAGE_SIZE,
         patch_size=PATCH,
-        projection_dim=32,
         initializer_range=0.2,
     )
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,
         image_token_id=image_token_id,
-        vision_feature_select_strategy="default",
+        vision_feature_select_strategy=strategy,
         vision_feature_layer=-2,
     )
     torch.manual_seed(seed)

@@ -150,3 +150,17 @@ def test_a_vision_model_the_engine_cannot_serve_is_refused_at_start(tmp_path: Pa
     config.save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match="Qwen2VLForConditionalGeneration is not"):
         make_core(tmp_path)
+
+
+def test_a_siglip_tower_equals_transformers_too(
+    tmp_path: Path, tokenizer_source: ModelSource
+) -> None:
+    """SigLIP has no class token: all its positions are the picture's rows (`full`)."""
+    siglip = Llava(
+        tmp_path, build_tiny_llava(tmp_path, load_tokenizer(tokenizer_source), tower="siglip")
+    )
+    _ids, images = siglip.inputs(0)
+    assert images[0].length == IMAGE_TOKENS
+    core = make_core(tmp_path)
+    got = run(core, [_image_request(siglip, "s", 0)])["s"]
+    assert got.token_ids == siglip.hf_greedy(0)

@@ -76,7 +76,11 @@ class VisionEncoder:
         expected = [int(getattr(vision, "num_channels", 3)), size, size]
         if list(shape) != expected:
             return f"pixel values of shape {list(shape)}; this model's tower reads {expected}"
-        tokens = (size // patch) ** 2 + (self._strategy == "full")
+        # The tower's positions: CLIP's patches and a class token, SigLIP's patches alone;
+        # the `default` strategy drops the first (CLIP's class token).
+        embeddings = getattr(self.model.model.vision_tower, "embeddings", None)  # type: ignore[union-attr]
+        positions = getattr(embeddings, "num_positions", (size // patch) ** 2)
+        tokens = int(positions) - (self._strategy == "default")
         if length != tokens:
             return f"{length} placeholder tokens; this model's images take {tokens}"
         return None
