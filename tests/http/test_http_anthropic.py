@@ -355,7 +355,7 @@ async def test_errors_come_in_anthropics_shape(
 async def test_the_sdk_raises_its_own_errors(sdk: anthropic.AsyncAnthropic, url: str) -> None:
     with pytest.raises(anthropic.NotFoundError):
         await create(sdk, model="claude-sonnet-4-5")
-    with pytest.raises(anthropic.BadRequestError, match="Image"):
+    with pytest.raises(anthropic.BadRequestError, match="takes text only, not images"):
         image = {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
         await create(sdk, messages=[{"role": "user", "content": [image]}])
     async with anthropic.AsyncAnthropic(base_url=url, api_key="wrong", max_retries=0) as wrong:

@@ -206,3 +206,36 @@ def test_a_picture_for_a_text_model_is_a_400(tiny_model_dir: Path) -> None:
             )
         assert caught.value.body["param"] == "messages[0].content[1].image_url"  # type: ignore[index]
         assert "takes text only" in caught.value.message
+
+
+def test_anthropic_image_blocks_take_the_same_path(
+    server: ServerProcess, pictures_port: int
+) -> None:
+    import anthropic
+
+    def ask(client: anthropic.Anthropic, source: dict[str, Any]) -> str:
+        reply = client.messages.create(
+            model="llava",
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is in this picture?"},
+                        {"type": "image", "source": source},  # type: ignore[list-item, misc]
+                    ],
+                }
+            ],
+        )
+        return "".join(b.text for b in reply.content if b.type == "text")
+
+    with anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0) as client:
+        data = base64.b64encode(_png(1)).decode()
+        inline = ask(client, {"type": "base64", "media_type": "image/png", "data": data})
+        fetched = ask(client, {"type": "url", "url": f"http://localhost:{pictures_port}/1.png"})
+        assert inline == fetched
+        other = base64.b64encode(_png(0)).decode()
+        assert inline != ask(client, {"type": "base64", "media_type": "image/png", "data": other})
+        with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[1\]\.source"):
+            ask(client, {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"})

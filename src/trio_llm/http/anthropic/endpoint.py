@@ -17,7 +17,7 @@ thinking, template) -> `MessagesStream` or `message_response` (build.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from quart import Response
@@ -36,8 +36,10 @@ from trio_llm.http.anthropic.protocol import (
     TokenCount,
 )
 from trio_llm.http.generate.endpoint import Prompt, serve_generation
+from trio_llm.http.generate.images import with_images
 from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
+from trio_llm.http.media import MediaPolicy
 from trio_llm.http.runtime.bodies import decode_body, json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
@@ -69,6 +71,8 @@ class MessagesEndpoint:
 
     formats: OutputFormats
     """--tool-call-parser and --reasoning-parser."""
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+    """Where pictures may come from, and how large (--allowed-media-domains, ...)."""
     request_type: ClassVar = MessagesRequest
     id_prefix: ClassVar = "msg_"
 
@@ -81,7 +85,11 @@ class MessagesEndpoint:
         self, request: MessagesRequest, plan: MessagesPlan, engine: EngineClient, model: ModelInfo
     ) -> PreparedMessage:
         rendered = await render_conversation(engine, plan.conversation, self.formats)
-        prompts = [Prompt(rendered.token_ids, "messages")]
+        token_ids, images = rendered.token_ids, None
+        if plan.conversation.images:
+            images = await with_images(engine, token_ids, plan.conversation.images, self.media)
+            token_ids = images.token_ids
+        prompts = [Prompt(token_ids, "messages", images)]
         return PreparedMessage(plan, prompts, rendered.params(plan.params), rendered.new_reader)
 
     def stream(
@@ -113,7 +121,8 @@ class MessagesEndpoint:
 
 
 async def create_message() -> Response:
-    return await serve_generation(MessagesEndpoint(OutputFormats.of(current_state().config)))
+    config = current_state().config
+    return await serve_generation(MessagesEndpoint(OutputFormats.of(config), config.media))
 
 
 async def count_tokens() -> Response:
