@@ -217,7 +217,7 @@ def test_anthropic_image_blocks_take_the_same_path(
         reply = client.messages.create(
             model="llava",
             max_tokens=MAX_TOKENS,
-            temperature=0,
+            extra_body={"temperature": 0},
             messages=[
                 {
                     "role": "user",
@@ -239,3 +239,27 @@ def test_anthropic_image_blocks_take_the_same_path(
         assert inline != ask(client, {"type": "base64", "media_type": "image/png", "data": other})
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[1\]\.source"):
             ask(client, {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"})
+
+
+def test_responses_input_image_takes_the_same_path(sdk: openai.OpenAI) -> None:
+    url = _data_url(_png(1))
+    content = [
+        {"type": "input_text", "text": "What is in this picture?"},
+        {"type": "input_image", "image_url": url, "detail": "auto"},
+    ]
+    reply = sdk.responses.create(
+        model="llava",
+        input=[{"role": "user", "content": content}],  # type: ignore[list-item, misc]
+        max_output_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    assert reply.output_text == _ask(sdk, url), "the same conversation as chat's"
+    with pytest.raises(openai.BadRequestError) as caught:
+        sdk.responses.create(
+            model="llava",
+            input=[
+                {"role": "user", "content": [{"type": "input_image", "image_url": "data:x"}]}  # type: ignore[list-item, misc]
+            ],
+            max_output_tokens=2,
+        )
+    assert caught.value.body["param"] == "input[0].content[0].image_url"  # type: ignore[index]
