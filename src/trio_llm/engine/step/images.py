@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from trio_llm.ipc.messages import ImageInput
 
 if TYPE_CHECKING:
     from trio_llm.engine.models.vision import VisionEncoder
+    from trio_llm.engine.step.sequence import Sequence
 
 
 class ImageError(ValueError):
@@ -83,3 +85,34 @@ def block_key(
         if image.offset < end and image.end > start:
             key += ((image.digest, start - image.offset),)
     return key
+
+
+def image_rows(
+    seqs: Seq[Sequence],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    cu: np.ndarray,
+    encode: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The packed rows of a step's image placeholders and the features that embed them
+    (sequence i computes positions starts[i]:ends[i] at rows cu[i]:cu[i+1]): an image is
+    encoded when a chunk first reaches it, its features dropped with the chunk that ends it.
+    None when no chunk of the step holds a placeholder."""
+    rows: list[np.ndarray] = []
+    features: list[torch.Tensor] = []
+    for i, seq in enumerate(seqs):
+        start, end = int(starts[i]), int(ends[i])
+        for image in seq.images:
+            lo, hi = max(start, image.offset), min(end, image.end)
+            if lo >= hi:
+                continue
+            if image.features is None:
+                image.features = encode(image.pixels)
+            rows.append(np.arange(lo, hi) + (int(cu[i]) - start))
+            features.append(image.features[lo - image.offset : hi - image.offset])
+            if hi == image.end:
+                image.features = None
+    if not rows:
+        return None
+    return torch.from_numpy(np.concatenate(rows)).to(device), torch.cat(features)

@@ -44,6 +44,7 @@ from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
+from trio_llm.engine.step.images import image_rows
 from trio_llm.engine.step.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.step.kv_cache import KVCacheSpec
 from trio_llm.engine.step.sampler import Sampler, SamplingTensors, compute_logprobs
@@ -347,7 +348,7 @@ class ModelRunner:
                 lora = LoraBatch.build(adapters[row_seq], self.lora, stage)
         images = None
         if self.vision is not None and any(s.images for s in seqs):
-            images = self._image_rows(seqs, starts, ends, cu)
+            images = image_rows(seqs, starts, ends, cu, self.vision.encode, self.device)
         return StepInputs(
             input_ids=stage("input_ids", ids).unsqueeze(0),
             positions=stage("positions", positions).unsqueeze(0),
@@ -370,31 +371,6 @@ class ModelRunner:
             lora=lora,
             images=images,
         )
-
-    def _image_rows(
-        self, seqs: list[Sequence], starts: np.ndarray, ends: np.ndarray, cu: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The rows of this step's image placeholders and their features: an image is encoded
-        when a chunk first reaches it and its features dropped with the chunk that ends it."""
-        assert self.vision is not None
-        rows: list[np.ndarray] = []
-        features: list[torch.Tensor] = []
-        for i, seq in enumerate(seqs):
-            start, end = int(starts[i]), int(ends[i])
-            for image in seq.images:
-                lo, hi = max(start, image.offset), min(end, image.end)
-                if lo >= hi:
-                    continue
-                if image.features is None:
-                    image.features = self.vision.encode(image.pixels)
-                rows.append(np.arange(lo, hi) + (int(cu[i]) - start))
-                features.append(image.features[lo - image.offset : hi - image.offset])
-                if hi == image.end:
-                    image.features = None
-        if not rows:
-            return None
-        index = torch.from_numpy(np.concatenate(rows)).to(self.device)
-        return index, torch.cat(features)
 
     def sample(
         self,
