@@ -99,6 +99,18 @@ def test_batched_with_text_and_chunked_equal_alone(llava: Llava) -> None:
     chunked = run(cramped, batch)
     assert {k: v.token_ids for k, v in chunked.items()} == alone
     assert cramped.runner.vision is not None and cramped.runner.vision.images_encoded == 2
+    # A KV cache too small for the batch: sequences are preempted and recomputed, their
+    # pictures encoded again from the pixels they keep.
+    block_bytes = roomy.ready.kv_cache_bytes // roomy.ready.num_blocks
+    tight = make_core(
+        llava.path,
+        max_num_batched_tokens=8,
+        kv_cache_memory=5 * block_bytes,
+        enable_prefix_caching=False,
+    )
+    preempted = run(tight, batch)
+    assert tight.stats().num_preemptions > 0
+    assert {k: v.token_ids for k, v in preempted.items()} == alone
 
 
 LONG = (
