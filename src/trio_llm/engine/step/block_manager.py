@@ -24,6 +24,9 @@ Invariants:
   (vLLM's per-tenant isolation) or a LoRA adapter (`lora.adapter_root`) starts at a negative
   root, which never equals a block's serial, and a chain is matched from its root, so blocks of
   different roots (salts, adapters, or none) never match.
+- A block is keyed by `Sequence.block_key`: its tokens, and for a block that holds an image's
+  placeholder tokens that image's content digest too (engine/step/images.py), so two pictures
+  behind the same placeholders never share a block.
 - With an event sink (`events`), every publication and every unpublication is recorded as it
   happens, in order (`kv_events.py` sends them to an external router).
 """
@@ -170,8 +173,9 @@ class BlockManager:
             self.hash_to_block[block.hash] = block.block_id
             chain.append(block.serial)
             if self.events is not None:
-                plain = tuple(seq.token_ids[i * bs : (i + 1) * bs])  # no image keys
-                self.events.stored(block.hash, hashes[i - 1] if i else None, plain)
+                # Its tokens alone: a router's view of a block holds no image keys.
+                plain = tuple(seq.token_ids[i * bs : (i + 1) * bs]) if seq.images else tokens
+                self.events.stored(block.hash, hashes[i - 1] if i else None, plain)  # type: ignore[arg-type]
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
