@@ -95,3 +95,65 @@ def picture(seed: int, size: tuple[int, int] = (40, 50)) -> Any:
 
     pixels = np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8)
     return Image.fromarray(pixels)
+
+
+def build_tiny_idefics3(path: Path, tokenizer: Any, *, seed: int = 0) -> Any:
+    """An Idefics3 (SmolVLM's architecture: a SigLIP-like tower, a pixel-shuffle connector, a
+    Llama decoder) saved at `path` with its Idefics3Processor, which splits a picture into
+    32x32 tiles plus a global view, each 4 placeholders between row and column tokens; the
+    model back, float32 and in eval mode."""
+    import torch
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+
+    specials = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    images = Idefics3ImageProcessor(
+        size={"longest_edge": 2 * IMAGE_SIZE},
+        max_image_size={"longest_edge": IMAGE_SIZE},
+        do_image_splitting=True,
+    )
+    processor = Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    vision = Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH,
+        initializer_range=0.2,
+    )
+    config = Idefics3Config(
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        scale_factor=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return model

@@ -14,7 +14,7 @@ from engine_helpers import Finished, make_core, request, run
 
 from trio_llm.client.images import ImagePrompts, load_processor
 from trio_llm.model_files import ModelSource, UnsupportedModelError, load_tokenizer
-from vision_models import IMAGE_TOKENS, build_tiny_llava, picture
+from vision_models import IMAGE_TOKENS, build_tiny_idefics3, build_tiny_llava, picture
 
 NEW_TOKENS = 12
 TEXT = "Here is a picture: <image> What is in it? Answer in detail please."
@@ -176,3 +176,24 @@ def test_a_siglip_tower_equals_transformers_too(
     core = make_core(tmp_path)
     got = run(core, [_image_request(siglip, "s", 0)])["s"]
     assert got.token_ids == siglip.hf_greedy(0)
+
+
+def test_an_idefics3_tiled_picture_equals_transformers(
+    tmp_path: Path, tokenizer_source: ModelSource
+) -> None:
+    """Idefics3 (SmolVLM): a picture is tiles plus a global view, their placeholder runs
+    apart (row and column tokens between): one span, encoded once, whatever the chunks."""
+    model = build_tiny_idefics3(tmp_path, load_tokenizer(tokenizer_source))
+    idefics = Llava(tmp_path, model)
+    _ids, images = idefics.inputs(0)
+    assert images[0].shape == [5, 3, 32, 32]  # four tiles and the global view
+    expected = [idefics.hf_greedy(0), idefics.hf_greedy(1)]
+    assert expected[0] != expected[1]
+    core = make_core(tmp_path)
+    for seed in (0, 1):
+        got = run(core, [_image_request(idefics, f"i{seed}", seed)])[f"i{seed}"]
+        assert got.token_ids == expected[seed], f"picture {seed}"
+    cramped = make_core(tmp_path, max_num_batched_tokens=8, enable_prefix_caching=False)
+    chunked = run(cramped, [_image_request(idefics, f"c{seed}", seed) for seed in (0, 1)])
+    assert [chunked[f"c{seed}"].token_ids for seed in (0, 1)] == expected
+    assert cramped.runner.vision is not None and cramped.runner.vision.images_encoded == 2

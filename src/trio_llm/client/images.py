@@ -87,31 +87,22 @@ def decode_image(data: bytes, index: int = 0, max_pixels: int | None = None) -> 
         raise InvalidImageError(f"cannot read the image: {exc}", index) from None
 
 
-def image_inputs(
-    prompt: Sequence[int], pixel_values: np.ndarray, image_token_id: int
-) -> list[ImageInput]:
-    """The images of a prompt the processor expanded: each run of `image_token_id` is one
-    picture's placeholders, in the order of `pixel_values` ([images, C, H, W])."""
-    ids = np.asarray(prompt)
-    marks = np.flatnonzero(ids == image_token_id)
-    runs = np.split(marks, np.flatnonzero(np.diff(marks) != 1) + 1) if len(marks) else []
-    if len(runs) != len(pixel_values):
-        raise InvalidImageError(
-            f"the prompt has {len(runs)} runs of image placeholders for {len(pixel_values)} images"
-        )
-    out = []
-    for run, pixels in zip(runs, pixel_values, strict=True):
-        data = np.ascontiguousarray(pixels, dtype="<f4").tobytes()
-        out.append(
-            ImageInput(
-                offset=int(run[0]),
-                length=len(run),
-                shape=list(pixels.shape),
-                pixels=data,
-                digest=hashlib.sha256(data).digest(),
-            )
-        )
-    return out
+def image_input(
+    expansion: Sequence[int], at: int, pixels: np.ndarray, image_token_id: int
+) -> ImageInput:
+    """One picture as the engine takes it: its pixel values, and the span of its placeholders
+    once its `expansion` (the processor's tokens for one image marker) sits at `at`."""
+    marks = [k for k, t in enumerate(expansion) if t == image_token_id]
+    if not marks:
+        raise InvalidImageError("the model's processor gave the image no placeholder tokens")
+    data = np.ascontiguousarray(pixels, dtype="<f4").tobytes()
+    return ImageInput(
+        offset=at + marks[0],
+        length=marks[-1] - marks[0] + 1,
+        shape=list(pixels.shape),
+        pixels=data,
+        digest=hashlib.sha256(data).digest(),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +151,12 @@ class ImagePrompts:
                 f"the prompt has {len(marks)} image markers for {len(pictures)} images"
             )
         ids: list[int] = []
-        pixels = []
+        images = []
         last = 0
         for index, (mark, picture) in enumerate(zip(marks, pictures, strict=True)):
             try:
                 # The processor expands one marker into the picture's placeholders (and any
-                # tokens its model puts around an image).
+                # tokens its model puts around an image or between its tiles).
                 out = self.processor(
                     text=[self.image_token],
                     images=[picture],
@@ -176,10 +167,11 @@ class ImagePrompts:
                 raise InvalidImageError(
                     f"the model's processor cannot read it: {exc}", index
                 ) from None
-            ids += prompt[last:mark] + [int(t) for t in out["input_ids"][0]]
-            pixels.append(np.asarray(out["pixel_values"], dtype=np.float32)[0])
+            ids += prompt[last:mark]
+            expansion = [int(t) for t in out["input_ids"][0]]
+            pixels = np.asarray(out["pixel_values"], dtype=np.float32)[0]
+            images.append(image_input(expansion, len(ids), pixels, self.image_token_id))
+            ids += expansion
             last = mark + 1
         ids += prompt[last:]
-        return ids, image_inputs(
-            ids, np.stack(pixels) if pixels else np.zeros((0,)), self.image_token_id
-        )
+        return ids, images

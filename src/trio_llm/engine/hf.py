@@ -33,5 +33,8 @@ def language_model_of(model: torch.nn.Module) -> torch.nn.Module:
     """The text decoder: a vision-language model's language model (its decoder holds the
     vision tower beside it), else the decoder itself."""
     decoder = decoder_of(model)
-    language = getattr(decoder, "language_model", None)
-    return language if isinstance(language, torch.nn.Module) else decoder
+    for name in ("language_model", "text_model"):  # LLaVA's, Idefics3's
+        language = getattr(decoder, name, None)
+        if isinstance(language, torch.nn.Module):
+            return language
+    return decoder

@@ -46,7 +46,8 @@ class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, tag=True, kw_onl
 
 class ImageInput(msgspec.Struct, array_like=True, kw_only=True):
     """One image of a prompt, as its model's processor made it: the pixel values its vision
-    tower reads, and the run of placeholder tokens in the prompt its features replace.
+    tower reads, and the span of the prompt holding the placeholder tokens its features
+    replace (one run for LLaVA; for Idefics3 a run per tile, row and column tokens between).
 
     The pixels travel inline, as raw little-endian float32 bytes (msgpack bin): a LLaVA image
     at 336 px is 1.3 MB, well within the request ring (8 MiB by default; a request that does not
@@ -55,9 +56,10 @@ class ImageInput(msgspec.Struct, array_like=True, kw_only=True):
     offset: int
     """The first placeholder token's position in the prompt."""
     length: int
-    """How many placeholder tokens (the rows the tower and projector give)."""
+    """The span's length, to the last placeholder included; the image token's positions in it
+    are the placeholders, as many as the rows the tower and projector give."""
     shape: list[int]
-    """Of the pixel values, [channels, height, width]."""
+    """Of the pixel values: [channels, height, width], or [tiles, channels, height, width]."""
     pixels: bytes
     digest: bytes
     """sha256 of the pixel values: what the prefix cache keys the placeholder tokens' blocks by,

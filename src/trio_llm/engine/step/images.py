@@ -35,8 +35,13 @@ class ImageError(ValueError):
 class ImageSlot:
     offset: int
     length: int
+    """The span from its first placeholder to its last (Idefics3 puts row and column tokens
+    between a tiled image's runs of placeholders)."""
+    placeholders: np.ndarray
+    """The placeholders' positions within the span, in order: row k of the features embeds
+    position offset + placeholders[k]."""
     pixels: torch.Tensor
-    """[C, H, W] float32, on the CPU."""
+    """[C, H, W] or [tiles, C, H, W] float32, on the CPU."""
     digest: bytes
     features: torch.Tensor | None = None
     """[length, hidden] once encoded, until the prefill has passed the image."""
@@ -59,16 +64,18 @@ def slots_of(
     for i, image in enumerate(images):
         if image.offset < end or image.length < 1 or image.offset + image.length > len(prompt):
             raise ImageError(f"image {i}'s placeholders lie outside the prompt or overlap")
-        if any(t != image_token_id for t in prompt[image.offset : image.offset + image.length]):
-            raise ImageError(f"image {i}'s placeholder positions hold other tokens")
-        why = vision.check(image.shape, image.length)
+        span = np.asarray(prompt[image.offset : image.offset + image.length])
+        placeholders = np.flatnonzero(span == image_token_id)
+        if span[0] != image_token_id or span[-1] != image_token_id:
+            raise ImageError(f"image {i}'s span does not start and end with placeholders")
+        why = vision.check(image.shape, len(placeholders))
         if why is not None:
             raise ImageError(f"image {i}: {why}")
         count = int(np.prod(image.shape))
         if len(image.pixels) != 4 * count:
             raise ImageError(f"image {i} has {len(image.pixels)} bytes of pixels, not {4 * count}")
         pixels = torch.from_numpy(np.frombuffer(image.pixels, "<f4").reshape(image.shape).copy())
-        slots.append(ImageSlot(image.offset, image.length, pixels, image.digest))
+        slots.append(ImageSlot(image.offset, image.length, placeholders, pixels, image.digest))
         end = image.offset + image.length
     return slots
 
@@ -109,8 +116,13 @@ def image_rows(
                 continue
             if image.features is None:
                 image.features = encode(image.pixels)
-            rows.append(np.arange(lo, hi) + (int(cu[i]) - start))
-            features.append(image.features[lo - image.offset : hi - image.offset])
+            first, last = np.searchsorted(
+                image.placeholders, [lo - image.offset, hi - image.offset]
+            )
+            if first < last:
+                at = image.placeholders[first:last] + image.offset
+                rows.append(at + (int(cu[i]) - start))
+                features.append(image.features[first:last])
             if hi == image.end:
                 image.features = None
     if not rows:
