@@ -263,3 +263,45 @@ def test_responses_input_image_takes_the_same_path(sdk: openai.OpenAI) -> None:
             max_output_tokens=2,
         )
     assert caught.value.body["param"] == "input[0].content[0].image_url"  # type: ignore[index]
+
+
+def test_the_same_picture_in_a_later_turn_is_a_prefix_cache_hit(
+    sdk: openai.OpenAI, server: ServerProcess
+) -> None:
+    """cached_tokens reaches past the picture's placeholders for the same picture, and stops
+    before them for another behind the same text."""
+    import httpx
+
+    text = "A preamble long enough to fill a block of the cache on its own, and then: look."
+
+    def turn(seed: int) -> list[dict[str, Any]]:
+        url = _data_url(_png(seed))
+        content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
+        return [{"role": "user", "content": content}]
+
+    body = {"model": "llava", "messages": turn(0)}
+    ids = httpx.post(server.url + "/v1/chat/completions/render", json=body, timeout=30).json()
+    image_token = max(ids["token_ids"])  # the added <image>, the vocabulary's last token
+    marks = [k for k, t in enumerate(ids["token_ids"]) if t == image_token]
+    first, last = marks[0], marks[-1]
+
+    def ask(messages: list[dict[str, Any]]) -> Any:
+        return sdk.chat.completions.create(
+            model="llava",
+            messages=messages,
+            max_tokens=4,
+            temperature=0,  # type: ignore[arg-type]
+        )
+
+    answer = ask(turn(0)).choices[0].message.content
+    later = [
+        *turn(0),
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "More?"},
+    ]
+    again = ask(later).usage
+    assert again is not None and again.prompt_tokens_details is not None
+    assert again.prompt_tokens_details.cached_tokens > last
+    other = ask([*turn(1), *later[1:]]).usage
+    assert other is not None and other.prompt_tokens_details is not None
+    assert other.prompt_tokens_details.cached_tokens <= first
