@@ -24,7 +24,6 @@ from trio_llm.ipc.messages import ImageInput
 
 if TYPE_CHECKING:
     from trio_llm.engine.models.vision import VisionEncoder
-    from trio_llm.engine.step.sequence import Sequence
 
 
 class ImageError(ValueError):
@@ -95,7 +94,7 @@ def block_key(
 
 
 def image_rows(
-    seqs: Seq[Sequence],
+    images_of: Seq[Seq[ImageSlot]],
     starts: np.ndarray,
     ends: np.ndarray,
     cu: np.ndarray,
@@ -103,14 +102,15 @@ def image_rows(
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The packed rows of a step's image placeholders and the features that embed them
-    (sequence i computes positions starts[i]:ends[i] at rows cu[i]:cu[i+1]): an image is
+    (sequence i, whose images are `images_of[i]`, computes positions starts[i]:ends[i] at
+    rows cu[i]:cu[i+1]): an image is
     encoded when a chunk first reaches it, its features dropped with the chunk that ends it.
     None when no chunk of the step holds a placeholder."""
     rows: list[np.ndarray] = []
     features: list[torch.Tensor] = []
-    for i, seq in enumerate(seqs):
+    for i, images in enumerate(images_of):
         start, end = int(starts[i]), int(ends[i])
-        for image in seq.images:
+        for image in images:
             lo, hi = max(start, image.offset), min(end, image.end)
             if lo >= hi:
                 continue

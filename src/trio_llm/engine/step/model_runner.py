@@ -348,7 +348,9 @@ class ModelRunner:
                 lora = LoraBatch.build(adapters[row_seq], self.lora, stage)
         images = None
         if self.vision is not None and any(s.images for s in seqs):
-            images = image_rows(seqs, starts, ends, cu, self.vision.encode, self.device)
+            images = image_rows(
+                [s.images for s in seqs], starts, ends, cu, self.vision.encode, self.device
+            )
         return StepInputs(
             input_ids=stage("input_ids", ids).unsqueeze(0),
             positions=stage("positions", positions).unsqueeze(0),
