@@ -75,15 +75,19 @@ def decode_image(data: bytes, index: int = 0, max_pixels: int | None = None) -> 
     from PIL import Image, UnidentifiedImageError
 
     try:
+        # Opening reads the header only: the size is known before any pixel is decoded.
         picture = Image.open(io.BytesIO(data))
-        if max_pixels is not None and picture.width * picture.height > max_pixels:
-            raise InvalidImageError(
-                f"the image has {picture.width}x{picture.height} pixels, more than the "
-                f"{max_pixels} allowed",
-                index,
-            )
-        return picture.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidImageError(f"cannot read the image: {exc}", index) from None
+    if max_pixels is not None and picture.width * picture.height > max_pixels:
+        raise InvalidImageError(
+            f"the image has {picture.width}x{picture.height} pixels, more than the "
+            f"{max_pixels} allowed",
+            index,
+        )
+    try:
+        return picture.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidImageError(f"cannot read the image: {exc}", index) from None
 
 
