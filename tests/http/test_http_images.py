@@ -20,7 +20,7 @@ import torch
 
 from http_server_process import ServerProcess, run_server
 from trio_llm.model_files import ModelSource, load_tokenizer
-from vision_models import build_tiny_llava, picture
+from vision_models import IMAGE_TOKENS, build_tiny_llava, picture
 
 MAX_TOKENS = 8
 SLOW = "/slow.png"
@@ -237,6 +237,15 @@ def test_anthropic_image_blocks_take_the_same_path(
         assert inline == fetched
         other = base64.b64encode(_png(0)).decode()
         assert inline != ask(client, {"type": "base64", "media_type": "image/png", "data": other})
+        image = {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": data},
+        }
+        counted = client.messages.count_tokens(
+            model="llava",
+            messages=[{"role": "user", "content": [image]}],  # type: ignore[list-item]
+        )
+        assert counted.input_tokens > IMAGE_TOKENS, "a picture counts its placeholders"
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[1\]\.source"):
             ask(client, {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"})
 

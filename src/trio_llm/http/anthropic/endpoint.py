@@ -130,5 +130,12 @@ async def count_tokens() -> Response:
     state = current_state()
     lease, _ = state.lease(request.model)
     formats = OutputFormats.of(state.config)
-    rendered = await render_conversation(lease.client, plan_conversation(request), formats)
-    return json_response(TokenCount(len(rendered.token_ids)))
+    conversation = plan_conversation(request)
+    rendered = await render_conversation(lease.client, conversation, formats)
+    token_ids = rendered.token_ids
+    if conversation.images:  # each picture counts its placeholders
+        media = state.config.media
+        token_ids = (
+            await with_images(lease.client, token_ids, conversation.images, media)
+        ).token_ids
+    return json_response(TokenCount(len(token_ids)))
