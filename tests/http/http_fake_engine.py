@@ -56,6 +56,8 @@ class FakeEngine:
     """None: a template without tools (the server renders them into the system message)."""
     unproducible_bytes: frozenset[int] = frozenset()
     """The bytes the fake vocabulary cannot write (a real engine reads them off its tokenizer)."""
+    images: None = None
+    """A text model: it takes no pictures (the real client's `images`)."""
     fail_with: Exception | None = None
     """Raised by every generation at its first step, as the real client raises what the engine
     reports (`UnservableRequestError`, `EngineRequestError`)."""

@@ -414,7 +414,7 @@ async def test_a_field_anthropic_does_not_know_is_refused_as_anthropic_refuses_i
 async def test_the_sdk_raises_its_own_errors(sdk: anthropic.AsyncAnthropic, url: str) -> None:
     with pytest.raises(anthropic.NotFoundError):
         await create(sdk, model="claude-sonnet-4-5")
-    with pytest.raises(anthropic.BadRequestError, match="Image"):
+    with pytest.raises(anthropic.BadRequestError, match="takes text only, not images"):
         image = {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}
         await create(sdk, messages=[{"role": "user", "content": [image]}])
     async with anthropic.AsyncAnthropic(base_url=url, api_key="wrong", max_retries=0) as wrong:

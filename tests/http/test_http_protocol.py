@@ -13,6 +13,7 @@ from trio_llm.http.choices import Shape
 from trio_llm.http.completions.build import CompletionStream, completion_response
 from trio_llm.http.completions.plan import plan_completion
 from trio_llm.http.completions.protocol import CompletionRequest
+from trio_llm.http.conversation import IMAGE_MARKER, ImageRef
 from trio_llm.http.errors import ProtocolError
 from trio_llm.http.generate.streams import merge_final
 from trio_llm.http.logprobs import token_bytes
@@ -232,11 +233,16 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments
         (
             {
                 "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                    {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}
                 ]
             },
             "messages[0].content[0]",
             "not supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0].image_url.url",
+            "required",
         ),
         ({"messages": []}, "messages", "at least one"),
         ({"messages": [{"role": "user"}]}, "messages[0].content", "required"),
@@ -260,6 +266,23 @@ def test_chat_rejections_name_the_param(fields: dict, param: str, fragment: str)
     error = error_of(run)
     assert (error.status, error.param) == (400, param)
     assert fragment in error.message
+
+
+def test_image_parts_plan_as_markers_with_their_urls_in_order() -> None:
+    """The plan does not know the model: each picture is a marker in its message's text and a
+    reference naming its field; the prompt step swaps in the model's image token."""
+    content = [
+        {"type": "text", "text": "Compare"},
+        {"type": "image_url", "image_url": {"url": "data:a"}},
+        {"type": "image_url", "image_url": "http://b"},
+    ]
+    plan = plan_chat(chat(messages=[{"role": "user", "content": content}]), LIMITS)
+    [message] = plan.conversation.messages
+    assert message["content"] == f"Compare\n{IMAGE_MARKER}\n{IMAGE_MARKER}"
+    assert plan.conversation.images == (
+        ImageRef("data:a", "messages[0].content[1].image_url"),
+        ImageRef("http://b", "messages[0].content[2].image_url"),
+    )
 
 
 def test_top_logprobs_at_openai_limit_is_accepted() -> None:

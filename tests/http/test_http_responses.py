@@ -330,13 +330,18 @@ async def test_calls_and_their_outputs_in_the_input_become_the_history(
         ),
         ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type", "web_search_call"),
         (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input[0].content[0].type",
+            "'input_file'",
+        ),
+        (
             {
                 "input": [
                     {"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}
                 ]
             },
-            "input[0].content[0].type",
-            "'input_image'",
+            "input[0].content[0].image_url",
+            "takes text only",
         ),
         ({"input": []}, "input", "empty"),
         ({"input": [{"type": []}]}, "input[0].type", "[]"),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.embeddings import PendingEmbeddings
 from trio_llm.client.engine_link import EngineLink
 from trio_llm.client.errors import InvalidPromptError, UnsupportedTaskError
+from trio_llm.client.images import ImagePrompt, ImagePrompts, InvalidImageError
 from trio_llm.client.input_processor import InputProcessor
 from trio_llm.client.lora import LoraRequest, LoraTable
 from trio_llm.client.output_processor import OutputProcessor
@@ -47,11 +48,12 @@ from trio_llm.client.tokenizer_calls import TokenizerCalls
 from trio_llm.config import EngineArgs
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender
 from trio_llm.ipc.codec import encode
-from trio_llm.ipc.messages import AbortRequests, EngineReady, SchedulerStats
+from trio_llm.ipc.messages import AbortRequests, EngineReady, ImageInput, SchedulerStats
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 from trio_llm.tasks import TASK_WORDS, USE_WORDS, is_pooling, serves
 
 if TYPE_CHECKING:
+    from PIL.Image import Image
     from transformers import PreTrainedTokenizerBase
 
     from trio_llm.outputs import RequestOutput
@@ -101,8 +103,13 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         max_message_bytes: int,
         generation_config: dict[str, Any] | None = None,
         unproducible_bytes: frozenset[int] = frozenset(),
+        processor: Any | None = None,
     ) -> None:
+        """`processor`: a vision-language model's processor (`images.load_processor`), which
+        turns pictures into the engine's pixel values and placeholders."""
         self._tokenizer = ConfinedTokenizer(tokenizer)
+        self.images: ImagePrompts | None = None if processor is None else ImagePrompts(processor)
+        """Pictures into prompts, for a model that takes images (None: text only)."""
         self.tokenizer = tokenizer
         """The model's tokenizer, for use on the event loop's thread only (the client uses it
         there to detokenize). Call `encode`/`decode` to tokenize from anywhere on the loop;
@@ -206,9 +213,26 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         self._post(encode(message))
         await update.wait()
 
+    async def expand_images(
+        self,
+        prompt_ids: list[int],
+        pictures: Sequence[Image | bytes],
+        *,
+        max_pixels: int | None = None,
+    ) -> ImagePrompt:
+        """`prompt_ids`, holding one image marker (the processor's image token) per picture,
+        as the prompt `generate` takes with the pictures: each marker expanded into its
+        picture's placeholders, the pixel values made by the model's processor (on a worker
+        thread). `InvalidImageError` for a model that takes no images, a picture it cannot
+        read (or of more than `max_pixels` pixels), or markers that do not match the
+        pictures."""
+        if self.images is None:
+            raise InvalidImageError(f"the model {self.model_config.model} does not take images")
+        return await self.images.expand(prompt_ids, pictures, max_pixels=max_pixels)
+
     def generate(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | ImagePrompt,
         params: SamplingParams,
         *,
         request_id: str | None = None,
@@ -234,6 +258,11 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         self._check_alive()
         self._check_task("generate")
         self._check_priority(priority)
+        images = None
+        if isinstance(prompt, ImagePrompt):
+            if prompt.images and self.images is None:
+                raise InvalidImageError(f"the model {self.model_config.model} does not take images")
+            prompt, images = prompt.token_ids, prompt.images or None
         if isinstance(prompt, str):
             params.validate()
             params.validate_vocab(self.model_config.vocab_size)
@@ -247,7 +276,7 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
             request_id = uuid.uuid4().hex
         elif self._outputs.has_request(request_id):
             raise ValueError(f"request id {request_id!r} is already in flight")
-        return self._generate(request_id, prompt_text, prompt_ids, params, priority, lora)
+        return self._generate(request_id, prompt_text, prompt_ids, params, priority, lora, images)
 
     async def abort(self, request_id: str) -> None:
         """Stop a request: its stream ends with finish_reason 'abort'. Unknown or finished ids
@@ -284,6 +313,7 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         params: SamplingParams,
         priority: int,
         lora: str | LoraRequest | None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         if isinstance(lora, LoraRequest):
             if lora.name not in self._loras.loaded:
@@ -311,6 +341,7 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
             arrival_time=arrival_time,
             priority=priority,
             lora=lora,
+            images=images,
         )
         messages = [encode(r) for r in engine_requests]
         if max(map(len, messages)) > self._max_message_bytes:

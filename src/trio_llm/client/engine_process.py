@@ -35,6 +35,7 @@ import anyio.to_thread
 from trio_llm.client.engine_client import EngineClient
 from trio_llm.client.engine_link import describe_exit
 from trio_llm.client.errors import EngineStartError
+from trio_llm.client.images import load_processor, takes_images
 from trio_llm.config import EngineArgs
 from trio_llm.grammar import unproducible_bytes
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError, RingError, ShmRing
@@ -91,6 +92,8 @@ class _Tokenizer:
     unproducible_bytes: frozenset[int]
     """The bytes no token writes (a pass over the vocabulary, done here off the event loop):
     the constraint check refuses a grammar that forces one."""
+    processor: Any | None = None
+    """A vision-language model's processor (`images.load_processor`); None for text."""
 
 
 def _load_tokenizer(model: str, chat_template: str | None = None) -> _Tokenizer:
@@ -102,7 +105,10 @@ def _load_tokenizer(model: str, chat_template: str | None = None) -> _Tokenizer:
             tokenizer.chat_template = Path(chat_template).read_text(encoding="utf-8")
         _compile_chat_template(tokenizer)
         return _Tokenizer(
-            tokenizer, read_generation_config(source.path), unproducible_bytes(tokenizer)
+            tokenizer,
+            read_generation_config(source.path),
+            unproducible_bytes(tokenizer),
+            load_processor(source.path) if takes_images(source.path) else None,
         )
 
 
@@ -238,6 +244,7 @@ async def open_engine(
                 max_message_bytes=sender.sync.max_message_size,
                 generation_config=loaded.generation_config,
                 unproducible_bytes=loaded.unproducible_bytes,
+                processor=loaded.processor,
             )
             async with client.running():
                 yield client

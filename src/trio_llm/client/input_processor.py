@@ -28,7 +28,7 @@ from trio_llm import grammar
 from trio_llm.client.confined_tokenizer import INLINE_MAX_COST, ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.constraint import Constraint
-from trio_llm.ipc.messages import EngineCoreRequest
+from trio_llm.ipc.messages import EngineCoreRequest, ImageInput
 from trio_llm.sampling_params import SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:
@@ -236,6 +236,7 @@ class InputProcessor:
         arrival_time: float,
         priority: int = 0,
         lora: str | None = None,
+        images: list[ImageInput] | None = None,
     ) -> list[EngineCoreRequest]:
         """One engine request per choice. With n > 1, choice i is its own request with n=1 and,
         when a seed is given, seed + i, so the choices differ yet the whole call reproduces.
@@ -260,6 +261,7 @@ class InputProcessor:
                 arrival_time=arrival_time,
                 priority=priority,
                 lora=lora,
+                images=images,
             )
             for child_id, child_params in children
         ]

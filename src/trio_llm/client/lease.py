@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trio_llm.client.engine_client import EngineClient
 from trio_llm.client.errors import EngineDeadError
+from trio_llm.client.images import ImagePrompt
 from trio_llm.client.lora import LoraRequest
 from trio_llm.client.prefix_index import PrefixPolicy
 from trio_llm.client.replicas import Replica, ServedModel
@@ -80,7 +81,7 @@ class Lease:
 
     def generate(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | ImagePrompt,
         params: SamplingParams,
         *,
         request_id: str | None = None,
@@ -100,7 +101,7 @@ class Lease:
 
     def _generate_here(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | ImagePrompt,
         params: SamplingParams,
         request_id: str,
         priority: int,
@@ -120,7 +121,7 @@ class Lease:
     async def _moving(
         self,
         stream: AsyncGenerator[RequestOutput, None],
-        prompt: str | list[int],
+        prompt: str | list[int] | ImagePrompt,
         params: SamplingParams,
         request_id: str,
         priority: int,

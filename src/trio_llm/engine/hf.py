@@ -27,3 +27,14 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     if not isinstance(decoder, torch.nn.Module):
         decoder = model.get_decoder()  # type: ignore[operator]
     return decoder
+
+
+def language_model_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The text decoder: a vision-language model's language model (its decoder holds the
+    vision tower beside it), else the decoder itself."""
+    decoder = decoder_of(model)
+    for name in ("language_model", "text_model"):  # LLaVA's, Idefics3's
+        language = getattr(decoder, name, None)
+        if isinstance(language, torch.nn.Module):
+            return language
+    return decoder

@@ -19,6 +19,7 @@ from pathlib import Path
 from trio_llm.config import EngineArgs
 from trio_llm.http.api_keys import ApiKeys, parse_api_keys
 from trio_llm.http.engine_flags import model_specs_from
+from trio_llm.http.media.policy import MediaPolicy, media_policy_of
 from trio_llm.http.model_specs import ModelSpec
 from trio_llm.http.sampling import RequestLimits
 
@@ -84,6 +85,9 @@ class ServerConfig:
     frontends share behind a router."""
     responses_store_ttl: float = 0.0
     """Seconds a stored response is kept after its last use; 0: until evicted."""
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+    """Where a request's pictures may come from, and how many and how large
+    (--allowed-media-domains, --allowed-local-media-path, --limit-mm-per-prompt, ...)."""
     prefix_routing: bool = True
     """A model's replicas are chosen cache-aware (client/prefix_index.py); False: the least
     loaded."""
@@ -160,4 +164,5 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         responses_store=args.responses_store or None,
         responses_store_ttl=args.responses_store_ttl,
         prefix_routing=args.data_parallel_routing == "prefix",
+        media=media_policy_of(args),
     )

@@ -82,10 +82,34 @@ class ChatMessage(Struct, kw_only=True):
 # For the template
 
 
-def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[dict[str, Any]]:
+IMAGE_MARKER = "<|trio-llm-image|>"
+"""Where a picture was in a message's text, until the model's own image token replaces it
+(generate/prompt.py): the plan does not know the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """A picture of the conversation, in order: its URL and the field that named it."""
+
+    url: str
+    param: str
+    """e.g. messages[1].content[0].image_url: what an error about it names."""
+
+
+def image_url_of(part: ImageUrlPart, param: str) -> str:
+    url = part.image_url if isinstance(part.image_url, str) else part.image_url.get("url")
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{param}.url is required", param=f"{param}.url")
+    return url
+
+
+def chat_messages(
+    messages: list[ChatMessage], param: str = "messages", images: list[ImageRef] | None = None
+) -> list[dict[str, Any]]:
     """The conversation as the chat template wants it: role and plain-text content, with an
     assistant's `tool_calls` and a tool message's `tool_call_id` in OpenAI's chat shape
-    (http/tools renders them for the template)."""
+    (http/tools renders them for the template). With `images`, an image part becomes
+    IMAGE_MARKER in its message's text and its URL is appended there; without, it is a 400."""
     if not messages:
         raise bad_request(f"{param} must contain at least one message", param=param)
     rendered: list[dict[str, Any]] = []
@@ -103,6 +127,10 @@ def chat_messages(messages: list[ChatMessage], param: str = "messages") -> list[
                     texts.append(part.text)
                 elif isinstance(part, RefusalPart):
                     texts.append(part.refusal)
+                elif isinstance(part, ImageUrlPart) and images is not None:
+                    where_part = f"{where}.content[{j}].image_url"
+                    images.append(ImageRef(image_url_of(part, where_part), where_part))
+                    texts.append(IMAGE_MARKER)
                 else:
                     raise not_supported(f"{where}.content[{j}]", "Image and audio content")
             content = "\n".join(texts)
@@ -194,6 +222,8 @@ class Conversation:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
+    images: tuple[ImageRef, ...] = ()
+    """The pictures, in order: each one IMAGE_MARKER in `messages`."""
 
     @property
     def forced(self) -> bool:

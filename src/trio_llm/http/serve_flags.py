@@ -29,6 +29,7 @@ from trio_llm.http.flag_values import (
     seconds,
     size,
 )
+from trio_llm.http.media.policy import add_media_flags
 from trio_llm.http.reasoning.formats import PARSER_NAMES as REASONING_PARSERS
 from trio_llm.http.sampling import RequestLimits
 from trio_llm.http.tools.formats import PARSER_NAMES
@@ -229,6 +230,7 @@ def add_serve_arguments(
         const=True,
         help="do not serve the chat page at / (404 there)",
     )
+    add_media_flags(add)
     add_engine_flags(add)
 
 

@@ -44,6 +44,28 @@ class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, tag=True, kw_onl
 # -- frontend -> engine -------------------------------------------------------------------
 
 
+class ImageInput(msgspec.Struct, array_like=True, kw_only=True):
+    """One image of a prompt, as its model's processor made it: the pixel values its vision
+    tower reads, and the span of the prompt holding the placeholder tokens its features
+    replace (one run for LLaVA; for Idefics3 a run per tile, row and column tokens between).
+
+    The pixels travel inline, as raw little-endian float32 bytes (msgpack bin): a LLaVA image
+    at 336 px is 1.3 MB, well within the request ring (8 MiB by default; a request that does not
+    fit is refused before it is sent)."""
+
+    offset: int
+    """The first placeholder token's position in the prompt."""
+    length: int
+    """The span's length, to the last placeholder included; the image token's positions in it
+    are the placeholders, as many as the rows the tower and projector give."""
+    shape: list[int]
+    """Of the pixel values: [channels, height, width], or [tiles, channels, height, width]."""
+    pixels: bytes
+    digest: bytes
+    """sha256 of the pixel values: what the prefix cache keys the placeholder tokens' blocks by,
+    so that two images behind the same placeholders never share K/V."""
+
+
 class EngineCoreRequest(_Msg, tag="add"):
     request_id: str
     prompt_token_ids: list[int]
@@ -62,6 +84,8 @@ class EngineCoreRequest(_Msg, tag="add"):
     text."""
     lora: str | None = None
     """The LoRA adapter to generate with, by its loaded name (None: the base model)."""
+    images: list[ImageInput] | None = None
+    """The prompt's images, in prompt order (a vision-language model's request)."""
 
 
 class LoadLora(_Msg, tag="load_lora"):

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from trio_llm.engine.attention import ATTN_IMPLEMENTATION
-from trio_llm.engine.hf import decoder_of, text_config
+from trio_llm.engine.hf import decoder_of, language_model_of, text_config
 from trio_llm.model_files import UnsupportedModelError
 
 INSPECT_IMPLEMENTATION = "trio_inspect"
@@ -173,11 +173,15 @@ def check_class(config: object, name: str) -> None:
 
 @contextlib.contextmanager
 def _implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
-    model.set_attn_implementation(name)  # type: ignore[operator]
+    # The language model's only: a vision-language model's tower keeps its own attention.
+    language = language_model_of(model)
+    if language is decoder_of(model):  # a text model: set on the whole, as transformers does
+        language = model
+    language.set_attn_implementation(name)  # type: ignore[operator]
     try:
         yield
     finally:
-        model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
+        language.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
 
 
 def inspect(model: torch.nn.Module, name: str) -> list[AttentionLayer]:

@@ -90,15 +90,23 @@ class GenericForward:
         k_caches: Sequence[Tensor],
         v_caches: Sequence[Tensor],
         lora: LoraBatch | None = None,
+        images: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Hidden states after the final norm, [T, hidden] (the caches hang on the layers);
-        `lora`: the step's adapter rows, if any."""
+        `lora`: the step's adapter rows, if any; `images`: (rows, features), rows whose input
+        embeddings are an image's features instead of their placeholder token's."""
         hook = self.lora_hook
         if hook is not None:
             hook.batch = lora
+        inputs: dict[str, Tensor] = {"input_ids": input_ids.unsqueeze(0)}
+        if images is not None:
+            rows, features = images
+            embeds = self.model.get_input_embeddings()(input_ids)  # type: ignore[operator]
+            embeds[rows] = features.to(embeds.dtype)
+            inputs = {"inputs_embeds": embeds.unsqueeze(0)}
         try:
             out = self.decoder(
-                input_ids=input_ids.unsqueeze(0),
+                **inputs,
                 position_ids=positions.unsqueeze(0),
                 use_cache=False,
                 trio_attn=attn,

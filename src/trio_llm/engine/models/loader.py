@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+from trio_llm.engine.hf import text_config
+from trio_llm.engine.models import vision
 from trio_llm.model_files import ModelSource, UnsupportedModelError
 from trio_llm.tasks import TASKS, is_pooling
 
@@ -50,6 +52,9 @@ def load_config(source: ModelSource) -> PretrainedConfig:
 
     config = AutoConfig.from_pretrained(source.path)
     if is_encoder(config):
+        return config
+    if vision.is_vision(config):
+        vision.check_config(config, source.name)
         return config
     archs = list(getattr(config, "architectures", None) or [])
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
@@ -233,7 +238,19 @@ def load_model(
     from trio_llm.engine import attention
     from trio_llm.engine.attention import packed
 
-    load_config(source)
+    config = load_config(source)
+    implementation: str | dict[str, str]
+    if vision.is_vision(config) and not is_pooling(task):
+        # The paged attention is the decoder's only: the vision tower attends over one image's
+        # patches at a time, with transformers' own attention.
+        from transformers import AutoModelForImageTextToText
+
+        attention.register()
+        implementation = {"text_config": attention.ATTN_IMPLEMENTATION, "vision_config": "sdpa"}
+        model = AutoModelForImageTextToText.from_pretrained(
+            source.path, dtype=dtype, device_map=device, attn_implementation=implementation
+        )
+        return model.eval()
     if is_pooling(task):
         packed.register_packed()
         auto = AutoModelForSequenceClassification if task in ("score", "classify") else AutoModel
@@ -252,7 +269,7 @@ def eos_token_ids(source: ModelSource, config: PretrainedConfig) -> list[int]:
     from transformers import GenerationConfig
 
     ids: set[int] = set()
-    configs: list[object] = [config]
+    configs: list[object] = [config, text_config(config)]
     with contextlib.suppress(OSError, ValueError):
         configs.append(GenerationConfig.from_pretrained(source.path))
     for cfg in configs:

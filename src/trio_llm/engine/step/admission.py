@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from trio_llm.engine.lora import LoraNotFoundError, LoraRegistry, adapter_root
+from trio_llm.engine.models.vision import VisionEncoder
 from trio_llm.engine.step.block_manager import salt_root
+from trio_llm.engine.step.images import ImageError, slots_of
 from trio_llm.engine.step.sequence import Sequence
 from trio_llm.engine.step.token_bans import TokenBans
 from trio_llm.ipc.messages import EngineCoreRequest
@@ -37,6 +39,8 @@ class Admission:
     device: torch.device
     priority_scheduling: bool
     loras: LoraRegistry | None
+    vision: VisionEncoder | None = None
+    """A vision-language model's tower (None: the model takes no images)."""
     arrivals: Iterator[int] = field(default_factory=itertools.count)
     """Arrival order, for first come, first served among equals."""
 
@@ -103,6 +107,11 @@ class Admission:
                 raise RequestError(str(error)) from None
             seq.lora_slot = adapter.slot
             seq.cache_root = adapter_root(adapter.load_id, seq.cache_root)
+        if req.images:
+            try:
+                seq.images = slots_of(req.images, prompt, self.vision)
+            except ImageError as error:
+                raise RequestError(str(error)) from None
         if self.pooling:
             seq.token_type_start = req.token_type_start
             return seq

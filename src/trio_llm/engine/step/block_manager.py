@@ -24,6 +24,9 @@ Invariants:
   (vLLM's per-tenant isolation) or a LoRA adapter (`lora.adapter_root`) starts at a negative
   root, which never equals a block's serial, and a chain is matched from its root, so blocks of
   different roots (salts, adapters, or none) never match.
+- A block is keyed by `Sequence.block_key`: its tokens, and for a block that holds an image's
+  placeholder tokens that image's content digest too (engine/step/images.py), so two pictures
+  behind the same placeholders never share a block.
 - With an event sink (`events`), every publication and every unpublication is recorded as it
   happens, in order (`kv_events.py` sends them to an external router).
 """
@@ -47,15 +50,17 @@ class Block:
         self.ref_count = 0
         self.hash: int | None = None
         """Set while the block is published (findable in the prefix cache)."""
-        self.token_ids: tuple[int, ...] = ()
+        self.token_ids: tuple[object, ...] = ()
+        """Its key (`Sequence.block_key`): the tokens, and any image's content."""
         self.serial = 0
         """Unique to this publication of the block (0 while unpublished)."""
         self.parent = 0
         """The serial of the block before it in its chain; 0 for a chain's first block."""
 
 
-def chain_hash(parent: int, tokens: Seq[int]) -> int:
-    """The lookup key of a block: its tokens and the key of the block before it."""
+def chain_hash(parent: int, tokens: Seq[object]) -> int:
+    """The lookup key of a block: its key (tokens, and an image's content where it holds
+    placeholders: `Sequence.block_key`) and the key of the block before it."""
     return hash((parent, *tokens))
 
 
@@ -111,11 +116,10 @@ class BlockManager:
         """The chained hashes of the sequence's first `num_blocks` full blocks (memoized)."""
         hashes = seq.block_hashes
         bs = self.block_size
-        tokens = seq.token_ids
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else seq.cache_root
-            hashes.append(chain_hash(parent, tokens[i * bs : (i + 1) * bs]))
+            hashes.append(chain_hash(parent, seq.block_key(i, bs)))
         return hashes
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
@@ -135,9 +139,7 @@ class BlockManager:
             if block_id is None:
                 break
             block = self.blocks[block_id]
-            if block.parent != parent or block.token_ids != tuple(
-                seq.token_ids[i * bs : (i + 1) * bs]
-            ):
+            if block.parent != parent or block.token_ids != seq.block_key(i, bs):
                 break
             hits.append(block_id)
             parent = block.serial
@@ -156,7 +158,7 @@ class BlockManager:
         hashes = self.block_hashes(seq, num_full)
         for i in range(len(chain), num_full):
             parent = chain[-1] if chain else seq.cache_root
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            tokens = seq.block_key(i, bs)
             held = self.hash_to_block.get(hashes[i])
             if held is not None:
                 other = self.blocks[held]
@@ -171,7 +173,9 @@ class BlockManager:
             self.hash_to_block[block.hash] = block.block_id
             chain.append(block.serial)
             if self.events is not None:
-                self.events.stored(block.hash, hashes[i - 1] if i else None, tokens)
+                # Its tokens alone: a router's view of a block holds no image keys.
+                plain = tuple(seq.token_ids[i * bs : (i + 1) * bs]) if seq.images else tokens
+                self.events.stored(block.hash, hashes[i - 1] if i else None, plain)  # type: ignore[arg-type]
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:

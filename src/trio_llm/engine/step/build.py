@@ -21,7 +21,7 @@ import torch
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
 from trio_llm.engine.attention import resolve_backend
-from trio_llm.engine.hf import decoder_of
+from trio_llm.engine.hf import language_model_of, text_config
 from trio_llm.engine.lora import LoraLoadError, LoraRegistry
 from trio_llm.engine.models import (
     attention_layers,
@@ -263,7 +263,7 @@ def _max_model_len(
     model's own is served shorter, said at start-up as a warning, which the server's log
     shows (and /v1/models reports the length)."""
     capacity = num_blocks * args.block_size
-    native = int(config.max_position_embeddings)  # type: ignore[attr-defined]
+    native = int(text_config(config).max_position_embeddings)  # type: ignore[attr-defined]
     limit = args.max_model_len or native
 
     def memory_for(tokens: int) -> str:
@@ -295,7 +295,7 @@ def _probe_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     step spends its time on, layer by layer."""
     from transformers.pytorch_utils import Conv1D
 
-    decoder = decoder_of(model)
+    decoder = language_model_of(model)
     stacks = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m)]
     weights = [
         m.weight if isinstance(m, torch.nn.Linear) else m.weight.T  # Conv1D: [in, out]

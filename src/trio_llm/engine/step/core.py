@@ -29,6 +29,7 @@ import torch
 
 from trio_llm import model_files
 from trio_llm.config import EngineArgs
+from trio_llm.engine.hf import text_config
 from trio_llm.engine.lora import LoraLoadError, LoraNotFoundError
 from trio_llm.engine.models import loader
 from trio_llm.engine.ops import threads
@@ -88,7 +89,7 @@ class EngineCore:
         self.pooling = is_pooling(self.task)
         self.args = args
         self.device = torch.device(device)
-        self.vocab_size = int(config.vocab_size)
+        self.vocab_size = int(text_config(config).vocab_size)  # type: ignore[attr-defined]
         self.eos_token_ids = frozenset(loader.eos_token_ids(source, config))
         if args.lora:
             build.check_lora_args(args, self.task)
@@ -135,6 +136,7 @@ class EngineCore:
             device=self.device,
             priority_scheduling=args.scheduling_policy == "priority",
             loras=self.loras,
+            vision=self.runner.vision if isinstance(self.runner, ModelRunner) else None,
         )
         self._ngram = speculative.resolve_mode(
             args.ngram_speculation,

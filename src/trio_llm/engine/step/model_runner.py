@@ -34,9 +34,9 @@ import torch
 from trio_llm.engine import quant
 from trio_llm.engine.attention import AttentionMetadata, StepLayout, metadata_type
 from trio_llm.engine.attention.triton_backend import TritonAttentionMetadata
-from trio_llm.engine.hf import decoder_of
+from trio_llm.engine.hf import decoder_of, text_config
 from trio_llm.engine.lora import LoraBatch, LoraHook, LoraStacks, fused_targets, wrap_linears
-from trio_llm.engine.models import dense_copies, forwards, gguf_modules, llama
+from trio_llm.engine.models import dense_copies, forwards, gguf_modules, llama, vision
 from trio_llm.engine.models import quantized as quantization_plan
 from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
@@ -44,6 +44,7 @@ from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
+from trio_llm.engine.step.images import image_rows
 from trio_llm.engine.step.input_batch import InputBatch, SamplingColumns, Staging
 from trio_llm.engine.step.kv_cache import KVCacheSpec
 from trio_llm.engine.step.sampler import Sampler, SamplingTensors, compute_logprobs
@@ -85,6 +86,9 @@ class StepInputs:
     """The sampling parameters of the rows in `sample_index`."""
     lora: LoraBatch | None = None
     """The rows with a LoRA adapter, grouped by adapter (None: none has one)."""
+    images: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(rows, features): the packed rows that are image placeholders and the tower's
+    features that embed them (None: no image in this step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,7 @@ class ModelRunner:
                 f"forward only, and this model takes {self.choice.describe()}"
             )
         self._attention = metadata_type(backend)
-        self.vocab_size = model.config.vocab_size
+        self.vocab_size = text_config(model.config).vocab_size  # type: ignore[attr-defined]
         self.staging = Staging(device)
         self.input_batch = InputBatch(spec.block_size, max_model_len)
         self.sampler = Sampler(seed, device, self._tokens_to_host)
@@ -229,6 +233,8 @@ class ModelRunner:
             self.forward = GenericForward(
                 model, layers, self.k_caches, self.v_caches, self._lora_hook
             )
+        self.vision = vision.encoder_of(model) if self.own is None else None
+        """A vision-language model's tower and projector (None: a text model)."""
         self.weight_sets: WeightSets | None = None
         """The Linear layers in `single_token_dtype` too, selected for single-token steps."""
         if single_token_dtype is not None and single_token_dtype != spec.dtype:
@@ -287,14 +293,12 @@ class ModelRunner:
             assert isinstance(inputs.attn, TritonAttentionMetadata)
             logits = self.graphs.run(inputs.input_ids[0], inputs.positions[0], inputs.attn)
             return self.sample(batch.seqs, inputs, None, eos_token_ids, masks, logits)
-        hidden = self.forward(
-            inputs.input_ids[0],
-            inputs.positions[0],
-            inputs.attn,
-            self.k_caches,
-            self.v_caches,
-            inputs.lora,
-        )
+        args = (inputs.input_ids[0], inputs.positions[0], inputs.attn, self.k_caches)
+        if inputs.images is None:
+            hidden = self.forward(*args, self.v_caches, inputs.lora)
+        else:  # only the generic path embeds images (`vision`)
+            assert isinstance(self.forward, GenericForward)
+            hidden = self.forward(*args, self.v_caches, inputs.lora, inputs.images)
         return self.sample(batch.seqs, inputs, hidden, eos_token_ids, masks)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
@@ -355,6 +359,11 @@ class ModelRunner:
             adapters = np.fromiter((s.lora_slot for s in seqs), np.int64, len(seqs))
             if adapters.max(initial=-1) >= 0:
                 lora = LoraBatch.build(adapters[row_seq], self.lora, stage)
+        images = None
+        if self.vision is not None and any(s.images for s in seqs):
+            images = image_rows(
+                [s.images for s in seqs], starts, ends, cu, self.vision.encode, self.device
+            )
         return StepInputs(
             input_ids=stage("input_ids", ids).unsqueeze(0),
             positions=stage("positions", positions).unsqueeze(0),
@@ -375,6 +384,7 @@ class ModelRunner:
             prompt_rows=prompt_rows,
             sampling=ib.sampling(rows[sample_index]),
             lora=lora,
+            images=images,
         )
 
     def sample(

@@ -30,6 +30,7 @@ from trio_llm.ipc.messages import TokenLogprobs
 from trio_llm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from trio_llm.engine.step.images import ImageSlot
     from trio_llm.engine.step.token_bans import TokenBans
     from trio_llm.grammar import Grammar
 
@@ -90,6 +91,8 @@ class Sequence:
     lora_slot: int = -1
     """The slot of its LoRA adapter's weights (engine/lora/); -1: the base model. Its
     `cache_root` is then the adapter's (`lora.adapter_root`)."""
+    images: list[ImageSlot] = field(default_factory=list)
+    """Its prompt's images (engine/step/images.py); empty for text."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -110,6 +113,15 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         """Tokens to compute, drafts included."""
         return len(self.token_ids) + len(self.draft_token_ids) - self.num_computed_tokens
+
+    def block_key(self, index: int, block_size: int) -> tuple[object, ...]:
+        """What the prefix cache keys full block `index` by: its tokens, and the content of
+        any image whose placeholders it holds."""
+        if not self.images:
+            return tuple(self.token_ids[index * block_size : (index + 1) * block_size])
+        from trio_llm.engine.step.images import block_key
+
+        return block_key(self.token_ids, self.images, index, block_size)
 
     def tokens_between(self, start: int, end: int) -> list[int]:
         """Tokens `start:end` of the committed tokens followed by the drafts."""

@@ -17,7 +17,7 @@ thinking, template) -> `MessagesStream` or `message_response` (build.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from quart import Response
@@ -37,8 +37,10 @@ from trio_llm.http.anthropic.protocol import (
 )
 from trio_llm.http.anthropic.signing import thinking_key
 from trio_llm.http.generate.endpoint import Prompt, serve_generation
+from trio_llm.http.generate.images import with_images
 from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
+from trio_llm.http.media import MediaPolicy
 from trio_llm.http.runtime.bodies import decode_body, json_response
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
@@ -72,6 +74,8 @@ class MessagesEndpoint:
     """--tool-call-parser and --reasoning-parser."""
     key: bytes
     """What thinking blocks are signed and verified with (signing.py)."""
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+    """Where pictures may come from, and how large (--allowed-media-domains, ...)."""
     request_type: ClassVar = MessagesRequest
     id_prefix: ClassVar = "msg_"
 
@@ -84,7 +88,11 @@ class MessagesEndpoint:
         self, request: MessagesRequest, plan: MessagesPlan, engine: EngineClient, model: ModelInfo
     ) -> PreparedMessage:
         rendered = await render_conversation(engine, plan.conversation, self.formats)
-        prompts = [Prompt(rendered.token_ids, "messages")]
+        token_ids, images = rendered.token_ids, None
+        if plan.conversation.images:
+            images = await with_images(engine, token_ids, plan.conversation.images, self.media)
+            token_ids = images.token_ids
+        prompts = [Prompt(token_ids, "messages", images)]
         return PreparedMessage(plan, prompts, rendered.params(plan.params), rendered.new_reader)
 
     def stream(
@@ -119,8 +127,8 @@ class MessagesEndpoint:
 
 async def create_message() -> Response:
     config = current_state().config
-    endpoint = MessagesEndpoint(OutputFormats.of(config), thinking_key(config.thinking_secret))
-    return await serve_generation(endpoint)
+    key = thinking_key(config.thinking_secret)
+    return await serve_generation(MessagesEndpoint(OutputFormats.of(config), key, config.media))
 
 
 async def count_tokens() -> Response:
@@ -130,4 +138,10 @@ async def count_tokens() -> Response:
     formats = OutputFormats.of(state.config)
     conversation = plan_conversation(request, thinking_key(state.config.thinking_secret))
     rendered = await render_conversation(lease.client, conversation, formats)
-    return json_response(TokenCount(len(rendered.token_ids)))
+    token_ids = rendered.token_ids
+    if conversation.images:  # each picture counts its placeholders
+        media = state.config.media
+        token_ids = (
+            await with_images(lease.client, token_ids, conversation.images, media)
+        ).token_ids
+    return json_response(TokenCount(len(token_ids)))

@@ -43,7 +43,7 @@ from trio_llm.http.anthropic.protocol import (
     ToolUseBlockIn,
 )
 from trio_llm.http.anthropic.signing import PROCESS_KEY, unseal
-from trio_llm.http.conversation import Conversation
+from trio_llm.http.conversation import IMAGE_MARKER, Conversation, ImageRef
 from trio_llm.http.errors import ProtocolError, bad_request, not_supported
 from trio_llm.http.sampling import OneSequence, RequestLimits, SamplingDefaults, stop_list
 from trio_llm.http.structured import validated
@@ -97,10 +97,29 @@ def _tool_result(block: ToolResultBlockIn, where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
 
 
-def _message(message: MessageIn, where: str, key: bytes) -> list[dict[str, Any]]:
+def _image(block: ImageBlockIn, where: str) -> ImageRef:
+    """An image block's picture as a URL (a base64 source as a data: URL)."""
+    source = block.source or {}
+    param = f"{where}.source"
+    if source.get("type") == "base64":
+        media_type, data = source.get("media_type", "image/png"), source.get("data")
+        if not isinstance(data, str):
+            raise bad_request(f"{param}.data is required", param=f"{param}.data")
+        return ImageRef(f"data:{media_type};base64,{data}", param)
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return ImageRef(source["url"], param)
+    raise bad_request(
+        f"{param}: give a base64 source or a url source (type 'base64' or 'url')", param=param
+    )
+
+
+def _message(
+    message: MessageIn, where: str, key: bytes, images: list[ImageRef]
+) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user's tool results become tool messages
     (before its text), an assistant's tool uses its calls, its thinking (verified against
-    its signature) its `reasoning_content`."""
+    its signature) its `reasoning_content`, an image block IMAGE_MARKER in its text (the
+    picture appended to `images`)."""
     role = message.role
     if isinstance(message.content, str):
         return [{"role": role, "content": message.content}]
@@ -138,6 +157,9 @@ def _message(message: MessageIn, where: str, key: bytes) -> list[dict[str, Any]]
             if role != "user":
                 raise bad_request(f"{at}: tool results come in a user message", param=at)
             results.append(_tool_result(block, at))
+        elif isinstance(block, ImageBlockIn):
+            images.append(_image(block, at))
+            texts.append(IMAGE_MARKER)
         else:
             texts.append(_text(block, at))
     out = list(results)
@@ -161,15 +183,16 @@ def _system(system: str | list[TextBlockIn] | None) -> list[dict[str, Any]]:
 
 
 def conversation_messages(
-    request: ConversationFields, key: bytes
+    request: ConversationFields, key: bytes, images: list[ImageRef] | None = None
 ) -> tuple[list[dict[str, Any]], bool]:
     """The chat messages of the request, and whether the answer continues the last one;
-    thinking blocks are verified with `key`."""
+    thinking blocks are verified with `key`, its pictures appended to `images`, in order."""
+    images = [] if images is None else images
     if not request.messages:
         raise bad_request("messages: at least one message is required", param="messages")
     messages = _system(request.system)
     for i, message in enumerate(request.messages):
-        messages += _message(message, f"messages[{i}]", key)
+        messages += _message(message, f"messages[{i}]", key, images)
     last = request.messages[-1]
     continues = last.role == "assistant" and not messages[-1].get("tool_calls")
     return messages, continues
@@ -208,7 +231,8 @@ def plan_conversation(request: ConversationFields, key: bytes) -> Conversation:
         raise not_supported("mcp_servers", "Connecting to MCP servers")
     if request.context_management and request.context_management.get("edits"):
         raise not_supported("context_management", "Context editing")
-    messages, continues = conversation_messages(request, key)
+    images: list[ImageRef] = []
+    messages, continues = conversation_messages(request, key, images)
     tools, choice, parallel = _tools(request)
     thinking, budget = None, None
     given = request.thinking
@@ -242,6 +266,7 @@ def plan_conversation(request: ConversationFields, key: bytes) -> Conversation:
         budget_param="thinking.budget_tokens",
         add_generation_prompt=not continues,
         continue_final_message=continues,
+        images=tuple(images),
     )
 
 

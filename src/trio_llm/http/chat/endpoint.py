@@ -13,7 +13,7 @@ thinking, template; then truncation) -> `ChatStream` or `chat_response` (build.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from quart import Response
@@ -23,8 +23,10 @@ from trio_llm.http.chat.plan import ChatPlan, plan_chat
 from trio_llm.http.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from trio_llm.http.choices import Shape
 from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
+from trio_llm.http.generate.images import with_images
 from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
+from trio_llm.http.media import MediaPolicy
 from trio_llm.http.runtime.state import ModelInfo, current_state
 from trio_llm.http.sampling import RequestLimits, SamplingDefaults
 from trio_llm.outputs import RequestOutput
@@ -56,6 +58,8 @@ class ChatCompletion:
 
     formats: OutputFormats
     """--tool-call-parser and --reasoning-parser."""
+    media: MediaPolicy = field(default_factory=MediaPolicy)
+    """Where pictures may come from, and how large (--allowed-media-domains, ...)."""
     request_type: ClassVar = ChatCompletionRequest
     id_prefix: ClassVar = "chatcmpl-"
 
@@ -73,7 +77,11 @@ class ChatCompletion:
         if plan.truncation is not None:
             token_ids = plan.truncation.apply(token_ids, model.max_model_len, params.max_tokens)
         reasoning = rendered.reasoning.format is not None and plan.include_reasoning
-        prompts = [Prompt(token_ids, "messages")]
+        images = None
+        if plan.conversation.images:
+            images = await with_images(engine, token_ids, plan.conversation.images, self.media)
+            token_ids = images.token_ids
+        prompts = [Prompt(token_ids, "messages", images)]
         return PreparedChat(plan, prompts, params, rendered.new_reader, reasoning)
 
     def stream(
@@ -106,11 +114,11 @@ class ChatCompletion:
 
 async def chat_completions(raw: bytes | None = None) -> Response:
     """`raw`: the body, when the caller has read it already (/invocations)."""
-    formats = OutputFormats.of(current_state().config)
-    return await serve_generation(ChatCompletion(formats), raw)
+    config = current_state().config
+    return await serve_generation(ChatCompletion(OutputFormats.of(config), config.media), raw)
 
 
 async def render_chat_completion() -> Response:
     """POST /v1/chat/completions/render: the conversation's token ids, not generated."""
-    formats = OutputFormats.of(current_state().config)
-    return await serve_render(ChatCompletion(formats), one=True)
+    config = current_state().config
+    return await serve_render(ChatCompletion(OutputFormats.of(config), config.media), one=True)

@@ -14,7 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trio_llm.http.chat.protocol import ChatCompletionRequest, NamedToolChoice
-from trio_llm.http.conversation import Conversation, chat_messages, check_template_kwargs
+from trio_llm.http.conversation import (
+    Conversation,
+    ImageRef,
+    chat_messages,
+    check_template_kwargs,
+)
 from trio_llm.http.errors import bad_request
 from trio_llm.http.reasoning import effort_enables
 from trio_llm.http.sampling import (
@@ -93,7 +98,8 @@ def plan_chat(
             param="continue_final_message",
         )
     check_template_kwargs(request.chat_template_kwargs)
-    messages = chat_messages(request.messages)
+    images: list[ImageRef] = []
+    messages = chat_messages(request.messages, images=images)
     if request.continue_final_message and messages[-1]["role"] != "assistant":
         raise bad_request(
             "continue_final_message needs the last message to be the assistant's",
@@ -131,6 +137,7 @@ def plan_chat(
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         add_special_tokens=request.add_special_tokens,
+        images=tuple(images),
     )
     return ChatPlan(
         conversation,

@@ -85,12 +85,14 @@ class Completion:
         if not plan.echo:
             return PreparedCompletion(plan, prompts)
         echo_texts = [  # each prompt as text, for the choices that echo it
-            p if isinstance(p, str) and plan.truncation is None else await engine.decode(ids)
-            for p, (ids, _) in zip(given, prompts, strict=True)
+            p
+            if isinstance(p, str) and plan.truncation is None
+            else await engine.decode(q.token_ids)
+            for p, q in zip(given, prompts, strict=True)
         ]
         first_tokens = None
         if plan.logprobs is not None:
-            first_tokens = [engine.decoded_tokens(ids[:1])[0] for ids, _ in prompts]
+            first_tokens = [engine.decoded_tokens(q.token_ids[:1])[0] for q in prompts]
         return PreparedCompletion(plan, prompts, echo_texts, first_tokens)
 
     def stream(

@@ -41,6 +41,7 @@ from msgspec import Struct
 from quart import Response
 
 from trio_llm.client.errors import InvalidPromptError, UnservableRequestError
+from trio_llm.client.images import ImagePrompt
 from trio_llm.client.input_processor import check_constraint as client_check_constraint
 from trio_llm.client.lora import routing_salt
 from trio_llm.constraint import Constraint
@@ -67,6 +68,8 @@ class Prompt(NamedTuple):
     param: str
     """The request field it came from ("messages", "prompt", "prompt[1]"), which errors about
     the prompt name."""
+    images: ImagePrompt | None = None
+    """The prompt with its pictures (their placeholders in `token_ids`), when it has any."""
 
 
 class GenerationRequest(Protocol):
@@ -273,7 +276,11 @@ def _generate(
 ) -> AsyncGenerator[RequestOutput, None]:
     try:
         return lease.generate(
-            prompt.token_ids, params, request_id=request_id, priority=request.priority, lora=lora
+            prompt.images or prompt.token_ids,
+            params,
+            request_id=request_id,
+            priority=request.priority,
+            lora=lora,
         )
     except (InvalidPromptError, SamplingParamsError) as error:
         renames = {"prompt": prompt.param, "max_tokens": max_tokens_param}

@@ -18,13 +18,14 @@ prompt's end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from trio_llm.constraint import Constraint
 from trio_llm.http.answer import AnswerReader
-from trio_llm.http.conversation import Conversation, uses_tools
+from trio_llm.http.conversation import IMAGE_MARKER, Conversation, uses_tools
+from trio_llm.http.errors import bad_request
 from trio_llm.http.generate.endpoint import check_constraint
 from trio_llm.http.reasoning import (
     PROMPT_TAIL_TOKENS,
@@ -96,6 +97,24 @@ class Rendered:
         return msgspec.structs.replace(planned, **updates) if updates else planned
 
 
+def with_image_tokens(engine: EngineClient, conversation: Conversation) -> list[dict[str, Any]]:
+    """The messages with each picture's marker replaced by the model's image token (which its
+    processor expands); a 400 naming the first picture for a model that takes none."""
+    if engine.images is None:
+        first = conversation.images[0].param
+        raise bad_request(
+            f"{first}: the model {engine.model_config.model} takes text only, not images",
+            param=first,
+        )
+    token = engine.images.image_token
+    return [
+        {**m, "content": m["content"].replace(IMAGE_MARKER, token)}
+        if isinstance(m.get("content"), str)
+        else m
+        for m in conversation.messages
+    ]
+
+
 async def render_conversation(
     engine: EngineClient, conversation: Conversation, formats: OutputFormats
 ) -> Rendered:
@@ -105,6 +124,8 @@ async def render_conversation(
     template = engine.chat_template
     formats = formats.of_model(engine)
     messages = conversation.messages
+    if conversation.images:
+        messages = with_image_tokens(engine, conversation)
     kwargs = thinking_kwargs(template, enabled=conversation.thinking, effort=conversation.effort)
     constraint, param = conversation.constraint, conversation.constraint_param
     tools = None

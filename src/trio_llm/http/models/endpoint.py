@@ -32,7 +32,12 @@ if TYPE_CHECKING:
 
 
 def _card(model: ModelInfo) -> ModelCard:
-    return ModelCard(model.name, model.created, model.max_model_len)
+    return ModelCard(
+        model.name,
+        model.created,
+        model.max_model_len,
+        input_modalities=list(model.input_modalities),
+    )
 
 
 def _cards() -> list[ModelCard]:

@@ -24,6 +24,9 @@ class ModelCard(Struct):
     """A LoRA adapter's directory (vLLM's field)."""
     parent: str | UnsetType = UNSET
     """A LoRA adapter's base model (vLLM's field)."""
+    input_modalities: list[str] | UnsetType = UNSET
+    """What its requests may hold: ["text"], or ["text", "image"] for a vision-language
+    model (the field OpenRouter's model list uses)."""
 
 
 class ModelList(Struct):

@@ -32,8 +32,10 @@ from quart import Response
 from trio_llm.http.answer import AnswerReader
 from trio_llm.http.conversation import Conversation
 from trio_llm.http.generate.endpoint import Prompt, serve_generation, serve_render
+from trio_llm.http.generate.images import with_images
 from trio_llm.http.generate.prompt import OutputFormats, render_conversation
 from trio_llm.http.ids import ResponseHead
+from trio_llm.http.media import MediaPolicy
 from trio_llm.http.reasoning import effort_enables
 from trio_llm.http.responses.build import (
     OnFinished,
@@ -41,7 +43,12 @@ from trio_llm.http.responses.build import (
     complete_response,
     initial_response,
 )
-from trio_llm.http.responses.plan import ResponsesPlan, conversation_messages, plan_responses
+from trio_llm.http.responses.plan import (
+    ResponsesPlan,
+    conversation_images,
+    conversation_messages,
+    plan_responses,
+)
 from trio_llm.http.responses.protocol import (
     DeletedResponse,
     RawMessage,
@@ -83,6 +90,8 @@ class ResponsesEndpoint:
     store: ResponseStore
     formats: OutputFormats
     """--tool-call-parser and --reasoning-parser."""
+    media: MediaPolicy = dataclasses.field(default_factory=MediaPolicy)
+    """Where pictures may come from, and how large (--allowed-media-domains, ...)."""
     request_type: ClassVar = ResponsesRequest
     id_prefix: ClassVar = "resp_"
 
@@ -106,13 +115,18 @@ class ResponsesEndpoint:
             constraint_param=plan.constraint_param,
             thinking=effort_enables(plan.effort),
             effort=plan.effort,
+            images=tuple(conversation_images(plan.history, plan.items)),
         )
         rendered = await render_conversation(engine, conversation, self.formats)
-        prompts = [Prompt(rendered.token_ids, "input")]
+        token_ids, images = rendered.token_ids, None
+        if conversation.images:
+            images = await with_images(engine, token_ids, conversation.images, self.media)
+            token_ids = images.token_ids
+        prompts = [Prompt(token_ids, "input", images)]
         prompt = None
         if request.enable_response_messages:
-            text = await engine.decode(rendered.token_ids, skip_special_tokens=False)
-            prompt = RawMessage(message=text, tokens=list(rendered.token_ids))
+            text = await engine.decode(token_ids, skip_special_tokens=False)
+            prompt = RawMessage(message=text, tokens=list(token_ids))
         return PreparedResponse(
             plan, prompts, rendered.params(plan.params), rendered.new_reader, prompt=prompt
         )
@@ -174,7 +188,9 @@ class ResponsesEndpoint:
 
 async def create_response(raw: bytes | None = None) -> Response:
     state = current_state()
-    endpoint = ResponsesEndpoint(state.responses, OutputFormats.of(state.config))
+    endpoint = ResponsesEndpoint(
+        state.responses, OutputFormats.of(state.config), state.config.media
+    )
     return await serve_generation(endpoint, raw)
 
 
@@ -182,7 +198,9 @@ async def render_response(raw: bytes | None = None) -> Response:
     """POST /v1/responses/render (vLLM's): the conversation's token ids, not generated; what
     a cache-aware router asks before it routes a Responses request."""
     state = current_state()
-    endpoint = ResponsesEndpoint(state.responses, OutputFormats.of(state.config))
+    endpoint = ResponsesEndpoint(
+        state.responses, OutputFormats.of(state.config), state.config.media
+    )
     return await serve_render(endpoint, raw, one=True)
 
 

@@ -14,15 +14,17 @@ stored prompts, conversations). Invariant: every way a request can be wrong ends
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trio_llm.constraint import Constraint
+from trio_llm.http.conversation import ImageRef
 from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.responses.protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    InputImagePart,
     InputItem,
     MessageItem,
     ResponsesFunctionTool,
@@ -157,6 +159,32 @@ def plan_responses(
         constraint_param=None if constraint is None else constraint[1],
         effort=None if request.reasoning is None else request.reasoning.effort,
     )
+
+
+def conversation_images(history: Sequence[InputItem], items: Sequence[InputItem]) -> list[ImageRef]:
+    """The conversation's pictures in the order `conversation_messages` renders their markers:
+    the history's (named by previous_response_id), then this request's input's."""
+    images: list[ImageRef] = []
+    for k, item in enumerate((*history, *items)):
+        if not isinstance(item, MessageItem) or isinstance(item.content, str):
+            continue
+        for j, part in enumerate(item.content):
+            if not isinstance(part, InputImagePart):
+                continue
+            if k < len(history):
+                param = "previous_response_id"
+            else:
+                param = f"input[{k - len(history)}].content[{j}]"
+            if part.image_url is None:
+                what = "a file_id" if part.file_id is not None else "no image_url"
+                raise bad_request(
+                    f"{param}: an input_image with {what} is not supported; give image_url",
+                    param=param,
+                )
+            images.append(
+                ImageRef(part.image_url, f"{param}.image_url" if k >= len(history) else param)
+            )
+    return images
 
 
 def conversation_messages(

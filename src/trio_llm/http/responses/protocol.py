@@ -26,7 +26,7 @@ import msgspec
 from msgspec import Struct
 
 from trio_llm.http import tools
-from trio_llm.http.conversation import RefusalPart
+from trio_llm.http.conversation import IMAGE_MARKER, RefusalPart
 from trio_llm.http.errors import bad_request, not_supported
 from trio_llm.http.logprobs import ChatTokenLogprob
 from trio_llm.http.wire import FunctionName, Int32, Int64, PositiveInt, RequestId, TopLogprobs
@@ -112,6 +112,14 @@ class InputTextPart(Struct, tag="input_text", tag_field="type"):
     text: str
 
 
+class InputImagePart(Struct, tag="input_image", tag_field="type", kw_only=True):
+    """A picture, by URL (a data: URL or http(s)); a file id is not supported yet."""
+
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str = "auto"
+
+
 class OutputTextPart(Struct, tag="output_text", tag_field="type", kw_only=True):
     text: str
     annotations: list[dict[str, Any]] = msgspec.field(default_factory=list)
@@ -124,7 +132,7 @@ class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
     response."""
 
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputTextPart | OutputTextPart | RefusalPart]
+    content: str | list[InputTextPart | InputImagePart | OutputTextPart | RefusalPart]
     id: str | None = None
     status: str | None = None
 
@@ -132,7 +140,7 @@ class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(p.refusal if isinstance(p, RefusalPart) else p.text for p in self.content)
+        return "\n".join(_part_text(p) for p in self.content)
 
 
 class FunctionCallItem(Struct, tag="function_call", tag_field="type", kw_only=True):
@@ -179,7 +187,17 @@ _ITEM_TYPES: dict[str, type[InputItem]] = {
     "function_call_output": FunctionCallOutputItem,
     "reasoning": ReasoningItem,
 }
-_PART_TYPES = ("input_text", "output_text", "refusal")
+_PART_TYPES = ("input_text", "input_image", "output_text", "refusal")
+
+
+def _part_text(part: InputTextPart | InputImagePart | OutputTextPart | RefusalPart) -> str:
+    """A part as the template reads it: a picture is IMAGE_MARKER (its model's image token
+    once rendered, http/generate/prompt.py)."""
+    if isinstance(part, RefusalPart):
+        return part.refusal
+    if isinstance(part, InputImagePart):
+        return IMAGE_MARKER
+    return part.text
 
 
 def _convert(value: Any, kind: type[Any], param: str) -> Any:

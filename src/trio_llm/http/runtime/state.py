@@ -83,6 +83,8 @@ class ModelInfo:
     """`system_fingerprint` of every response."""
     unproducible_bytes: frozenset[int] = frozenset()
     """The bytes no token of the model writes: a constraint that forces one is refused."""
+    input_modalities: tuple[str, ...] = ("text",)
+    """What a request may hold: text, and images for a vision-language model."""
 
 
 @dataclass
@@ -126,6 +128,7 @@ class AppState:
                 self._sampling_defaults(engine) if mc.task == "generate" else SamplingDefaults(),
                 system_fingerprint(mc.model, mc.dtype, __version__),
                 engine.unproducible_bytes,
+                ("text", "image") if engine.images is not None else ("text",),
             )
             self.metrics.for_model(mc.model)  # its figures exist, at zero, from now on
 
