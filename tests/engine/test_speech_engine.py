@@ -110,8 +110,8 @@ def test_an_abort_stops_the_work_within_one_window(core: SpeechCore) -> None:
     assert core.stats().num_running == 0
 
 
-def test_a_30_minute_file_takes_its_features_a_slice_per_step(core: SpeechCore) -> None:
-    """A step computes one slice of a long file's features, not the whole file's (seconds of
+def test_a_30_minute_file_takes_its_features_in_slices(core: SpeechCore) -> None:
+    """A step computes some slices of a long file's features, not the whole file's (seconds of
     CPU that held every other transcription, and the file's own abort); its abort takes
     effect at the next step, features half done."""
     submit(core, "long", long_speech(1800))

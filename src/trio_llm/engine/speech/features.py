@@ -1,4 +1,4 @@
-"""A file's log-mel features, computed a slice per engine step instead of all at once.
+"""A file's log-mel features, computed in slices over engine steps instead of all at once.
 
 What it owns: `MelFeatures`, the log-mel spectrogram of one transcription's audio as
 faster-whisper's `FeatureExtractor` computes it, built `SLICE_FRAMES` frames at a time
@@ -6,8 +6,9 @@ faster-whisper's `FeatureExtractor` computes it, built `SLICE_FRAMES` frames at 
 
 Why in slices: the whole spectrogram of a 30-minute file takes seconds of CPU (0.7 s for five
 minutes here); done inside one step it held every other transcription of the engine that long,
-and the file's own abort (read between steps) too. A slice is about a 30-second window's worth
-of work, so a step that computes one stays about as long as a step that decodes a window.
+and the file's own abort (read between steps) too. A slice is a 30-second window's worth of
+work, and a step computes only as many as fit its time for features (windows.py), so a step
+stays short and aborts are read between steps.
 
 Why ahead and not only as the windows are needed: Whisper floors every value at the file's
 loudest minus 8 (log10 units), so a window's features depend on the whole file. The unfloored

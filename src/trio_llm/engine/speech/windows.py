@@ -1,8 +1,8 @@
 """Whisper, one 30-second window at a time, for several transcriptions at once.
 
 What it owns: each transcription's progress through its audio (`Transcription`: the mel
-features (features.py: a slice per step, all before its first window), the seek position, the
-tokens that condition the next window, the segment count),
+features (features.py: slices over several steps, all before its first window), the seek
+position, the tokens that condition the next window, the segment count),
 and `WindowDecoder.step`, which advances every transcription it is given by exactly one window:
 their windows are encoded in one batch, their languages detected from that batch where not
 given, decoded in one batch per temperature (beam search at 0, sampling above), and only the
@@ -11,9 +11,10 @@ in a smaller batch. The rest is faster-whisper's own per-window logic (splitting
 timestamps, word timestamps by cross-attention alignment, the next seek, the prompt reset),
 called through its methods so the text is the library's.
 
-A transcription whose features are not all in yet gets one more slice of them in a step
-instead of a window, so a step never holds the others (nor the file's own abort) for a whole
-file's features: 30 minutes of audio took seconds of CPU in one step.
+A transcription whose features are not all in yet gets more slices of them in a step (one,
+then more while `FEATURES_SECONDS` last) instead of a window, so a step never holds the others
+(nor the file's own abort) for a whole file's features: 30 minutes of audio took about 4 s of
+CPU in one step.
 
 Why not `WhisperModel.transcribe`: its segment generator decodes every window of a file on its
 own (no batching across requests), and runs through silent windows without yielding, so the
@@ -27,6 +28,7 @@ one).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,9 @@ PROMPT_RESET_ON_TEMPERATURE = 0.5
 MAX_INITIAL_TIMESTAMP = 1.0
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+FEATURES_SECONDS = 0.1
+"""A step's time for computing features (past one slice each): how much a long file's
+features may lengthen a step, and so delay the others' windows and its own abort."""
 
 
 def temperatures(first: float) -> tuple[float, ...]:
@@ -148,11 +153,12 @@ class WindowDecoder:
         """Advance each transcription by one window, or by one slice of its features while
         they are not all in (a finished one is left as it is); only those that advanced by a
         window have a result."""
+        deadline = time.perf_counter() + FEATURES_SECONDS
         for t in batch:
             if t.features is None:
                 self._start(t)
-            elif not t.features.complete:
-                self._more_features(t)
+            if not t.features.complete:  # type: ignore[union-attr]
+                self._more_features(t, deadline)
         batch = [t for t in batch if t.features.complete and not t.finished]  # type: ignore[union-attr]
         if not batch:
             return []
@@ -179,7 +185,6 @@ class WindowDecoder:
         t.features = MelFeatures(self.features, t.audio)
         t.audio = t.audio[:0]  # the features hold their own (padded) copy
         t.content_frames = t.features.frames - 1
-        self._more_features(t)
         if not self.multilingual:
             t.language = "en"
         if t.language is not None:
@@ -191,9 +196,13 @@ class WindowDecoder:
             t.all_tokens.extend(ids.ids)
 
     @staticmethod
-    def _more_features(t: Transcription) -> None:
+    def _more_features(t: Transcription, deadline: float) -> None:
+        """At least one more slice of `t`'s features, more while the step's time for features
+        lasts (a file alone gets its features at full speed, in steps of about that long)."""
         assert t.features is not None
         t.features.compute_next()
+        while not t.features.complete and time.perf_counter() < deadline:
+            t.features.compute_next()
 
     def _encode(self, mels: np.ndarray) -> ctranslate2.StorageView:
         import ctranslate2
