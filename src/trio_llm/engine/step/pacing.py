@@ -48,14 +48,13 @@ class PrefillPace:
 
     def record(self, seconds: float, decodes: int, prefill_tokens: int) -> None:
         """A step ran `decodes` one-token rows and `prefill_tokens` other tokens in `seconds`."""
+        if not decodes:
+            return  # a step of prompts alone is not capped: its cost says nothing of the cap's
         if prefill_tokens == 0:
-            if decodes:
-                self.base = _average(self.base, seconds)
-            return
-        if prefill_tokens < MIN_CHUNK:
-            return  # too few to tell a token's cost from the step's noise
-        sample = max(seconds - (self.base or 0.0 if decodes else 0.0), 0.0) / prefill_tokens
-        self.per_token = _average(self.per_token, sample)
+            self.base = _average(self.base, seconds)
+        elif prefill_tokens >= MIN_CHUNK:  # fewer: a token's cost is lost in the step's noise
+            sample = max(seconds - (self.base or 0.0), 0.0) / prefill_tokens
+            self.per_token = _average(self.per_token, sample)
 
 
 def _average(average: float | None, sample: float) -> float:
