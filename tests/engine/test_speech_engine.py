@@ -86,9 +86,10 @@ def test_long_audio_advances_one_window_per_step(core: SpeechCore) -> None:
     submit(core, "long", pcm)
     positions = []
     while core.has_work():
-        [out] = core.step().outputs
-        assert out.speech is not None
-        positions.append(out.speech.position)
+        outputs = core.step().outputs  # none while a step computes a slice of the features
+        for out in outputs:
+            assert out.speech is not None
+            positions.append(out.speech.position)
     assert len(positions) >= 3, positions
     steps = np.diff([0.0, *positions])
     assert all(0 < step <= 30.0 for step in steps), positions
@@ -98,13 +99,33 @@ def test_long_audio_advances_one_window_per_step(core: SpeechCore) -> None:
 
 def test_an_abort_stops_the_work_within_one_window(core: SpeechCore) -> None:
     submit(core, "long", long_speech(120))
-    [first] = core.step().outputs
+    while not (outputs := core.step().outputs):
+        pass  # the features, a slice per step
+    [first] = outputs
     assert first.finish_reason is None
     core.abort_requests(["long"])
     [aborted] = core.step().outputs
     assert (aborted.request_id, aborted.finish_reason) == ("long", "abort")
     assert not core.has_work()
     assert core.stats().num_running == 0
+
+
+def test_a_30_minute_file_takes_its_features_in_slices(core: SpeechCore) -> None:
+    """A step computes some slices of a long file's features, not the whole file's (seconds of
+    CPU that held every other transcription, and the file's own abort); its abort takes
+    effect at the next step, features half done."""
+    submit(core, "long", long_speech(1800))
+    submit(core, "short", samples(speak(SENTENCES[2])))
+    first = core.step().outputs  # the short clip's one window, and a slice of the long file
+    [long] = [t for t in core._runnable if t.request_id == "long"]
+    assert long.features is not None and 0 < long.features.done < long.features.frames
+    core.abort_requests(["long"])
+    outputs = run(core)
+    for out in first:
+        outputs.setdefault(out.request_id, []).insert(0, out)
+    assert [o.finish_reason for o in outputs["long"]] == ["abort"]
+    assert outputs["short"][-1].finish_reason == "stop"
+    assert word_error_rate(SENTENCES[2], text(outputs["short"])) <= 0.25
 
 
 def test_a_failing_transcription_fails_alone(

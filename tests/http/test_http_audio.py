@@ -282,6 +282,39 @@ def test_a_disconnect_mid_file_leaves_the_engine_idle_within_one_window(
     assert _replica(server, "trio_llm_replica_num_requests_in_flight") == 0
 
 
+def test_a_disconnect_while_a_long_files_features_compute_aborts_it(
+    server: ServerProcess,
+) -> None:
+    """Nine and a half minutes of speech: the engine computes its features in slices over
+    several steps before the first window, so a client that hangs up meanwhile is dropped
+    between two of them and the engine goes idle."""
+    file = encode(long_speech(570)[: 570 * 16_000], "mp3", "libmp3lame")
+    steps_before = _replica(server, "trio_llm_replica_num_steps")
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream(
+            "POST",
+            server.url + "/v1/audio/transcriptions",
+            files={"file": ("long.mp3", file, "audio/mpeg")},
+            data={"model": "whisper-tiny.en", "stream": "true"},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        deadline = time.monotonic() + 120
+        while _replica(server, "trio_llm_replica_num_steps") == steps_before:
+            assert time.monotonic() < deadline, "the engine never started the file"
+            time.sleep(0.01)
+        steps_then = _replica(server, "trio_llm_replica_num_steps")
+    # Closed before any event was read: the handler is cancelled, the engine drops the file
+    # at its next step.
+    deadline = time.monotonic() + 120
+    while _replica(server, "trio_llm_replica_num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the engine kept the file"
+        time.sleep(0.05)
+    assert _replica(server, "trio_llm_replica_num_steps") <= steps_then + 2
+    assert _replica(server, "trio_llm_replica_num_requests_in_flight") == 0
+
+
 def _replica(server: ServerProcess, name: str) -> float:
     return server.labelled(name)[("whisper-tiny.en", "0")]
 

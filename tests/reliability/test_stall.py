@@ -147,3 +147,70 @@ def test_hostile_bodies_do_not_stall_a_stream(server: ServerProcess, tmp_path: P
         )
     print(f"allowed {allowed * 1e3:.0f} ms:", *report, sep="\n")
     assert worst <= allowed, f"allowed {allowed * 1e3:.0f} ms:\n" + "\n".join(report)
+
+
+def test_each_stalling_case_beside_a_canary_completes(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Issue 40's cases, each beside a running stream, on this fresh server: a first chat
+    request with tools and a tool-call history whose arguments are not JSON, a JSON schema
+    enum of 10,000 values, and a 2,048-input /pooling request (its answer encoded off the
+    event loop) all complete correctly, and the stream keeps streaming. Their gaps are
+    bench/apis/stalls.py's to measure, not this test's."""
+    times = tmp_path / "times"
+    streamer = subprocess.Popen([sys.executable, str(STREAMER), server.url, str(times), "600"])
+    history = [
+        {"role": "user", "content": "call it"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c0", "type": "function",
+             "function": {"name": "tool_1", "arguments": "{p1: 'not json"}}]},
+        {"role": "tool", "content": "ok", "tool_call_id": "c0"},
+    ]  # fmt: skip
+    small_tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": _schema(4)}}
+        for i in range(3)
+    ]
+    values = [f"v{i}" for i in range(10_000)]
+    enum = {"type": "object", "properties": {"pick": {"enum": values}}, "required": ["pick"]}
+    texts = [f"text {i}" for i in range(2048)]
+    try:
+        deadline = time.monotonic() + 120
+        while not times.exists() or len(times.read_text().splitlines()) < 20:
+            assert time.monotonic() < deadline and streamer.poll() is None
+            time.sleep(0.1)
+        with httpx.Client(base_url=server.url, timeout=300) as client:
+            tools = client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": history, "tools": small_tools, "max_tokens": 8},
+            )
+            assert tools.status_code == 200, tools.text
+            assert tools.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+            chosen = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "tiny",
+                    "messages": HI,
+                    "max_tokens": 40,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": enum},
+                    },
+                },
+            )
+            assert chosen.status_code == 200, chosen.text
+            choice = chosen.json()["choices"][0]
+            if choice["finish_reason"] == "stop":
+                assert json.loads(choice["message"]["content"])["pick"] in values
+            pooled = client.post("/pooling", json={"model": "embed", "input": texts})
+            assert pooled.status_code == 200, pooled.text[:300]
+            data = pooled.json()["data"]
+            assert [d["index"] for d in data] == list(range(2048))
+            some = client.post("/v1/embeddings", json={"model": "embed", "input": texts[-3:]})
+            for got, want in zip(data[-3:], some.json()["data"], strict=True):
+                assert got["data"] == pytest.approx(want["embedding"], abs=1e-5)
+        before = len(times.read_text().splitlines())
+        time.sleep(1.0)
+        assert streamer.poll() is None and len(times.read_text().splitlines()) > before
+    finally:
+        streamer.terminate()
+        streamer.wait(10)

@@ -39,6 +39,7 @@ from trio_llm.engine.step.block_manager import BlockManager
 from trio_llm.engine.step.build import EngineConfigError
 from trio_llm.engine.step.kv_events import KVEventPublisher
 from trio_llm.engine.step.model_runner import ModelRunner, StepResult
+from trio_llm.engine.step.pacing import PrefillPace
 from trio_llm.engine.step.pooling_runner import PoolingRunner
 from trio_llm.engine.step.scheduler import Scheduler
 from trio_llm.engine.step.sequence import ScheduledBatch, Sequence
@@ -126,6 +127,8 @@ class EngineCore:
             chunked_prefill=not self.pooling,
             preempt_for_priority=args.scheduling_policy == "priority",
         )
+        self.pace = None if self.pooling else PrefillPace(parts.max_num_batched_tokens)
+        """How many prompt tokens a step with decodes may carry (pacing.py)."""
         self.runner = parts.runner
         self.loras = build.load_loras(args, parts.runner)
         """The adapters served (None: LoRA off)."""
@@ -280,6 +283,8 @@ class EngineCore:
             self._collect_grammars()
         outputs, self._pending = self._pending, []
         if self.scheduler.has_work():
+            if self.pace is not None:
+                self.scheduler.prefill_cap = self.pace.cap()
             batch = self.scheduler.schedule()
             if batch.seqs:
                 outputs.extend(self._run(batch))
@@ -291,6 +296,7 @@ class EngineCore:
         if isinstance(self.runner, PoolingRunner):
             return self._pool(batch, self.runner)
         masks = self.structured.start_masks(batch)
+        started = time.perf_counter()
         try:
             result = self.runner.execute(batch, self.eos_token_ids, masks)
         except Exception as exc:
@@ -300,6 +306,9 @@ class EngineCore:
         finally:
             if masks is not None:
                 masks.done.exception()  # the mask thread is done with the matchers
+        if self.pace is not None:
+            prefill = sum(batch.num_tokens) - batch.num_decodes
+            self.pace.record(time.perf_counter() - started, batch.num_decodes, prefill)
         for i, lps in result.prompt_logprobs.items():
             prompt_logprobs = batch.seqs[i].prompt_logprobs
             assert prompt_logprobs is not None

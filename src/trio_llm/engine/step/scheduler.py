@@ -23,6 +23,9 @@ what the samples confirm of the drafts, one token at a time: each is checked for
 stop token, length) and fed to the sequence's grammar, whose end finishes it with 'stop'. A
 `DEAD_END` (no token was allowed) finishes it with 'error', naming the parameter at fault.
 
+When `prefill_cap` is set (the engine's pacing, pacing.py), a step that decodes carries at most
+that many prefill tokens, so a long prompt never holds the running streams for long.
+
 Without chunked prefill (a pooling engine, whose prompts run whole in one step since it keeps
 no K/V between steps), a waiting sequence is admitted only when its whole prompt fits the
 step's remaining budget.
@@ -72,6 +75,8 @@ class Scheduler:
         self.prefix_hits = 0
         self._removed: list[Sequence] = []
         """Sequences that left `running` since the last batch, for its `removed`."""
+        self.prefill_cap: int | None = None
+        """Prefill tokens a step with decodes may carry (None: the whole budget)."""
 
     def has_work(self) -> bool:
         """Something to schedule: a running sequence, or a waiting one not held by its grammar."""
@@ -100,6 +105,7 @@ class Scheduler:
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []
         preempted = False
+        prefilled = 0
 
         # Running sequences in scheduling order: decodes first, then higher priority first.
         # A sequence short of blocks preempts the last in priority order among those not yet
@@ -113,6 +119,11 @@ class Scheduler:
                 keep = budget - (seq.num_tokens - seq.num_computed_tokens)
                 del seq.draft_token_ids[max(keep, 0) :]
             n = min(seq.num_uncomputed_tokens, budget)
+            if n > 1 and not seq.draft_token_ids:
+                n = min(n, self._prefill_room(decodes, prefilled))
+                if n <= 0:
+                    continue  # it keeps its place; the streams' step stays short
+                prefilled += n
             while not self.block_manager.can_allocate(seq, n):
                 preempted = True
                 victim = max(queue, key=Sequence.order, default=seq)
@@ -156,7 +167,9 @@ class Scheduler:
                 continue
             cached = self.block_manager.cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
-            n = min(seq.num_tokens - num_cached, budget)
+            n = min(seq.num_tokens - num_cached, budget, self._prefill_room(decodes, prefilled))
+            if n <= 0:
+                break
             if n < seq.num_tokens - num_cached and not self.chunked_prefill:
                 break  # the whole prompt waits for a step with room for it
             if not self.block_manager.can_allocate(seq, n, cached):
@@ -178,6 +191,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= n
+            prefilled += n
             if n == 1:
                 decodes.append(seq)
             else:
@@ -226,6 +240,12 @@ class Scheduler:
         victims.append(victim)
         self.num_priority_preemptions += 1
         return freed
+
+    def _prefill_room(self, decodes: list[Sequence], prefilled: int) -> int:
+        """Prefill tokens this step may still take (`prefill_cap` applies beside decodes)."""
+        if self.prefill_cap is None or not decodes:
+            return self.max_num_batched_tokens
+        return self.prefill_cap - prefilled
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

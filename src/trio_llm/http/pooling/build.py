@@ -13,6 +13,7 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from trio_llm.http.pooling.plan import RerankPlan
@@ -63,6 +64,21 @@ def pooling_response(
         data=[PoolingData(index=i, data=_encoded(v, as_base64)) for i, v in enumerate(vectors)],
         usage=_usage(tokens),
     )
+
+
+def pooling_body(
+    head: Head, vectors: Sequence[np.ndarray], tokens: int, *, as_base64: bool
+) -> bytes:
+    """`pooling_response`'s JSON, one vector encoded at a time, so that on a worker thread the
+    event loop gets the GIL between vectors (2,048 vectors to floats and JSON take a large
+    fraction of a second, which on the loop would stall every stream)."""
+    empty = pooling_response(head, [], tokens, as_base64=as_base64)
+    start, end = msgspec.json.encode(empty).split(b'"data":[]', 1)
+    items = [
+        msgspec.json.encode(PoolingData(index=i, data=_encoded(v, as_base64)))
+        for i, v in enumerate(vectors)
+    ]
+    return b"".join([start, b'"data":[', b",".join(items), b"]", end])
 
 
 def _encoded(vector: np.ndarray, as_base64: bool) -> list[float] | str:

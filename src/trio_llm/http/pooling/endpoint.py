@@ -12,19 +12,22 @@ the inputs still in the engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+import trio
 from quart import Response, request
 
 from trio_llm.client.errors import InvalidPromptError
 from trio_llm.http.conversation import chat_messages
+from trio_llm.http.embeddings.endpoint import ENCODE_OFF_LOOP
 from trio_llm.http.errors import bad_request
 from trio_llm.http.ids import new_response_id, now
 from trio_llm.http.pooling.build import (
     Head,
     classify_response,
-    pooling_response,
+    pooling_body,
     prompt_tokens,
     rerank_response,
     score_response,
@@ -131,7 +134,13 @@ async def pooling(raw: bytes | None = None) -> Response:
         vectors = [v / max(float(np.linalg.norm(v)), 1e-12) for v in vectors]
     tokens = prompt_tokens(outputs)
     _count(state, head, tokens)
-    return json_response(pooling_response(head, vectors, tokens, as_base64=plan.base64))
+    if plan.base64 or sum(v.size for v in vectors) <= ENCODE_OFF_LOOP:
+        body = pooling_body(head, vectors, tokens, as_base64=plan.base64)
+    else:
+        body = await trio.to_thread.run_sync(
+            partial(pooling_body, head, vectors, tokens, as_base64=False)
+        )
+    return Response(body, mimetype="application/json")
 
 
 async def classify(raw: bytes | None = None) -> Response:
