@@ -107,6 +107,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     ngram_speculation: str = "auto"
     """auto | on | off: n-gram prompt-lookup drafts (engine/step/speculative.py), verified by the
     step's samples. auto is off: measured on the CPU path, drafting made streams slower."""
+    prefill_pace_ms: float = 50.0
+    """Prompt time a step with running streams may carry (engine/step/pacing.py); 0: none,
+    every step takes prompt tokens up to the token budget."""
     num_threads: int | None = None
     """torch intra-op threads in the engine (CTranslate2's, in a speech engine); None: one per
     core."""

@@ -114,6 +114,15 @@ def add_engine_flags(add: AddFlag) -> None:
         "CPU it made streams slower (default %(default)s)",
     )
     add(
+        "--prefill-pace-ms",
+        type=float,
+        default=engine.prefill_pace_ms,
+        help="prompt time (ms, measured as the engine runs) a step with running streams may "
+        "carry beside them, so a long prompt never holds the streams for long; its own first "
+        "token comes later for it; 0: off, each step takes prompt tokens up to "
+        "--max-num-batched-tokens (default %(default)s)",
+    )
+    add(
         "--model-impl",
         choices=["auto", "own", "transformers"],
         default=engine.model_impl,
@@ -213,6 +222,7 @@ def model_specs_from(args: argparse.Namespace) -> tuple[ModelSpec, ...]:
         model_impl=args.model_impl,
         quantization=args.quantization,
         ngram_speculation=args.ngram_speculation,
+        prefill_pace_ms=args.prefill_pace_ms,
         enforce_eager=args.enforce_eager,
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,

@@ -127,7 +127,11 @@ class EngineCore:
             chunked_prefill=not self.pooling,
             preempt_for_priority=args.scheduling_policy == "priority",
         )
-        self.pace = None if self.pooling else PrefillPace(parts.max_num_batched_tokens)
+        self.pace = (
+            None
+            if self.pooling or args.prefill_pace_ms <= 0
+            else PrefillPace(parts.max_num_batched_tokens, args.prefill_pace_ms / 1000)
+        )
         """How many prompt tokens a step with decodes may carry (pacing.py)."""
         self.runner = parts.runner
         self.loras = build.load_loras(args, parts.runner)
