@@ -59,6 +59,12 @@ def on_request_end(callback: Callable[[], object]) -> None:
     request.scope[_CLEANUP].callback(callback)
 
 
+def cleanup_scope(stack: ExitStack) -> dict[str, Any]:
+    """The scope entry of a request made in-process (a batch's line, http/batch/lines.py):
+    its `on_request_end` callbacks run when `stack` closes."""
+    return {_CLEANUP: stack}
+
+
 def header_request_id() -> str | None:
     """The current request's `X-Request-Id`, if it is usable as an id (what `request_id`
     accepts in a body); None otherwise."""
