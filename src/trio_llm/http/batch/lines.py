@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import msgspec
+import trio
 from quart import Response
 from quart_trio import QuartTrio
 
@@ -137,8 +138,9 @@ def check_model_on(app_state: Any) -> CheckModel:
 
 
 async def run_line(app: QuartTrio, line: InputLine, priority: int | None = None) -> OutputLine:
-    """`line` answered by its endpoint's handler in `app`. `priority`: the scheduling priority
-    it runs at (with --scheduling-policy priority), at least the body's own."""
+    """`line` answered by its endpoint's handler in `app`; a 503 (engine restarting, model at
+    capacity) is not an answer: the line waits a second and runs again. `priority`: the
+    scheduling priority it runs at (with --scheduling-policy priority), at least the body's."""
     body = dict(line.body)
     if line.url != "/v1/embeddings":
         body.pop("stream", None)  # a batch answers whole objects
@@ -148,22 +150,30 @@ async def run_line(app: QuartTrio, line: InputLine, priority: int | None = None)
         body["priority"] = max(given if isinstance(given, int) else 0, priority)
     raw = json.dumps(body).encode()
     line_id = uuid.uuid4().hex
+    while (answer := await _answer(app, line.url, raw))[0] == RETRY_LATER:  # noqa: ASYNC110
+        await trio.sleep(1.0)
+    status, payload = answer
+    return OutputLine(
+        id=f"batch_req_{line_id}",
+        custom_id=line.custom_id,
+        response=LineResponse(status_code=status, request_id=line_id, body=payload),
+    )
+
+
+async def _answer(app: QuartTrio, url: str, raw: bytes) -> tuple[int, Any]:
+    """The status and JSON body of `url`'s handler on `raw`, in a request context of its own
+    whose cleanups (admission ticket, lease) run as it ends."""
     with ExitStack() as stack:
         async with app.test_request_context(
-            line.url,
+            url,
             method="POST",
             data=raw,
             headers={"Content-Type": "application/json"},
             scope_base=cleanup_scope(stack),
         ):
             try:
-                response = await HANDLERS[line.url](raw)
-                status, answer = response.status_code, json.loads(await response.get_data())
+                response = await HANDLERS[url](raw)
+                return response.status_code, json.loads(await response.get_data())
             except Exception as error:  # the online edge's one translation
                 translated = translate_error(error)
-                status, answer = translated.status, translated.to_dict()
-    return OutputLine(
-        id=f"batch_req_{line_id}",
-        custom_id=line.custom_id,
-        response=LineResponse(status_code=status, request_id=line_id, body=answer),
-    )
+                return translated.status, translated.to_dict()

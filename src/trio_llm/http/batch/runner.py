@@ -23,7 +23,7 @@ measures the interactive TTFT with and without a batch running.
 Restart: a batch's state and its finished lines live in the store (store.py); a runner started
 on the same --batch-dir resumes every batch not yet at its end and skips the lines already
 finished, so none runs twice. A line answered 503 (engine restarting, model at capacity) is
-not finished: it waits and runs again.
+not finished: it waits and runs again (lines.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import msgspec
 import trio
 
 from trio_llm.http.batch.files import FileStore
-from trio_llm.http.batch.lines import RETRY_LATER, CheckModel, check_input
+from trio_llm.http.batch.lines import CheckModel, check_input
 from trio_llm.http.batch.protocol import (
     ACTIVE,
     BatchError,
@@ -174,11 +174,7 @@ class BatchRunner:
 
         async def run_one(line: InputLine, sequences: int) -> None:
             try:
-                while True:
-                    output = await self._run_line(line)
-                    if output.response is None or output.response.status_code != RETRY_LATER:
-                        break
-                    await trio.sleep(1.0)
+                output = await self._run_line(line)
                 await trio.to_thread.run_sync(self.store.append_done, batch.id, output)
                 done[line.custom_id] = output
                 if output.succeeded:
