@@ -10,7 +10,6 @@ endpoints' handlers (lines.py).
 from __future__ import annotations
 
 import contextlib
-import uuid
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +18,7 @@ from quart import Response, current_app, request
 from quart_trio import QuartTrio
 
 from trio_llm.client.errors import ModelNotServedError
-from trio_llm.http.batch.files import PURPOSES, FileStore
+from trio_llm.http.batch.files import PURPOSES, FileStore, sortable_id
 from trio_llm.http.batch.lines import check_model_on, run_line
 from trio_llm.http.batch.protocol import (
     BATCH_ENDPOINTS,
@@ -186,7 +185,7 @@ async def create_batch() -> Response:
         )
     created = now()
     batch = BatchObject(
-        id=f"batch_{uuid.uuid4().hex}",
+        id=sortable_id("batch_"),
         endpoint=body.endpoint,
         input_file_id=body.input_file_id,
         completion_window=body.completion_window,

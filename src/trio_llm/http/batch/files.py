@@ -11,6 +11,7 @@ Every call is synchronous disk I/O: the endpoint runs them on a worker thread.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,12 @@ from trio_llm.http.ids import now
 
 PURPOSES = ("batch", "batch_output")
 """What this server stores files for: batch inputs, and the batches' outputs and errors."""
+
+
+def sortable_id(prefix: str) -> str:
+    """A new id that sorts after every id made before it in this process and earlier ones
+    (microseconds, then randomness): lists page by id, newest first, as OpenAI's do."""
+    return f"{prefix}{time.time_ns() // 1000:014x}{uuid.uuid4().hex[:18]}"
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -41,7 +48,7 @@ class FileStore:
 
     def create(self, filename: str, purpose: str, data: bytes) -> FileObject:
         file = FileObject(
-            id=f"file-{uuid.uuid4().hex}",
+            id=sortable_id("file-"),
             bytes=len(data),
             created_at=now(),
             filename=filename,
@@ -72,7 +79,7 @@ class FileStore:
                 files.append(msgspec.json.decode(meta.read_bytes(), type=FileObject))
             except FileNotFoundError:  # deleted while listed
                 continue
-        files.sort(key=lambda f: (f.created_at, f.id), reverse=True)
+        files.sort(key=lambda f: f.id, reverse=True)
         return [f for f in files if purpose is None or f.purpose == purpose]
 
     def delete(self, file_id: str) -> bool:

@@ -45,8 +45,8 @@ class BatchStore:
         return self._batches.get(batch_id)
 
     def list(self) -> list[BatchObject]:
-        """Newest first, as OpenAI lists them."""
-        return sorted(self._batches.values(), key=lambda b: (b.created_at, b.id), reverse=True)
+        """Newest first, as OpenAI lists them (ids sort by creation: `sortable_id`)."""
+        return sorted(self._batches.values(), key=lambda b: b.id, reverse=True)
 
     def oldest_first(self) -> list[BatchObject]:
         return self.list()[::-1]
