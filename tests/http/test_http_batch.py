@@ -6,10 +6,7 @@ same directory, `trio-llm run-batch`, and the runner's expiry and store's torn l
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +19,7 @@ import trio
 from quart_trio import QuartTrio
 
 from http_server_process import ServerProcess, run_small_server
+from trio_llm import cli
 from trio_llm.http.app import build_app
 from trio_llm.http.batch.files import FileStore
 from trio_llm.http.batch.protocol import BatchObject, InputLine, LineResponse, OutputLine
@@ -67,10 +65,13 @@ def output_lines(sdk: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    batch_dir = tmp_path_factory.mktemp("batches")
+def batch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("batches")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, batch_dir: Path) -> Iterator[ServerProcess]:
+    """Shared by the module's tests; the restart test, the last to use it, kills it."""
     with run_small_server(tiny_model_dir, "--batch-dir", str(batch_dir)) as s:
         yield s
 
@@ -208,30 +209,29 @@ async def test_without_batch_dir_the_routes_say_how_to_serve_them() -> None:
 
 @pytest.mark.slow
 def test_a_restarted_server_resumes_the_batch_running_no_line_twice(
-    tiny_model_dir: Path, tmp_path: Path
+    server: ServerProcess, sdk: openai.OpenAI, tiny_model_dir: Path, batch_dir: Path
 ) -> None:
+    """Kills the module's server (so it runs after the other tests that share it)."""
     lines = [chat_line(f"k{i}", max_tokens=48, ignore_eos=True) for i in range(16)]
-    with run_small_server(tiny_model_dir, "--batch-dir", str(tmp_path)) as first:
-        with openai.OpenAI(base_url=first.url + "/v1", api_key="x", max_retries=0) as sdk:
-            batch = submit(sdk, lines)
-            deadline = time.monotonic() + 60
-            while sdk.batches.retrieve(batch.id).request_counts.completed < 3:  # type: ignore[union-attr]
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-        first.process.send_signal(signal.SIGKILL)
-        first.expected_exit = -signal.SIGKILL
-        first.process.wait(30)
-    done_before = (tmp_path / "batches" / f"{batch.id}.done.jsonl").read_text().splitlines()
+    batch = submit(sdk, lines)
+    deadline = time.monotonic() + 60
+    while sdk.batches.retrieve(batch.id).request_counts.completed < 3:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.process.send_signal(signal.SIGKILL)
+    server.expected_exit = -signal.SIGKILL
+    server.process.wait(30)
+    done_before = (batch_dir / "batches" / f"{batch.id}.done.jsonl").read_text().splitlines()
     assert 3 <= len(done_before) < 16
     with (
-        run_small_server(tiny_model_dir, "--batch-dir", str(tmp_path)) as second,
-        openai.OpenAI(base_url=second.url + "/v1", api_key="x", max_retries=0) as sdk,
+        run_small_server(tiny_model_dir, "--batch-dir", str(batch_dir)) as second,
+        openai.OpenAI(base_url=second.url + "/v1", api_key="x", max_retries=0) as again,
     ):
-        resumed = wait_for(sdk, batch.id)
+        resumed = wait_for(again, batch.id)
         assert resumed.status == "completed", resumed
-        outputs = output_lines(sdk, resumed.output_file_id)
+        outputs = output_lines(again, resumed.output_file_id)
     assert sorted(o["custom_id"] for o in outputs) == sorted(f"k{i}" for i in range(16))
-    done_after = (tmp_path / "batches" / f"{batch.id}.done.jsonl").read_text().splitlines()
+    done_after = (batch_dir / "batches" / f"{batch.id}.done.jsonl").read_text().splitlines()
     assert len(done_after) == 16 and done_after[: len(done_before)] == done_before
 
 
@@ -239,26 +239,26 @@ def test_a_restarted_server_resumes_the_batch_running_no_line_twice(
 
 
 @pytest.mark.slow
-def test_run_batch_answers_every_line_in_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_run_batch_answers_every_line_in_process(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = [chat_line(f"q{i}") for i in range(3)]
     lines.append(
         {"custom_id": "t", "url": "/v1/completions", "body": {"prompt": "Hi", "max_tokens": 3}}
     )
     (tmp_path / "in.jsonl").write_bytes(jsonl(lines))
-    command = [
-        sys.executable, "-m", "trio_llm", "run-batch",
+    code = cli.main([
+        "run-batch",
         "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
         "--model", str(tiny_model_dir), "--kv-cache-memory", "32MiB", "--dtype", "float32",
-    ]  # fmt: skip
-    env = {**os.environ, "TRIO_LLM_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
+        "--num-threads", "1",
+    ])  # fmt: skip
+    assert code == 0
     outputs = [json.loads(ln) for ln in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in outputs] == ["q0", "q1", "q2", "t"]
-    assert [o["response"]["body"]["object"] for o in outputs] == ["chat.completion"] * 3 + [
-        "text_completion"
-    ]
-    assert "4/4" in done.stderr  # the progress bar
+    kinds = [o["response"]["body"]["object"] for o in outputs]
+    assert kinds == ["chat.completion"] * 3 + ["text_completion"]
+    assert "4/4" in capsys.readouterr().err  # the progress bar
 
 
 # -- in-process: the window passing, a torn finished line -------------------------------------
