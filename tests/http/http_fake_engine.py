@@ -108,6 +108,10 @@ class FakeEngine:
             num_preemptions=0,
             num_steps=0,
             num_requests_in_flight=len(self.running),
+            block_size=16,
+            max_loras=0,
+            running_loras=(),
+            waiting_loras=(),
         )
 
     async def abort(self, request_id: str) -> None:

@@ -71,8 +71,15 @@ def salt_root(salt: str | None) -> int:
 class BlockEvents(Protocol):
     """Where the block manager reports what the prefix cache gains and loses."""
 
-    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
-        """A block became findable; `parent_hash` is the previous block's (None: the first)."""
+    def stored(
+        self,
+        block_hash: int,
+        parent_hash: int | None,
+        token_ids: tuple[int, ...],
+        adapter: tuple[int, str] | None = None,
+    ) -> None:
+        """A block became findable; `parent_hash` is the previous block's (None: the first);
+        `adapter`: the LoRA adapter (load id, name) its K/V was computed with."""
 
     def removed(self, block_hash: int) -> None:
         """A block stopped being findable (evicted, or its step never completed)."""
@@ -171,7 +178,7 @@ class BlockManager:
             self.hash_to_block[block.hash] = block.block_id
             chain.append(block.serial)
             if self.events is not None:
-                self.events.stored(block.hash, hashes[i - 1] if i else None, tokens)
+                self.events.stored(block.hash, hashes[i - 1] if i else None, tokens, seq.adapter)
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:

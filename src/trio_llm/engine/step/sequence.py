@@ -90,6 +90,9 @@ class Sequence:
     lora_slot: int = -1
     """The slot of its LoRA adapter's weights (engine/lora/); -1: the base model. Its
     `cache_root` is then the adapter's (`lora.adapter_root`)."""
+    adapter: tuple[int, str] | None = None
+    """Its LoRA adapter's load id and name, which its KV events carry (vLLM's `lora_id` and
+    `lora_name`): its blocks' hashes are the adapter's own."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
