@@ -28,6 +28,7 @@ not finished: it waits and runs again (lines.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -118,7 +119,22 @@ class BatchRunner:
             if not active:
                 await self._wake.wait()
                 continue
-            await self.process(active[0].id)
+            try:
+                await self.process(active[0].id)
+            except Exception as error:  # a fault of the runner's own (the disk): fail the
+                log.exception("batch %s: failed", active[0].id)  # batch, not the server
+                self._fail(active[0].id, error)
+
+    def _fail(self, batch_id: str, error: Exception) -> None:
+        internal = BatchError(code="internal_error", message=f"the batch failed: {error}")
+        batch = msgspec.structs.replace(
+            self._get(batch_id),
+            status="failed",
+            errors=BatchErrors(data=[internal]),
+            failed_at=now(),
+        )
+        with contextlib.suppress(OSError):
+            self.store.save(batch)
 
     async def process(self, batch_id: str) -> None:
         batch = self._get(batch_id)
