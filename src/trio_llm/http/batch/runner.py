@@ -192,7 +192,6 @@ class BatchRunner:
             try:
                 output = await self._run_line(line)
                 await trio.to_thread.run_sync(self.store.append_done, batch.id, output)
-                done[line.custom_id] = output
                 if output.succeeded:
                     counts.completed += 1
                 else:
