@@ -25,6 +25,7 @@ from trio_llm.http.batch.files import FileStore
 from trio_llm.http.batch.protocol import BatchObject, InputLine, LineResponse, OutputLine
 from trio_llm.http.batch.runner import BatchRunner
 from trio_llm.http.batch.store import BatchStore
+from trio_llm.http.serve_flags import parse_serve_args
 
 CHAT = "/v1/chat/completions"
 ENDS = ("completed", "failed", "expired", "cancelled")
@@ -308,3 +309,9 @@ def test_a_torn_finished_line_is_cut_off_and_runs_again(tmp_path: Path) -> None:
     assert list(store.done("batch_x")) == ["a"]
     store.append_done("batch_x", msgspec.structs.replace(ok, custom_id="b"))
     assert list(store.done("batch_x")) == ["a", "b"]
+
+
+def test_the_batch_dir_flag_and_its_environment_variable() -> None:
+    assert parse_serve_args([], {}).batch_dir is None
+    assert parse_serve_args(["--batch-dir", "/srv/b"], {}).batch_dir == Path("/srv/b")
+    assert parse_serve_args([], {"TRIO_LLM_BATCH_DIR": "/srv/e"}).batch_dir == Path("/srv/e")
