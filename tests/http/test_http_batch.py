@@ -173,6 +173,9 @@ def test_cancel_aborts_lines_in_flight_and_keeps_the_finished(
     batch = submit(sdk, lines)
     wait_for(sdk, batch.id, ("in_progress",))
     server.wait_running(1)
+    with pytest.raises(openai.APIStatusError) as in_use:
+        sdk.files.delete(batch.input_file_id)
+    assert in_use.value.status_code == 409
     cancelling = sdk.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     batch = wait_for(sdk, batch.id)

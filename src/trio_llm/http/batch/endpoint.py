@@ -21,6 +21,7 @@ from trio_llm.client.errors import ModelNotServedError
 from trio_llm.http.batch.files import PURPOSES, FileStore, sortable_id
 from trio_llm.http.batch.lines import check_model_on, run_line
 from trio_llm.http.batch.protocol import (
+    ACTIVE,
     BATCH_ENDPOINTS,
     COMPLETION_WINDOWS,
     BatchList,
@@ -152,7 +153,19 @@ async def file_content(file_id: str) -> Response:
 
 
 async def delete_file(file_id: str) -> Response:
-    if not await trio.to_thread.run_sync(_runner().files.delete, file_id):
+    runner = _runner()
+    reading = [
+        b.id for b in runner.store.list() if b.input_file_id == file_id and b.status in ACTIVE
+    ]
+    if reading:  # its lines are read again to resume and to write the output in their order
+        raise ProtocolError(
+            409,
+            f"file {file_id} is the input of batch {reading[0]}, which is not finished: "
+            "cancel it or wait for it first",
+            param="file_id",
+            code="file_in_use",
+        )
+    if not await trio.to_thread.run_sync(runner.files.delete, file_id):
         raise _not_found("file", file_id, "file_id")
     return json_response(FileDeleted(id=file_id))
 
