@@ -16,14 +16,16 @@ import msgspec
 import openai
 import pytest
 import trio
+from http_fake_engine import FakeEngine
 from quart_trio import QuartTrio
 
 from http_server_process import ServerProcess, run_small_server
 from trio_llm import cli
 from trio_llm.http.app import build_app
 from trio_llm.http.batch.files import FileStore
+from trio_llm.http.batch.lines import run_line
 from trio_llm.http.batch.protocol import BatchObject, InputLine, LineResponse, OutputLine
-from trio_llm.http.batch.runner import BatchRunner
+from trio_llm.http.batch.runner import BATCH_PRIORITY, BatchRunner
 from trio_llm.http.batch.store import BatchStore
 from trio_llm.http.serve_flags import parse_serve_args
 
@@ -206,6 +208,19 @@ async def test_without_batch_dir_the_routes_say_how_to_serve_them() -> None:
         response = await client.open(path, method=method, json={})
         body = await response.get_json()
         assert response.status_code == 400 and "--batch-dir" in body["error"]["message"]
+
+
+async def test_a_line_runs_through_the_online_handler_at_the_batch_priority() -> None:
+    engine = FakeEngine()
+    app = build_app(engine)  # type: ignore[arg-type]
+    line = InputLine(custom_id="x", url=CHAT, body=chat_line("x", stream=True)["body"])
+    output = await run_line(app, line, priority=BATCH_PRIORITY)
+    assert output.response is not None and output.response.status_code == 200
+    assert output.response.body["object"] == "chat.completion"  # not streamed
+    assert list(engine.priority_of.values()) == [BATCH_PRIORITY]
+    refused = await run_line(app, msgspec.structs.replace(line, body={"messages": []}))
+    assert refused.response is not None and refused.response.status_code == 400
+    assert not refused.succeeded
 
 
 # -- a real server killed mid-batch, restarted on the same directory ------------------------

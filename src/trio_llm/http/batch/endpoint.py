@@ -18,6 +18,7 @@ from quart import Response, current_app, request
 from quart_trio import QuartTrio
 
 from trio_llm.client.errors import ModelNotServedError
+from trio_llm.client.replicas import ServedModel
 from trio_llm.http.batch.files import PURPOSES, FileStore, sortable_id
 from trio_llm.http.batch.lines import check_model_on, run_line
 from trio_llm.http.batch.protocol import (
@@ -52,18 +53,23 @@ def install_batches(app: QuartTrio, state: AppState, batch_dir: Path) -> BatchRu
     """The stores under `batch_dir`, and the runner started in `app`'s nursery when it begins
     serving and cancelled when it stops (an unfinished batch resumes at the next start)."""
     files, store = FileStore(batch_dir), BatchStore(batch_dir)
-    policy = state.config.engine.scheduling_policy
 
-    async def run(line: InputLine) -> OutputLine:
-        return await run_line(app, line, BATCH_PRIORITY if policy == "priority" else None)
-
-    def other_load(line: InputLine, own: int) -> int:
+    def served(line: InputLine) -> ServedModel | None:
         model = line.body.get("model")
         try:
-            served = state.router.model(model if isinstance(model, str) else None)
-        except ModelNotServedError:  # its line fails at once: no load
-            return 0
-        return sum(r.load for r in served.replicas) - own
+            return state.router.model(model if isinstance(model, str) else None)
+        except ModelNotServedError:  # its line fails at once
+            return None
+
+    async def run(line: InputLine) -> OutputLine:
+        model = served(line)
+        group = state.router.models.index(model) if model is not None else 0
+        by_priority = state.config.model_specs[group].args.scheduling_policy == "priority"
+        return await run_line(app, line, BATCH_PRIORITY if by_priority else None)
+
+    def other_load(line: InputLine, own: int) -> int:
+        model = served(line)
+        return 0 if model is None else sum(r.load for r in model.replicas) - own
 
     runner = BatchRunner(
         files, store, run, check_model_on(state), other_load, concurrency=_BATCH_CONCURRENCY
