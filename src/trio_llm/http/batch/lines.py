@@ -3,8 +3,8 @@
 A line runs through the very handler of its online endpoint (`chat_completions`,
 `completions`, `embeddings`: plan, prepare, route, generate, build), called in a request
 context of its own with the line's body, not through an HTTP round trip: its answer is the
-online answer byte for byte, its errors the online errors, and it is admitted, leased and
-counted like any request. The context carries the per-request cleanup stack
+online answer, its errors the online errors, and it is admitted, leased and counted like any
+request. The context carries the per-request cleanup stack
 (`cleanup_scope`), so what the handler holds (its admission ticket, its lease) is released
 when the line ends, however it ends; a line cancelled (batch cancelled, server stopping) is
 aborted in the engine by the same cancellation that aborts an online request.

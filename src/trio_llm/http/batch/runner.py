@@ -50,6 +50,7 @@ from trio_llm.http.batch.protocol import (
 )
 from trio_llm.http.batch.store import BatchStore
 from trio_llm.http.ids import now
+from trio_llm.http.runtime.bodies import by_body_size
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,9 @@ class BatchRunner:
         if content is None:
             gone = BatchError(code="file_not_found", message="the input file was deleted")
             return [], BatchErrors(data=[gone])
-        lines, errors = check_input(content, batch.endpoint, self._check_model)
+        lines, errors = await by_body_size(
+            len(content), check_input, content, batch.endpoint, self._check_model
+        )
         return lines, BatchErrors(data=errors) if errors else None
 
     async def _validate(self, batch: BatchObject) -> BatchObject:
@@ -181,7 +184,7 @@ class BatchRunner:
             batch = msgspec.structs.replace(batch, status="failed", errors=errors, failed_at=now())
             self.store.save(batch)
             return batch
-        done = self.store.done(batch.id)
+        done = await trio.to_thread.run_sync(self.store.done, batch.id)
         counts = batch.request_counts = _counts(lines, done)
         pending = [line for line in lines if line.custom_id not in done]
         log.info("batch %s: %d lines to run, %d already done", batch.id, len(pending), len(done))
@@ -227,7 +230,7 @@ class BatchRunner:
 
     async def _finalize(self, batch: BatchObject) -> None:
         lines, _ = await self._input(batch)
-        done = self.store.done(batch.id)
+        done = await trio.to_thread.run_sync(self.store.done, batch.id)
         expired = batch.status != "cancelling" and any(ln.custom_id not in done for ln in lines)
         outputs, errors = [], []
         for line in lines:
