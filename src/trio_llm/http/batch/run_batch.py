@@ -29,7 +29,9 @@ def add_run_batch_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("-i", "--input-file", required=True, help="the batch's JSONL lines")
     parser.add_argument("-o", "--output-file", required=True, help="where the answers go")
-    parser.add_argument("--model", dest="batch_model", help="the model (default: the default)")
+    parser.add_argument(
+        "--model", dest="batch_model", metavar="MODEL", help="the model (default: the default)"
+    )
     add_serve_arguments(parser)
 
 
