@@ -1,4 +1,5 @@
-"""The `trio-llm` command: `trio-llm serve [MODEL] [flags]` and `trio-llm chat [--url URL | MODEL]`.
+"""The `trio-llm` command: `trio-llm serve [MODEL] [flags]`, `trio-llm chat [--url URL | MODEL]`
+and `trio-llm run-batch -i IN -o OUT [--model MODEL]`.
 
 Owns argv only: it parses, sets up logging, and hands a checked `ServerConfig` to the server;
 the serve flags themselves are defined once, in `trio_llm.http.serve_flags`, the chat's in
@@ -36,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
         "process (no server). Replies stream as they are written; Ctrl-C stops one.",
     )
     add_chat_arguments(chat)
+    from trio_llm.http.batch.run_batch import add_run_batch_arguments
+
+    run_batch = commands.add_parser(
+        "run-batch",
+        help="run a batch file (OpenAI's batch JSONL) with the model in-process, no server",
+        description="Answer every line of a batch input file (OpenAI's batch format, as "
+        "vLLM's run-batch reads it) with the model run in this process, and write OpenAI's "
+        "batch output lines.",
+    )
+    add_run_batch_arguments(run_batch)
     return parser
 
 
@@ -51,6 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             parser.error(str(error))
         return run(config)
+    if args.command == "run-batch":
+        from pathlib import Path
+
+        from trio_llm.http.batch import run_batch as batch
+
+        try:
+            config = batch.config_of(args)
+        except ValueError as error:
+            parser.error(str(error))
+        return batch.run(config, Path(args.input_file), Path(args.output_file))
     if args.command == "chat":
         from trio_llm import chat
 

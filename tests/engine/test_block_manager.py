@@ -198,7 +198,13 @@ class RecordedEvents:
     def __init__(self) -> None:
         self.log: list[tuple[str, int, int | None]] = []
 
-    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
+    def stored(
+        self,
+        block_hash: int,
+        parent_hash: int | None,
+        token_ids: tuple[int, ...],
+        adapter: tuple[int, str] | None = None,
+    ) -> None:
         self.log.append(("stored", block_hash, parent_hash))
 
     def removed(self, block_hash: int) -> None:

@@ -9,6 +9,7 @@ import socket
 import msgspec
 import zmq
 
+from trio_llm.engine.lora import adapter_root
 from trio_llm.engine.step.block_manager import BlockManager
 from trio_llm.engine.step.kv_events import KVEventPublisher
 from trio_llm.engine.step.sequence import Sequence
@@ -84,4 +85,42 @@ def test_the_first_message_of_an_engines_life_clears_what_a_predecessor_publishe
     try:
         assert [type(e).__name__ for e in publisher._events] == ["AllBlocksCleared"]
     finally:
+        publisher.close()
+
+
+def test_blocks_of_a_lora_adapter_carry_its_id_and_name_as_vllms_do() -> None:
+    """A sequence on an adapter hashes its blocks from the adapter's root; its BlockStored
+    says which adapter (vLLM's `lora_id`, `lora_name`), the base model's says none."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    publisher = KVEventPublisher(endpoint, block_size=4)
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(endpoint)
+    try:
+        for _ in range(200):  # prime: PUB drops what it sends before the subscription arrives
+            publisher.stored(1, None, (1, 2, 3, 4))
+            publisher.flush()
+            if sub.poll(20):
+                break
+        while sub.poll(50):
+            sub.recv_multipart()
+        bm = BlockManager(6, 4, enable_prefix_caching=True, events=publisher)
+        base = Sequence("base", list(range(8)), SamplingParams(), max_tokens=4)
+        tuned = Sequence("tuned", list(range(8)), SamplingParams(), max_tokens=4)
+        tuned.adapter, tuned.cache_root = (3, "sql"), adapter_root(3)
+        for s in (base, tuned):
+            bm.allocate(s, 8)
+            s.num_computed_tokens = 8
+            bm.cache_full_blocks(s)
+        publisher.flush()
+        [(_, _, (_, [plain, adapted], _))] = receive(sub, 1)
+        assert (plain["lora_id"], plain["lora_name"]) == (None, None)
+        assert (adapted["lora_id"], adapted["lora_name"]) == (3, "sql")
+        assert adapted["token_ids"] == plain["token_ids"] == list(range(8))
+        assert not set(adapted["block_hashes"]) & set(plain["block_hashes"])
+    finally:
+        sub.close(linger=0)
+        context.term()
         publisher.close()

@@ -67,6 +67,8 @@ class FakeEngine:
     """The LoRA adapters it serves (name -> directory), as the real client's `loras`."""
     lora_of: dict[str, str | None] = field(default_factory=dict)
     """Request id -> the adapter it was generated with."""
+    priority_of: dict[str, int] = field(default_factory=dict)
+    """Request id -> the scheduling priority it was sent with."""
     generation_prompt: str = ""
     """What the template writes after `<assistant>` (`<think>\n`: a template that opens the
     think block itself)."""
@@ -111,6 +113,10 @@ class FakeEngine:
             num_preemptions=0,
             num_steps=0,
             num_requests_in_flight=len(self.running),
+            block_size=16,
+            max_loras=0,
+            running_loras=(),
+            waiting_loras=(),
         )
 
     async def abort(self, request_id: str) -> None:
@@ -173,6 +179,7 @@ class FakeEngine:
         `lora` is recorded (`lora_of`)."""
         if request_id is not None:
             self.lora_of[request_id] = lora
+            self.priority_of[request_id] = priority
         if isinstance(prompt, list):
             self._inputs.check_request(prompt, params)
         if self.outputs is not None:

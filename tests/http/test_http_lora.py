@@ -173,6 +173,27 @@ def test_an_unload_lets_a_stream_in_flight_finish(
     server.wait_idle(timeout=5)
 
 
+def test_lora_requests_info_names_the_adapters_running_as_vllms_does(
+    server: ServerProcess, sdk: openai.OpenAI
+) -> None:
+    """llm-d's endpoint picker reads `vllm:lora_requests_info` (labels `max_lora`,
+    `running_lora_adapters`, `waiting_lora_adapters`; the value the time it was set)."""
+    stream = sdk.completions.create(
+        model="sql",
+        prompt=PROMPT,
+        max_tokens=400,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    with stream:
+        next(iter(stream))
+        before = time.time()
+        [(labels, value)] = server.labelled("vllm:lora_requests_info").items()
+        assert labels == ("4", "sql", "") and abs(value - before) < 5
+    server.wait_idle(10)
+    assert list(server.labelled("vllm:lora_requests_info")) == [("4", "", "")]
+
+
 def test_the_runtime_routes_are_not_served_without_the_flag() -> None:
     def routes(*argv: str) -> set[str]:
         app = create_app(parse_serve_args(list(argv), environ={}))

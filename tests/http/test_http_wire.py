@@ -298,6 +298,9 @@ async def test_vllm_metric_names(client: httpx.AsyncClient, sdk: openai.AsyncOpe
     )
     assert "vllm:generation_tokens_total" + label + " 3.0" in text
     assert "trio_llm_generation_tokens_total 3.0" in text  # the project's own, alongside
+    # llm-d's endpoint picker reads the block size and count from vLLM's labels exactly
+    assert 'vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1.0' in text
+    assert "vllm:lora_requests_info" not in text  # only with LoRA enabled
 
 
 async def test_the_models_generation_config_sets_the_defaults(

@@ -81,6 +81,13 @@ class EngineStats:
     num_requests_in_flight: int
     """`generate()` calls in this client with an unfinished choice, and embedding inputs
     waiting for their embedding."""
+    block_size: int = 0
+    """Tokens per KV block (vLLM's cache_config_info `block_size`)."""
+    max_loras: int = 0
+    """Adapters one batch may use (vLLM's `max_lora`); 0: LoRA is not enabled."""
+    running_loras: tuple[str, ...] = ()
+    """The adapters of the running sequences, each once."""
+    waiting_loras: tuple[str, ...] = ()
 
 
 class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
@@ -139,6 +146,7 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         self._outputs = OutputProcessor(tokenizer, ready.eos_token_ids)
         self._embeddings = PendingEmbeddings()
         self._loras = LoraTable(args.lora and ready.task == "generate", args.lora_modules)
+        self._max_loras = args.max_loras if args.lora and ready.task == "generate" else 0
         self._transcriptions = PendingTranscriptions()
         self._link = EngineLink(
             process,
@@ -183,6 +191,10 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
             num_requests_in_flight=self._outputs.num_requests
             + self._embeddings.num_requests
             + self._transcriptions.num_requests,
+            block_size=self.model_config.block_size,
+            max_loras=self._max_loras,
+            running_loras=tuple(s.running_loras),
+            waiting_loras=tuple(s.waiting_loras),
         )
 
     @property

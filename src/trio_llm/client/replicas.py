@@ -121,4 +121,8 @@ def aggregate(stats: Sequence[EngineStats]) -> EngineStats:
         num_preemptions=sum(s.num_preemptions for s in stats),
         num_steps=sum(s.num_steps for s in stats),
         num_requests_in_flight=sum(s.num_requests_in_flight for s in stats),
+        block_size=max((s.block_size for s in stats), default=0),
+        max_loras=max((s.max_loras for s in stats), default=0),
+        running_loras=tuple(dict.fromkeys(n for s in stats for n in s.running_loras)),
+        waiting_loras=tuple(dict.fromkeys(n for s in stats for n in s.waiting_loras)),
     )

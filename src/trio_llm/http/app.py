@@ -26,6 +26,7 @@ from trio_llm.http import ollama
 from trio_llm.http.anthropic import endpoint as anthropic
 from trio_llm.http.anthropic.protocol import error_body
 from trio_llm.http.audio import endpoint as audio
+from trio_llm.http.batch import endpoint as batch
 from trio_llm.http.chat import endpoint as chat
 from trio_llm.http.completions import endpoint as completions
 from trio_llm.http.config import ServerConfig
@@ -61,6 +62,15 @@ _ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[Response]]], ...] = (
     ("POST", "/v1/responses/render", responses.render_response),
     ("GET", "/v1/responses/<response_id>", responses.retrieve_response),
     ("DELETE", "/v1/responses/<response_id>", responses.delete_response),
+    ("POST", "/v1/files", batch.upload_file),
+    ("GET", "/v1/files", batch.list_files),
+    ("GET", "/v1/files/<file_id>", batch.retrieve_file),
+    ("DELETE", "/v1/files/<file_id>", batch.delete_file),
+    ("GET", "/v1/files/<file_id>/content", batch.file_content),
+    ("POST", "/v1/batches", batch.create_batch),
+    ("GET", "/v1/batches", batch.list_batches),
+    ("GET", "/v1/batches/<batch_id>", batch.retrieve_batch),
+    ("POST", "/v1/batches/<batch_id>/cancel", batch.cancel_batch),
     ("POST", "/v1/messages", anthropic.create_message),
     ("POST", "/v1/messages/count_tokens", anthropic.count_tokens),
     ("POST", "/pooling", pooling.pooling),
@@ -122,6 +132,8 @@ def _make_app(state: AppState) -> QuartTrio:
     routes = _ROUTES + (_LORA_ROUTES if config.allow_runtime_lora_updating else ())
     for method, path, handler in routes:
         app.add_url_rule(path, view_func=handler, methods=[method])
+    if config.batch_dir is not None:
+        batch.install_batches(app, state, config.batch_dir)
     fix_hypercorn_when_serving(app)
     return app
 

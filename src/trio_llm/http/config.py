@@ -91,6 +91,8 @@ class ServerConfig:
     prefix_routing: bool = True
     """A model's replicas are chosen cache-aware (client/prefix_index.py); False: the least
     loaded."""
+    batch_dir: Path | None = None
+    """Where the Files and Batch APIs keep files and batches (http/batch/); None: not served."""
 
     @property
     def api_keys(self) -> ApiKeys | None:
@@ -165,4 +167,5 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         responses_store_ttl=args.responses_store_ttl,
         prefix_routing=args.data_parallel_routing == "prefix",
         media=media_policy_of(args),
+        batch_dir=Path(args.batch_dir) if args.batch_dir else None,
     )

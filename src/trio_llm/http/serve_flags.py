@@ -154,6 +154,11 @@ def add_serve_arguments(
         "(default %(default)s)",
     )
     add(
+        "--batch-dir",
+        help="serve OpenAI's Files and Batch APIs (/v1/files, /v1/batches), keeping files and "
+        "batch state in this directory; a restarted server resumes unfinished batches",
+    )
+    add(
         "--max-body-size",
         default=defaults.max_body_size,
         type=size,

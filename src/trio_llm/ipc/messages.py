@@ -282,6 +282,11 @@ class SchedulerStats(msgspec.Struct, array_like=True, kw_only=True):
     """Cumulative."""
     num_steps: int = 0
     """Model steps run (cumulative)."""
+    running_loras: list[str] = []
+    """The LoRA adapters the running sequences use, each once (vLLM's
+    `running_lora_adapters`); empty without LoRA."""
+    waiting_loras: list[str] = []
+    """Likewise of the waiting sequences."""
 
 
 class EngineCoreOutputs(_Msg, tag="outputs"):

@@ -54,6 +54,12 @@ class LoraRegistry:
     def names(self) -> list[str]:
         return list(self._loaded)
 
+    def names_of(self, slots: Iterable[int]) -> list[str]:
+        """The loaded adapters in `slots`, each once, in the order first met (the base, -1,
+        and unloaded adapters still finishing have no name)."""
+        by_slot = {a.slot: a.name for a in self._loaded.values()}
+        return list(dict.fromkeys(by_slot[s] for s in slots if s in by_slot))
+
     def lookup(self, name: str) -> LoadedAdapter:
         adapter = self._loaded.get(name)
         if adapter is None:

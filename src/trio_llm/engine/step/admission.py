@@ -106,6 +106,7 @@ class Admission:
             except LoraNotFoundError as error:
                 raise RequestError(str(error)) from None
             seq.lora_slot = adapter.slot
+            seq.adapter = (adapter.load_id, adapter.name)
             seq.cache_root = adapter_root(adapter.load_id, seq.cache_root)
         if req.images:
             try:

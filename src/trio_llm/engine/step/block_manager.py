@@ -76,8 +76,15 @@ def salt_root(salt: str | None) -> int:
 class BlockEvents(Protocol):
     """Where the block manager reports what the prefix cache gains and loses."""
 
-    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
-        """A block became findable; `parent_hash` is the previous block's (None: the first)."""
+    def stored(
+        self,
+        block_hash: int,
+        parent_hash: int | None,
+        token_ids: tuple[int, ...],
+        adapter: tuple[int, str] | None = None,
+    ) -> None:
+        """A block became findable; `parent_hash` is the previous block's (None: the first);
+        `adapter`: the LoRA adapter (load id, name) its K/V was computed with."""
 
     def removed(self, block_hash: int) -> None:
         """A block stopped being findable (evicted, or its step never completed)."""
@@ -175,7 +182,7 @@ class BlockManager:
             if self.events is not None:
                 # Its tokens alone: a router's view of a block holds no image keys.
                 plain = tuple(seq.token_ids[i * bs : (i + 1) * bs]) if seq.images else tokens
-                self.events.stored(block.hash, hashes[i - 1] if i else None, plain)  # type: ignore[arg-type]
+                self.events.stored(block.hash, hashes[i - 1] if i else None, plain, seq.adapter)  # type: ignore[arg-type]
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:

@@ -377,4 +377,8 @@ class EngineCore:
         return EngineCoreOutput(request_id=seq.request_id, finish_reason="error", error=message)
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        if self.loras is not None:  # names by slot: vLLM's lora_requests_info labels
+            stats.running_loras = self.loras.names_of(s.lora_slot for s in self.scheduler.running)
+            stats.waiting_loras = self.loras.names_of(s.lora_slot for s in self.scheduler.waiting)
+        return stats

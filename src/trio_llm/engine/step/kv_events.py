@@ -6,7 +6,9 @@ worker's events, in vLLM's format and transport: a ZeroMQ PUB socket sending mul
 `[topic, seq, payload]`, `seq` an 8-byte big-endian counter (a gap or a restart from 0 tells the
 subscriber it missed events), `payload` a msgpack array `[timestamp, events, data_parallel_rank]`
 whose events are maps tagged by `type`: `BlockStored` (the chained block hashes of a run of
-blocks, the hash of the block before the run, their token ids, the block size), `BlockRemoved`
+blocks, the hash of the block before the run, their token ids, the block size, and, for a
+sequence on a LoRA adapter, whose hashes are the adapter's own, vLLM's `lora_id` (the adapter's
+load id) and `lora_name`; `medium` "GPU" on a CUDA engine, as vLLM's, none on a CPU), `BlockRemoved`
 (hashes) and `AllBlocksCleared`. A router indexes the stored blocks by their token ids (it
 learns each prompt's ids from the worker's render or `/tokenize` routes) and chains them by the
 hashes.
@@ -105,7 +107,15 @@ class KVEventPublisher:
 
     # -- BlockEvents ---------------------------------------------------------------------
 
-    def stored(self, block_hash: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> None:
+    def stored(
+        self,
+        block_hash: int,
+        parent_hash: int | None,
+        token_ids: tuple[int, ...],
+        adapter: tuple[int, str] | None = None,
+    ) -> None:
+        """`adapter` (load id, name) sets vLLM's `lora_id` and `lora_name`: a router keys an
+        adapter's blocks apart from the base model's, as their hashes are."""
         block_hash &= _U64
         parent = None if parent_hash is None else parent_hash & _U64
         last = self._events[-1] if self._events else None
@@ -119,7 +129,9 @@ class KVEventPublisher:
                 parent_block_hash=parent,
                 token_ids=list(token_ids),
                 block_size=self._block_size,
+                lora_id=None if adapter is None else adapter[0],
                 medium=self._medium,
+                lora_name=None if adapter is None else adapter[1],
             )
         )
 

@@ -93,6 +93,9 @@ class Sequence:
     `cache_root` is then the adapter's (`lora.adapter_root`)."""
     images: list[ImageSlot] = field(default_factory=list)
     """Its prompt's images (engine/step/images.py); empty for text."""
+    adapter: tuple[int, str] | None = None
+    """Its LoRA adapter's load id and name, which its KV events carry (vLLM's `lora_id` and
+    `lora_name`): its blocks' hashes are the adapter's own."""
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

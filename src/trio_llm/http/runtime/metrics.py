@@ -16,6 +16,7 @@ cannot disagree.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from operator import attrgetter
@@ -90,6 +91,7 @@ class _EngineCollector(Collector):
         per_model = [([model], self._aggregate(stats)) for model, stats in by_model.items()]
         for family in _engine_families(["model"], per_model):
             yield from _vllm_names(family)
+        yield from _vllm_info(by_model)
 
     def _per_replica(self, replicas: Sequence[ReplicaStats]) -> Iterator[Metric]:
         labels = ["model", "replica"]
@@ -121,6 +123,40 @@ class _EngineCollector(Collector):
         yield restarts
         for family, _ in gauges:
             yield family
+
+
+def _vllm_info(by_model: dict[str, list[Any]]) -> Iterator[Metric]:
+    """vLLM's info gauges, which llm-d's endpoint picker reads, with vLLM's labels exactly:
+    `vllm:cache_config_info` (1, labelled with one engine's `block_size` and `num_gpu_blocks`)
+    and, when LoRA is enabled, `vllm:lora_requests_info` (the current time, labelled with
+    `max_lora` and the comma-joined adapters of the running and the waiting requests; vLLM
+    sets it each step, the picker reads the latest). `by_model`: each model's live engines'
+    stats; a vLLM process is one engine, so the blocks are one engine's, not a model's sum."""
+    config = GaugeMetricFamily(
+        "vllm:cache_config_info",
+        "Information of the engine's KV cache config",
+        labels=["block_size", "num_gpu_blocks"],
+    )
+    seen = set()
+    for engines in by_model.values():
+        key = (str(engines[0].block_size), str(engines[0].num_total_blocks))
+        if key not in seen:  # several models with one config: one sample
+            seen.add(key)
+            config.add_metric(list(key), 1.0)
+    yield config
+    with_lora = [s for engines in by_model.values() for s in engines if s.max_loras]
+    if not with_lora:
+        return
+    lora = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "Running stats on LoRA requests",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+    )
+    running = dict.fromkeys(n for s in with_lora for n in s.running_loras)
+    waiting = dict.fromkeys(n for s in with_lora for n in s.waiting_loras)
+    max_lora = str(max(s.max_loras for s in with_lora))
+    lora.add_metric([max_lora, ",".join(running), ",".join(waiting)], time.time())
+    yield lora
 
 
 def _engine_families(labels: list[str], figures: list[tuple[list[str], Any]]) -> Iterator[Metric]:

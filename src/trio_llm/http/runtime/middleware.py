@@ -70,6 +70,12 @@ def check_priority(priority: int) -> None:
     check_roles_priority(priority, request.scope.get(_ROLES, frozenset()))
 
 
+def cleanup_scope(stack: ExitStack) -> dict[str, Any]:
+    """The scope entry of a request made in-process (a batch's line, http/batch/lines.py):
+    its `on_request_end` callbacks run when `stack` closes."""
+    return {_CLEANUP: stack}
+
+
 def header_request_id() -> str | None:
     """The current request's `X-Request-Id`, if it is usable as an id (what `request_id`
     accepts in a body); None otherwise."""
