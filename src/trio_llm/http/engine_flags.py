@@ -120,7 +120,8 @@ def add_engine_flags(add: AddFlag) -> None:
         help="prompt time (ms, measured as the engine runs) a step with running streams may "
         "carry beside them, so a long prompt never holds the streams for long; its own first "
         "token comes later for it; 0: off, each step takes prompt tokens up to "
-        "--max-num-batched-tokens (default %(default)s)",
+        "--max-num-batched-tokens (default %(default)s; 50 made a closed loop of 32 "
+        "streams 0.75x the tok/s with 0.15x the ITL p99 on a 2-core CPU)",
     )
     add(
         "--model-impl",
