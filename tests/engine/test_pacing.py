@@ -26,8 +26,15 @@ def test_the_cap_follows_the_measured_cost() -> None:
     assert 495 <= slow.cap() <= 500  # a slow decode step earns as much prefill time as it takes
 
 
+def test_pacing_is_off_unless_asked_for(tiny_model_dir: Path) -> None:
+    """Off by default: served in turn, a 50 ms pace cost a closed loop of 32 streams a quarter
+    of its tokens (docs/notes/2026-12-04-wave4.md)."""
+    assert make_core(tiny_model_dir).pace is None
+    assert make_core(tiny_model_dir, prefill_pace_ms=50).pace is not None
+
+
 def test_a_long_prompt_beside_a_stream_advances_by_the_cap(tiny_model_dir: Path) -> None:
-    core = make_core(tiny_model_dir)
+    core = make_core(tiny_model_dir, prefill_pace_ms=50)
     [stream, prompt] = random_prompts([4, 400], seed=3)
     core.add_request(request("stream", stream, max_tokens=64, ignore_eos=True))
     core.step()
@@ -37,7 +44,7 @@ def test_a_long_prompt_beside_a_stream_advances_by_the_cap(tiny_model_dir: Path)
     core.step()
     assert 0 < core.requests["long"].num_computed_tokens <= cap < 400
 
-    alone = make_core(tiny_model_dir)
+    alone = make_core(tiny_model_dir, prefill_pace_ms=50)
     alone.add_request(request("long", prompt, max_tokens=2, ignore_eos=True))
     alone.step()
     assert alone.requests["long"].num_computed_tokens == 400  # the whole budget, alone

@@ -140,7 +140,7 @@ def test_count_tokens_matches_what_a_message_uses(client: anthropic.Anthropic) -
 def test_errors_are_the_sdks_own(client: anthropic.Anthropic) -> None:
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=QUESTION)
-    with pytest.raises(anthropic.BadRequestError, match="Image"):
+    with pytest.raises(anthropic.BadRequestError, match="not images"):
         image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
         client.messages.create(
             model=DEFAULT_MODEL, max_tokens=5, messages=[{"role": "user", "content": [image]}]
