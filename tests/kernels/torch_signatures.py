@@ -10,6 +10,7 @@ from torch import Tensor
 
 from trio_llm.engine.attention import torch_backend
 from trio_llm.engine.attention.torch_plans import DecodePlan, plan_prefill
+from trio_llm.engine.ops import paged_decode
 
 
 def _numpy(t: Tensor) -> np.ndarray:
@@ -34,8 +35,17 @@ def decode_attention(
     block_tables: Tensor,
     context_lens: Tensor,
     scale: float,
+    *,
+    in_place: bool = False,
 ) -> Tensor:
-    plan = DecodePlan.build(_numpy(block_tables), _numpy(context_lens), k_cache)
+    """`in_place`: the in-place C++ kernel's plan (ops/paged_decode.py) instead of the gather
+    and SDPA, where the kernel takes the layer (as the engine decides)."""
+    plan = DecodePlan.build(
+        _numpy(block_tables),
+        _numpy(context_lens),
+        k_cache,
+        in_place=in_place and paged_decode.supports(k_cache),
+    )
     return torch_backend.decode_on_plan(q, k_cache, v_cache, plan, scale)
 
 

@@ -1,4 +1,5 @@
-"""The torch attention backend: the CPU hot path, on `F.scaled_dot_product_attention`.
+"""The torch attention backend: the CPU hot path, on `F.scaled_dot_product_attention` and,
+for decodes, a kernel of our own that reads the paged cache in place (ops/paged_decode.py).
 
 It implements the contract of the Triton kernels (`trio_llm.kernels`): given the same plans,
 `store_kv`, `decode_on_plan` and `prefill_on_plans` give what the kernels' `write_kv`,
@@ -10,6 +11,8 @@ What is fast about it: everything that depends on the step but not on the layer 
 each decode gathers, the masks, the gather buffers, each prefill chunk's context slots) is a plan
 built once per step by `TorchAttentionMetadata.build` (torch_plans.py); each layer then runs
 `store_kv`, `decode_on_plan` and `prefill_on_plans` on the plans, a handful of large tensor ops.
+Decodes skip the gather where the in-place kernel is built and the plan allows it (no batch
+invariance's key buckets, which lay prefills out as decodes on the SDPA path).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from trio_llm.engine.attention.torch_plans import (
     plan_bucketed_prefill,
     plan_prefill,
 )
+from trio_llm.engine.ops import paged_decode
 from trio_llm.engine.ops.threads import rowwise
 
 
@@ -99,7 +103,9 @@ class TorchAttentionMetadata:
                 )
                 meta.decode_groups.append((as_tensor(rows, device), plan))
         elif nd:
-            meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache, window=window)
+            meta.decode = DecodePlan.build(
+                tables[:nd], lens[:nd], cache, window=window, in_place=paged_decode.supports(cache)
+            )
         if nd < len(lens):
             cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]
             if bucket:
@@ -187,12 +193,25 @@ def decode_on_plan(
     *,
     entrywise: bool = False,
 ) -> Tensor:
-    """One query per sequence, [B, Hq, D], over each sequence's blocks. `entrywise`: see
-    `sdpa`."""
+    """One query per sequence, [B, Hq, D], over each sequence's blocks: read where they lie by
+    the in-place kernel when the plan is for it, else gathered and handed to SDPA.
+    `entrywise`: see `sdpa`."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if plan.length == 0:
         return q.new_zeros(q.shape)
+    if plan.in_place is not None:
+        paged = plan.in_place
+        return paged_decode.paged_decode(
+            q,
+            k_cache,
+            v_cache,
+            paged.block_tables,
+            paged.context_lens,
+            scale,
+            softcap,
+            paged.window,
+        )
     k_buf, v_buf = plan.buffers
     # Whole blocks (rows of block_size * Hkv * D) copy faster than token rows.
     torch.index_select(k_cache.view(k_cache.shape[0], -1), 0, plan.blocks, out=k_buf)

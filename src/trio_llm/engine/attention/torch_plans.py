@@ -19,6 +19,18 @@ from torch import Tensor
 from trio_llm.engine.attention.interface import as_tensor
 
 
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """What the in-place decode kernel reads: the tables and lengths as they are."""
+
+    block_tables: Tensor
+    """[B, W] int64."""
+    context_lens: Tensor
+    """[B] int64."""
+    window: int
+    """A sliding-window layer's window (0: none)."""
+
+
 @dataclass(slots=True)
 class DecodePlan:
     """What every layer's decode needs, for a batch of one-query sequences."""
@@ -37,6 +49,9 @@ class DecodePlan:
     buffers: tuple[Tensor, Tensor]
     """[B * N, block_size * Hkv * D] scratch for the gathered keys and values, shared by every
     layer of the step (no allocation, no page faults per layer)."""
+    in_place: InPlace | None = None
+    """Set when the decodes read the cache where it lies (ops/paged_decode.py) rather than
+    through the gather: then `blocks`, `mask` and `buffers` are empty."""
 
     @classmethod
     def build(
@@ -46,13 +61,29 @@ class DecodePlan:
         cache: Tensor,
         length: int | None = None,
         window: int = 0,
+        in_place: bool = False,
     ) -> DecodePlan:
         """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device.
         `length`: attend over this many positions (masking those past each context) rather
         than over the longest context, and always through a mask. `window` > 0: each query
         sees only the last `window` positions (a sliding-window layer); without a fixed
-        `length`, only the blocks that hold them are gathered."""
+        `length`, only the blocks that hold them are gathered. `in_place` (without a fixed
+        `length`): a plan for the in-place kernel, which needs no gather."""
         device = cache.device
+        if in_place and length is None:
+            nothing = torch.empty(0, dtype=torch.int64, device=device)
+            return cls(
+                blocks=nothing,
+                length=int(context_lens.max(initial=0)),
+                mask=None,
+                empty=None,
+                buffers=(nothing, nothing),
+                in_place=InPlace(
+                    as_tensor(block_tables.astype(np.int64, copy=False), device),
+                    as_tensor(context_lens.astype(np.int64, copy=False), device),
+                    window,
+                ),
+            )
         block_size = cache.shape[1]
         fixed = length is not None
         if length is None:
