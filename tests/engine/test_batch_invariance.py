@@ -22,6 +22,7 @@ from trio_llm.constraint import Constraint
 from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.models import loader
+from trio_llm.engine.models.gguf_weights import weights_nbytes
 from trio_llm.engine.ops import matmul, threads
 from trio_llm.engine.ops.matmul import (
     BF16_AMX,
@@ -436,3 +437,20 @@ def test_mkl_reproducibility_is_on_in_this_process() -> None:
     """tests/conftest.py sets MKL_CBWR as the engine process sets CNR first thing."""
     assert threads.mkl_reproducible()
     assert threads.enable_reproducible_mkl()
+
+
+@pytest.mark.parametrize("batch_invariant", ["on", "off"])
+def test_the_own_forward_s_weights_are_counted_on_any_plan(
+    tiny_model_dir: Path, batch_invariant: str
+) -> None:
+    """Packed for oneDNN (invariance's fp32 plan, or `PACKED` for speed with it off) a weight
+    holds what it held as a tensor: the memory bench/weights/quant_survey.py reports (a tied
+    LM head packed is a copy of the embedding of its own)."""
+    core = engine_helpers.make_core(tiny_model_dir, batch_invariant=batch_invariant)
+    own = core.runner.own
+    assert own is not None
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    held = sum(p.numel() * 4 for p in model.parameters())  # tied: the embedding once
+    if own.lm_head is not own.embed:
+        held += model.lm_head.weight.numel() * 4
+    assert weights_nbytes(own) == held

@@ -77,6 +77,10 @@ RECORDED: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
             )
         ],
     ),
+    # Blanks after the list are no content, streamed or not (the OpenAI Agents SDK made a
+    # message of them beside the call); text after them keeps them.
+    ("pythonic", "[now()]\n\t\n\r\n ", "", [("now", {})]),
+    ("pythonic", "[now()]\n \nDone.", "\n \nDone.", [("now", {})]),
     ("pythonic", "[1, 2] are numbers", "[1, 2] are numbers", []),
     ("pythonic", "Hello [x]", "Hello [x]", []),
     (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,15 +53,18 @@ EXPLICIT = {"mistral", "openai"}
 
 
 @pytest.fixture(scope="module")
-def server(
-    tokenizer_source: ModelSource, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
+def model(tokenizer_source: ModelSource, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("tool-formats")
     tokenizer = load_tokenizer(tokenizer_source)
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
-    model = build_tiny_model(root / "model", tokenizer, LlamaConfig, LlamaForCausalLM)
+    root = tmp_path_factory.mktemp("tool-formats-model")
+    return build_tiny_model(root / "model", tokenizer, LlamaConfig, LlamaForCausalLM)
+
+
+@pytest.fixture(scope="module")
+def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("tool-formats")
     entries = []
     for format in SERVED:
         template = HARMONY_THINKING if format == "openai" else TEMPLATES[format]
@@ -173,3 +177,60 @@ def test_each_model_renders_with_its_own_template(server: ServerProcess) -> None
             server.url + "/detokenize", json={"model": format, "tokens": ids}, timeout=30
         ).json()["prompt"]
         assert mark in text
+
+
+# What each template makes of the call and of its result in the second turn's prompt.
+RENDERED = {
+    "mistral": ("[TOOL_CALLS]get_weather[ARGS]{ARGS}", "[TOOL_RESULTS]{RESULT}[/TOOL_RESULTS]"),
+    "pythonic": (
+        '<|im_start|>assistant[get_weather(city="{CITY}", days={DAYS})]<|im_end|>',
+        "<|im_start|>tool{RESULT}<|im_end|>",
+    ),
+    "qwen3_coder": (
+        "<function=get_weather><parameter=city>\n{CITY}\n</parameter>"
+        "<parameter=days>\n{DAYS}\n</parameter></function>",
+        "<|im_start|>tool{RESULT}<|im_end|>",
+    ),
+}
+"""(The test templates' ChatML runs under the chat templates' trim_blocks: no newline after
+the role.)"""
+
+
+@pytest.mark.parametrize("format", sorted(RENDERED))
+def test_an_agent_loop_sends_the_result_back_through_the_template(
+    sdk: openai.OpenAI, model: Path, format: str
+) -> None:
+    """The loop agent frameworks run (the OpenAI Agents SDK, LangChain's bind_tools; both
+    tried outside the suite): a forced call, the tool's result as a `tool` message, then a
+    plain turn with the tools still offered. The call and its result reach the model written
+    as the family's template writes them (the arguments as an object again)."""
+    from transformers import AutoTokenizer
+
+    first = ask(sdk, format).choices[0]  # the named function: a random model may pick `now`
+    assert first.finish_reason == "tool_calls", first.message
+    [call] = first.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER)
+    result = f"Sunny, 21 C in {arguments['city']} for {arguments['days']} days"
+    messages: list[Any] = [
+        *QUESTION,
+        first.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+    second = ask(
+        sdk, format, messages=messages, tool_choice="auto", max_tokens=8,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    prompt = AutoTokenizer.from_pretrained(model).decode(second.prompt_token_ids)
+    fill = {
+        "{ARGS}": json.dumps(arguments),
+        "{CITY}": arguments["city"],
+        "{DAYS}": str(arguments["days"]),
+        "{RESULT}": result,
+    }
+    for part in RENDERED[format]:
+        for key, value in fill.items():
+            part = part.replace(key, value)
+        assert part in prompt, (part, prompt)
+    assert prompt.index(result) > prompt.index("get_weather")

@@ -86,6 +86,11 @@ class PackedWeight:
     def dtype(self) -> torch.dtype:
         return self.parts[0].dtype
 
+    @property
+    def nbytes(self) -> int:
+        """What its parts hold (what the weight costs in memory, as a tensor's `nbytes`)."""
+        return sum(p.numel() * p.element_size() for p in self.parts)
+
 
 Weight = Tensor | PackedWeight
 

@@ -70,6 +70,8 @@ class PythonicCallParser:
             else:
                 self._state, self._buf = "list", stripped
         if self._state == "text":
+            if self.calls and self._buf.isspace():
+                return ""  # blanks after the calls wait: text may follow, or the end drops them
             out, self._buf = self._buf, ""
             return out
         end = self._walk()
