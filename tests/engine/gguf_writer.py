@@ -35,9 +35,16 @@ _PERMUTED = {"llama", "granite"}
 """llama.cpp architectures whose q and k rows llama.cpp permutes for its rotary layout."""
 
 
-def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path, matrices: Any = None) -> Path:
-    """`matrices`: a gguf.GGMLQuantizationType the matrices are stored in (the embedding
-    and the norms stay float, as in llama.cpp's quantized files' small tensors); None: F32."""
+def write(
+    model: torch.nn.Module,
+    path: Path,
+    tokenizer_gguf: Path,
+    matrices: Any = None,
+    embedding: bool = False,
+) -> Path:
+    """`matrices`: a gguf.GGMLQuantizationType the matrices are stored in (the norms stay
+    float); None: F32. `embedding`: the token table in that type too, as llama.cpp's quantize
+    writes it (the default model's file holds it in Q8_0); else float."""
     import gguf
 
     config = model.config
@@ -52,7 +59,7 @@ def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path, matrices: An
     for name, tensor in model.state_dict().items():
         for gguf_name, data in _tensors(name, tensor.detach().float(), config, arch, names):
             values = np.ascontiguousarray(data.numpy())
-            if matrices is not None and _quantizable(gguf_name, values):
+            if matrices is not None and _quantizable(gguf_name, values, embedding):
                 quantized = gguf.quants.quantize(values, matrices)
                 writer.add_tensor(gguf_name, quantized, raw_dtype=matrices)
             else:
@@ -64,12 +71,12 @@ def write(model: torch.nn.Module, path: Path, tokenizer_gguf: Path, matrices: An
     return path
 
 
-def _quantizable(name: str, values: np.ndarray) -> bool:
+def _quantizable(name: str, values: np.ndarray, embedding: bool) -> bool:
     return (
         values.ndim in (2, 3)  # 3: a mixture's expert stacks
         and values.shape[-1] % 32 == 0
         and name.endswith(".weight")
-        and not name.startswith("token_embd")
+        and (embedding or not name.startswith("token_embd"))
     )
 
 

@@ -43,6 +43,7 @@ def quantized_file(name: str, kind: str, directory: Path) -> Path:
         directory / f"{name}-{kind}.gguf",
         model_files.default_gguf_path(),
         matrices=gguf.GGMLQuantizationType[kind],
+        embedding=True,
     )
 
 
@@ -76,6 +77,10 @@ def test_a_quantized_file_runs_in_its_formats_and_predicts_what_it_dequantized_d
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert all(n.endswith("lm_head") for n in linears), linears
     assert not any(p.dim() == 3 for p in model.parameters())
+    # The token table quantized too (Gemma's scaled one keeps its factor: the predictions
+    # below would move with it), and no float copy of it left behind.
+    assert isinstance(model.get_input_embeddings(), gguf_modules.QuantizedEmbedding)
+    assert not any(isinstance(m, torch.nn.Embedding) for m in model.modules())
     assert not core.runner.invariance.on  # auto: off with quantized weights, as on the own forward
     quantized = prompt_logprobs(path)
     dequantized = prompt_logprobs(path, quantization="none")

@@ -21,8 +21,12 @@ A mixture of experts' stacked parameters (transformers' `...Experts` modules: `g
 [E, 2I, H] and `down_proj` [E, H, I]) become a `QuantizedExperts`, each expert's two matrices
 read from llama.cpp's `ffn_{gate,up,down}_exps` stacks, running the same expert loop.
 
-What stays float, and is said at start-up: the embedding and a tied LM head (transformers'
-`nn.Embedding`), and modules that are neither (GPT-2's Conv1D).
+The token embedding becomes a `QuantizedEmbedding` over the file's table, in the form the own
+forward keeps its vocabulary (`GGUFWeights.vocabulary`), and a tied LM head a `QuantizedLinear`
+over the same weight: in bf16 the table was most of what a small model's memory held over its
+file (1.31-1.60x the file, bench/results/quant_survey.md). What stays float, and is said at
+start-up: a table the file stores float or in a layout not matched, and modules that are
+neither Linear nor Embedding (GPT-2's Conv1D).
 """
 
 from __future__ import annotations
@@ -68,6 +72,32 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         kind = type(self.qweight).__name__
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
+
+
+class QuantizedEmbedding(nn.Module):
+    """An `nn.Embedding` over a quantized table: a lookup dequantizes the rows it reads. A
+    family's scaled embedding (Gemma's `embed_scale`) keeps its factor, applied as its own
+    module applies it."""
+
+    def __init__(self, weight: QuantizedWeight, original: nn.Module) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.dtype = original.weight.dtype
+        self.num_embeddings, self.embedding_dim = weight.shape
+        scale = getattr(original, "embed_scale", None)
+        self.embed_scale = scale if isinstance(scale, Tensor | float | int) else None
+
+    def forward(self, ids: Tensor) -> Tensor:
+        rows = self.qweight.rows(ids.reshape(-1)).to(self.dtype)  # type: ignore[union-attr]
+        out = rows.view(*ids.shape, self.embedding_dim)
+        if self.embed_scale is None:
+            return out
+        scale = self.embed_scale
+        return out * (scale.to(out.dtype) if isinstance(scale, Tensor) else scale)
+
+    def extra_repr(self) -> str:
+        kind = type(self.qweight).__name__
+        return f"{self.num_embeddings}, {self.embedding_dim}, {kind}"
 
 
 class QuantizedExperts(nn.Module):
@@ -139,6 +169,7 @@ def quantize_modules(model: nn.Module, path: Path, dtype: torch.dtype) -> Counte
     for name, module in list(model.named_modules()):
         if _is_experts(module):
             _quantize_experts(model, name, module, g, linear, kept)
+    _quantize_vocabulary(model, g, names, linear, kept)
     stayed = [n for n, m in model.named_modules() if _is_float_matrix(m)]
     for name in stayed:
         kept[f"{_short(name)} float ({type(model.get_submodule(name)).__name__})"] += 1
@@ -229,6 +260,62 @@ def _linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear, str]
             continue
         parent_name, _, child = name.rpartition(".")
         yield model.get_submodule(parent_name), child, module, name
+
+
+def _quantize_vocabulary(
+    model: nn.Module, g: GGUFWeights, names: object, linear: Linear, kept: Counter[str]
+) -> None:
+    """The token embedding on the file's table, and a tied LM head on the same weight."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(embed, nn.Embedding) or type(embed).forward not in _EMBEDDING_FORWARDS:
+        return  # a module of its own kind (a forward this class does not repeat): left float
+    name = next(n for n, m in model.named_modules() if m is embed)
+    mapped = names.get_name(name)  # type: ignore[attr-defined]
+    tensor = None if mapped is None else f"{mapped}.weight"
+    if tensor is None or not g.has(tensor):
+        return
+    if g.tensors[tensor].tensor_type.name in ("F32", "F16", "BF16"):
+        kept[f"{_short(name)} float (stored float)"] += 1
+        return
+    tied = _lm_head_tied(model)
+    weight = g.vocabulary(tensor)
+    expected = embed.weight.detach().float()
+    bound = MATCH_TOLERANCE * float(expected.abs().max().clamp(min=1e-12))
+    if (
+        not isinstance(weight, Int4Weight | Int8Weight)
+        or weight.shape != tuple(expected.shape)
+        or float((weight.dequantize().float() - expected).abs().max()) > bound
+    ):
+        kept[f"{_short(name)} float (its file layout is not one this engine knows)"] += 1
+        return
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, QuantizedEmbedding(weight, embed))
+    kept[f"{g.tensors[tensor].tensor_type.name} as {_form(weight)} (embedding)"] += 1
+    if tied:
+        model.lm_head = QuantizedLinear(weight, None, linear)  # type: ignore[assignment]
+        kept[f"{g.tensors[tensor].tensor_type.name} as {_form(weight)} (tied LM head)"] += 1
+
+
+_EMBEDDING_FORWARDS = {nn.Embedding.forward}
+"""Embedding modules whose forward is a lookup (times `embed_scale`, Gemma's): their own or one
+that scales (found at import below)."""
+
+
+def _scaled_embedding_forwards() -> None:
+    """transformers' scaled word embeddings (Gemma's family: the lookup times `embed_scale`)."""
+    import importlib
+
+    for module, cls in (
+        ("transformers.models.gemma3.modeling_gemma3", "Gemma3TextScaledWordEmbedding"),
+        ("transformers.models.gemma3n.modeling_gemma3n", "Gemma3nTextScaledWordEmbedding"),
+    ):
+        try:
+            _EMBEDDING_FORWARDS.add(getattr(importlib.import_module(module), cls).forward)
+        except (ImportError, AttributeError):
+            pass
+
+
+_scaled_embedding_forwards()
 
 
 def _lm_head_tied(model: nn.Module) -> bool:
