@@ -222,7 +222,8 @@ def test_image_goes_with_the_next_message(tmp_path: Path, llava_dir: Path) -> No
 
     attach(child, a)
     answer_a, with_picture = reply_to(child, question)
-    assert with_picture == text_only + IMAGE_TOKENS  # one marker, expanded into 16
+    # One marker, expanded into 16, and the newline the server too puts between parts.
+    assert with_picture == text_only + IMAGE_TOKENS + 1
     _, later = reply_to(child, "And then?")
     assert later > with_picture + 6, "the picture's turn stays in the history"
     for path in (b, a):

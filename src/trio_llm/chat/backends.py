@@ -260,6 +260,6 @@ def _with_image_tokens(messages: list[Message], token: str) -> tuple[list[Messag
                     pieces.append(token)
                 else:
                     pieces.append(part["text"])
-            content = "".join(pieces)
+            content = "\n".join(pieces)  # as the server joins a message's parts
         texts.append({**message, "content": content})
     return texts, pictures
