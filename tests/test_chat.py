@@ -2,7 +2,8 @@
 run in-process and with a real server on loopback (--url). Ctrl-C stops a streaming reply and
 the chat goes on (over HTTP the server's running count drops to 0); /system, /reset and /set
 change what the next request carries (seen in the prompt's token count); readline recalls
-lines and keeps them between sessions."""
+lines and keeps them between sessions; /image attaches a picture to the next message (a tiny
+LLaVA: the picture changes the answer) and is refused for a text-only model."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from http_server_process import ServerProcess, run_small_server
+from trio_llm.model_files import ModelSource, load_tokenizer
+from vision_models import IMAGE_TOKENS, build_tiny_llava, picture
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect is not installed (the `test` extra)")
 
@@ -170,3 +173,86 @@ def test_model_and_url_exclude_each_other(tmp_path: Path) -> None:
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 2
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llava")
+    build_tiny_llava(path, load_tokenizer(tokenizer_source))
+    return path
+
+
+def reply_to(child: pexpect.spawn, text: str) -> tuple[str, int]:
+    """Send `text`; the reply's text and its prompt's token count."""
+    child.sendline(text)
+    child.expect(NUMBERS)
+    reply = child.before.split(text, 1)[-1].strip()
+    prompt = re.search(r"prompt (\d+) tokens", child.match.group(0))
+    assert prompt is not None
+    child.expect(PROMPT)
+    return reply, int(prompt.group(1))
+
+
+def attach(child: pexpect.spawn, path: Path) -> None:
+    child.sendline(f"/image {path}")
+    child.expect(rf"\({re.escape(path.name)} attached to your next message\)")
+    child.expect(PROMPT)
+
+
+def test_image_goes_with_the_next_message(tmp_path: Path, llava_dir: Path) -> None:
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    picture(0).save(a)
+    picture(1).save(b)
+    (tmp_path / "notes.txt").write_text("not a picture")
+    child = spawn(
+        tmp_path,
+        str(llava_dir),
+        "--temperature", "0",
+        "--max-tokens", "6",
+        "--dtype", "float32",
+        "--kv-cache-memory", "32MiB",
+        "--num-threads", "1",
+    )  # fmt: skip
+    child.expect("chatting with tiny-llava")
+    child.expect(PROMPT)
+    question = "What is in it?"
+    _, text_only = reply_to(child, question)
+    child.sendline("/reset")
+    child.expect(r"\(conversation cleared\)")
+
+    attach(child, a)
+    answer_a, with_picture = reply_to(child, question)
+    # One marker, expanded into 16, and the newline the server too puts between parts.
+    assert with_picture == text_only + IMAGE_TOKENS + 1
+    _, later = reply_to(child, "And then?")
+    assert later > with_picture + 6, "the picture's turn stays in the history"
+    for path in (b, a):
+        child.sendline("/reset")
+        child.expect(r"\(conversation cleared\)")
+        attach(child, path)
+        answer, _ = reply_to(child, question)
+        assert (answer == answer_a) == (path == a), "the picture decides the greedy answer"
+
+    child.sendline(f"/image {tmp_path / 'notes.txt'}")
+    child.expect(r"not a picture by its name")
+    child.sendline(f"/image {tmp_path / 'missing.png'}")
+    child.expect(r"cannot read .*missing.png")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_image_is_refused_for_a_text_only_model(tmp_path: Path, server: ServerProcess) -> None:
+    picture(0).save(tmp_path / "a.png")
+    child = spawn(tmp_path, "--url", server.url, "--api-key", KEY, "--max-tokens", "3")
+    child.expect(PROMPT)
+    child.sendline(f"/image {tmp_path / 'a.png'}")
+    child.expect(r"/image: tiny-llama\S* takes text only")
+    child.expect(PROMPT)
+    _, prompt = reply_to(child, "Hello")  # nothing was attached
+    assert prompt < IMAGE_TOKENS + 20
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

@@ -520,3 +520,38 @@ def test_a_failed_stream_ends_with_an_error_event() -> None:
     }
     [overloaded] = stream.fail(ProtocolError(503, "busy"))
     assert overloaded.error.type == "overloaded_error"
+
+
+def test_a_tool_results_picture_renders_before_the_messages_own() -> None:
+    """A screenshot tool's picture in a tool_result becomes the tool message's image marker;
+    the tool messages render before the user's text, so their pictures come first, whatever
+    the order of the blocks."""
+    from trio_llm.http.anthropic.plan import conversation_messages
+    from trio_llm.http.conversation import IMAGE_MARKER, ImageRef
+
+    def image(name: str) -> dict[str, Any]:
+        return {"type": "image", "source": {"type": "url", "url": f"http://x/{name}.png"}}
+
+    shot = {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [image("screen")]}
+    request = msgspec.convert(
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "messages": [
+                {"role": "user", "content": "Take a screenshot."},
+                {"role": "assistant", "content": [shot]},
+                {"role": "user", "content": [image("photo"), result]},
+            ],
+        },
+        MessagesRequest,
+    )
+    images: list[ImageRef] = []
+    messages, _ = conversation_messages(request, PROCESS_KEY, images)
+    assert [m["role"] for m in messages[-2:]] == ["tool", "user"]
+    assert messages[-2]["content"] == IMAGE_MARKER
+    assert messages[-1]["content"] == IMAGE_MARKER
+    assert [(i.url, i.param) for i in images] == [
+        ("http://x/screen.png", "messages[2].content[1].content[0].source"),
+        ("http://x/photo.png", "messages[2].content[0].source"),
+    ]

@@ -250,6 +250,52 @@ def test_anthropic_image_blocks_take_the_same_path(
             ask(client, {"type": "base64", "media_type": "image/png", "data": "bm90IGFuIGltYWdl"})
 
 
+def test_a_screenshot_in_a_tool_result_reaches_the_model(server: ServerProcess) -> None:
+    """The anthropic SDK's tool loop with a picture in the tool_result (computer use, MCP
+    screenshot tools): the picture decides the answer, and counts its placeholders."""
+    import anthropic
+
+    def messages(seed: int) -> list[Any]:
+        shot = base64.b64encode(_png(seed)).decode()
+        source = {"type": "base64", "media_type": "image/png", "data": shot}
+        call = {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}
+        result = {
+            "type": "tool_result",
+            "tool_use_id": "toolu_1",
+            "content": [{"type": "image", "source": source}],
+        }
+        return [
+            {"role": "user", "content": "What is on my screen?"},
+            {"role": "assistant", "content": [call]},
+            {"role": "user", "content": [result]},
+        ]
+
+    tools: list[Any] = [
+        {"name": "screenshot", "description": "The screen.", "input_schema": {"type": "object"}}
+    ]
+    with anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0) as client:
+
+        def ask(seed: int) -> str:
+            reply = client.messages.create(
+                model="llava",
+                max_tokens=MAX_TOKENS,
+                extra_body={"temperature": 0},
+                tools=tools,
+                messages=messages(seed),
+            )
+            return "".join(b.text for b in reply.content if b.type == "text")
+
+        assert ask(0) != ask(1), "the screenshot decides the answer"
+        assert ask(1) == ask(1)
+        with_picture = client.messages.count_tokens(
+            model="llava", tools=tools, messages=messages(0)
+        ).input_tokens
+        without = messages(0)
+        without[-1]["content"][0]["content"] = [{"type": "text", "text": "x"}]
+        alone = client.messages.count_tokens(model="llava", tools=tools, messages=without)
+        assert with_picture >= alone.input_tokens + IMAGE_TOKENS - 1
+
+
 def test_responses_input_image_takes_the_same_path(sdk: openai.OpenAI) -> None:
     url = _data_url(_png(1))
     content = [

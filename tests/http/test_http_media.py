@@ -72,5 +72,7 @@ def test_decoding_bounds_pixels_and_names_the_picture() -> None:
     with pytest.raises(InvalidImageError, match="more than the 11 allowed") as caught:
         decode_image(_png(4, 3), 2, max_pixels=11)
     assert caught.value.index == 2
-    with pytest.raises(InvalidImageError, match="cannot read the image"):
+    with pytest.raises(InvalidImageError, match="cannot read the image") as caught:
         decode_image(b"GIF89a but not really")
+    assert "not in a format Pillow reads" in str(caught.value)
+    assert "object at 0x" not in str(caught.value), "no Python repr in a client's error"

@@ -8,6 +8,11 @@ What it owns: the types the conversation and its backends share (`Options`, `Rep
 - `EngineBackend` keeps `open_engine` open on an event loop in a background thread (the one
   `trio_llm.LLM` runs) and hands `generate()`'s deltas to the main thread through a queue.
 
+A user message with pictures has the OpenAI form (a list of `image_url` parts with data: URLs,
+then a `text` part), which the HTTP backend sends as it is and the engine backend turns into
+what the server would: the model's image token where each picture was, the pictures expanded
+by the model's processor.
+
 Invariant: a backend's `stream()` is a generator, and leaving it early (Ctrl-C, an error)
 aborts the reply where it runs: closing the HTTP connection makes the server abort the request,
 and cancelling the `generate()` iteration aborts it in the engine.
@@ -15,6 +20,7 @@ and cancelling the `generate()` iteration aborts it in the engine.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -28,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from trio_llm.llm import _Loop
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""{"role": ..., "content": text, or a user's list of OpenAI content parts}."""
 TEMPERATURE = 0.7
 
 
@@ -55,6 +62,9 @@ class ReplyEnd:
 class Backend(Protocol):
     model: str
     where: str
+    takes_images: bool
+    """Whether the model reads pictures: `/image` is refused up front for one that does not,
+    rather than by an error after the person has typed the question."""
 
     def stream(self, messages: list[Message], options: Options) -> Iterator[str | ReplyEnd]:
         """The reply's text pieces as they arrive, then its `ReplyEnd` if it finished."""
@@ -79,10 +89,11 @@ class HttpBackend:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = timeout
         self.where = f"{parts.scheme}://{parts.netloc}{self._prefix}"
-        models = [card["id"] for card in self._get_json("/v1/models")["data"]]
-        if model is not None and model not in models:
-            raise ChatError(f"the server serves {', '.join(models)}, not {model}")
-        self.model = model or models[0]
+        cards = {card["id"]: card for card in self._get_json("/v1/models")["data"]}
+        if model is not None and model not in cards:
+            raise ChatError(f"the server serves {', '.join(cards)}, not {model}")
+        self.model = model or next(iter(cards))
+        self.takes_images = "image" in (cards[self.model].get("input_modalities") or ())
 
     def _connect(self) -> http.client.HTTPConnection:
         host, port = self._parts.hostname or "", self._parts.port
@@ -173,6 +184,7 @@ class EngineBackend:
         assert self._loop.client is not None
         self.model = self._loop.client.model_config.model
         self.where = "this process"
+        self.takes_images = self._loop.client.images is not None
 
     def stream(self, messages: list[Message], options: Options) -> Iterator[str | ReplyEnd]:
         # Unbounded, but the reader is this thread printing: it keeps up with any engine.
@@ -194,12 +206,17 @@ class EngineBackend:
     async def _generate(
         self, messages: list[Message], options: Options, pieces: queue.SimpleQueue[object]
     ) -> ReplyEnd:
+        from trio_llm.client.images import ImagePrompt
         from trio_llm.sampling_params import RequestOutputKind, SamplingParams
 
         client = self._loop.client
         assert client is not None
         try:
-            prompt = await client.apply_chat_template(messages)
+            token = client.images.image_token if client.images is not None else ""
+            texts, pictures = _with_image_tokens(messages, token)
+            prompt: list[int] | ImagePrompt = await client.apply_chat_template(texts)
+            if pictures:
+                prompt = await client.expand_images(prompt, pictures)  # type: ignore[arg-type]
             params = SamplingParams(
                 max_tokens=options.max_tokens,
                 temperature=options.temperature,
@@ -213,9 +230,36 @@ class EngineBackend:
                     finish_reason = choice.finish_reason
                     if choice.text:
                         pieces.put(choice.text)
-            return ReplyEnd(len(prompt), tokens, finish_reason)
+            length = len(prompt.token_ids if isinstance(prompt, ImagePrompt) else prompt)
+            return ReplyEnd(length, tokens, finish_reason)
         finally:
             pieces.put(_END)
 
     def close(self) -> None:
         self._loop.stop()
+
+
+def image_part(data: bytes, mime: str) -> dict[str, Any]:
+    """A picture as an OpenAI chat content part (a data: URL)."""
+    url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _with_image_tokens(messages: list[Message], token: str) -> tuple[list[Message], list[bytes]]:
+    """The messages with text content only, `token` (the model's image token, which its
+    processor expands) where each picture was, and the pictures' bytes in prompt order."""
+    texts: list[Message] = []
+    pictures: list[bytes] = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            pieces = []
+            for part in content:
+                if part["type"] == "image_url":
+                    pictures.append(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))
+                    pieces.append(token)
+                else:
+                    pieces.append(part["text"])
+            content = "\n".join(pieces)  # as the server joins a message's parts
+        texts.append({**message, "content": content})
+    return texts, pictures

@@ -3,24 +3,30 @@
 
 Invariant: Ctrl-C while a reply streams stops that reply and keeps what had arrived in the
 conversation; a reply that failed before writing anything leaves the conversation as it was.
+Pictures attached with /image go with the next message only, and stay in the history with it
+(a later turn sends them again, which the server's prefix cache makes cheap); a reply that
+failed drops them, so that a picture the model cannot read does not fail every later turn.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import mimetypes
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trio_llm.chat.backends import Backend, ChatError, Message, Options, ReplyEnd
+from trio_llm.chat.backends import Backend, ChatError, Message, Options, ReplyEnd, image_part
 
 HELP = """\
 /system TEXT               set the system prompt (/system alone clears it)
 /set temperature T         sampling temperature (0: greedy)
 /set max_tokens N | none   longest reply (none: to the end of the context)
+/image PATH                attach a picture to your next message (vision models)
 /reset                     forget the conversation (the system prompt stays)
 /exit                      leave (also Ctrl-D); Ctrl-C stops a reply that is streaming"""
 
@@ -50,10 +56,17 @@ class Chat:
 
     def __post_init__(self) -> None:
         self.history: list[Message] = []
+        self.pictures: list[dict[str, Any]] = []
+        """Content parts of the pictures attached to the next message."""
 
     def messages(self, text: str) -> list[Message]:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return [*system, *self.history, {"role": "user", "content": text}]
+        return [*system, *self.history, self._user(text)]
+
+    def _user(self, text: str) -> Message:
+        if not self.pictures:
+            return {"role": "user", "content": text}
+        return {"role": "user", "content": [*self.pictures, {"type": "text", "text": text}]}
 
     def command(self, line: str) -> bool:
         """Run a /command; False when it says to leave."""
@@ -62,7 +75,10 @@ class Chat:
             return False
         if name == "/reset":
             self.history.clear()
+            self.pictures.clear()
             self.terminal.note("(conversation cleared)")
+        elif name == "/image":
+            self._attach(argument.strip())
         elif name == "/system":
             self.system = argument.strip() or None
             self.terminal.note("(system prompt set)" if self.system else "(system prompt cleared)")
@@ -73,6 +89,33 @@ class Chat:
         else:
             self.terminal.note(f"unknown command {name}; /help lists them")
         return True
+
+    def _attach(self, argument: str) -> None:
+        if not self.backend.takes_images:
+            self.terminal.note(
+                f"/image: {self.backend.model} takes text only; pictures need a "
+                "vision-language model (e.g. a SmolVLM or LLaVA directory)"
+            )
+            return
+        if not argument:
+            self.terminal.note("usage: /image PATH (a PNG, JPEG, WebP, GIF or BMP file)")
+            return
+        path = Path(argument).expanduser()
+        mime = mimetypes.guess_type(path.name)[0]
+        if mime is None or not mime.startswith("image/"):
+            self.terminal.note(f"/image: {path} is not a picture by its name (.png, .jpg, ...)")
+            return
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            self.terminal.note(f"/image: cannot read {path}: {exc.strerror or exc}")
+            return
+        self.pictures.append(image_part(data, mime))
+        count = len(self.pictures)
+        self.terminal.note(
+            f"({path.name} attached to your next message"
+            + (f"; {count} pictures)" if count > 1 else ")")
+        )
 
     def _set(self, *words: str) -> None:
         try:
@@ -114,15 +157,16 @@ class Chat:
             except ChatError as exc:
                 error = str(exc)
         answer = "".join(pieces)
+        user = self._user(text)
+        dropped = len(self.pictures)
+        self.pictures = []
         if answer and not answer.endswith("\n"):
             self.terminal.write("\n")
         if error is not None and not answer:
-            self.terminal.note(f"error: {error}")
+            lost = f" ({dropped} picture{'s' if dropped > 1 else ''} dropped)" if dropped else ""
+            self.terminal.note(f"error: {error}{lost}")
             return
-        self.history += [
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": answer},
-        ]
+        self.history += [user, {"role": "assistant", "content": answer}]
         self.terminal.note(_numbers(started, first, last, len(pieces), usage, stopped, error))
 
 

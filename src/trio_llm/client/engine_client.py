@@ -240,7 +240,22 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         pictures."""
         if self.images is None:
             raise InvalidImageError(f"the model {self.model_config.model} does not take images")
-        return await self.images.expand(prompt_ids, pictures, max_pixels=max_pixels)
+        prompt = await self.images.expand(prompt_ids, pictures, max_pixels=max_pixels)
+        # The pixels travel inline in the request message: name the picture that overflows the
+        # request ring here, rather than `generate` later blaming the prompt's token count.
+        total = 0
+        for index, image in enumerate(prompt.images):
+            total += len(image.pixels)
+            if total > self._max_message_bytes:
+                raise InvalidImageError(
+                    f"the model's processor makes {_mb(total)} of pixel values of the "
+                    f"request's pictures up to this one ({list(image.shape)} for it), more "
+                    f"than the engine's request ring takes ({_mb(self._max_message_bytes)}); "
+                    "send a smaller picture, or fewer, or save the model with a processor that "
+                    'makes fewer tiles (SmolVLM: size={"longest_edge": 512})',
+                    index,
+                )
+        return prompt
 
     def generate(
         self,
@@ -419,3 +434,7 @@ class EngineClient(PoolingCalls, SpeechCalls, TokenizerCalls):
         self._embeddings.fail_all(make_error)
         self._loras.fail_all(make_error)
         self._transcriptions.fail_all(make_error)
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"

@@ -77,7 +77,15 @@ def decode_image(data: bytes, index: int = 0, max_pixels: int | None = None) -> 
     try:
         # Opening reads the header only: the size is known before any pixel is decoded.
         picture = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:
+        # Pillow's own message names the in-memory file object (`<_io.BytesIO object at
+        # 0x...>`), which means nothing to the client.
+        raise InvalidImageError(
+            f"cannot read the image: its {len(data)} bytes are not in a format Pillow reads "
+            "(PNG, JPEG, WebP, GIF, BMP, ...)",
+            index,
+        ) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidImageError(f"cannot read the image: {exc}", index) from None
     if max_pixels is not None and picture.width * picture.height > max_pixels:
         raise InvalidImageError(

@@ -87,10 +87,19 @@ _KINDS: dict[type, str] = {
 }
 
 
-def _tool_result(block: ToolResultBlockIn, where: str) -> dict[str, Any]:
+def _tool_result(block: ToolResultBlockIn, where: str, images: list[ImageRef]) -> dict[str, Any]:
+    """A tool result as a tool message; an image in it (a screenshot tool's, as computer use
+    and MCP tools send) IMAGE_MARKER in its text, the picture appended to `images`."""
     content = block.content
     if isinstance(content, list):
-        content = "\n".join(_text(b, f"{where}.content[{k}]") for k, b in enumerate(content))
+        pieces = []
+        for k, b in enumerate(content):
+            if isinstance(b, ImageBlockIn):
+                images.append(_image(b, f"{where}.content[{k}]"))
+                pieces.append(IMAGE_MARKER)
+            else:
+                pieces.append(_text(b, f"{where}.content[{k}]"))
+        content = "\n".join(pieces)
     text = content or ""
     if block.is_error:
         text = f"Error: {text}"
@@ -119,7 +128,7 @@ def _message(
     """One Anthropic message as chat messages: a user's tool results become tool messages
     (before its text), an assistant's tool uses its calls, its thinking (verified against
     its signature) its `reasoning_content`, an image block IMAGE_MARKER in its text (the
-    picture appended to `images`)."""
+    picture appended to `images`, in the order the messages render: tool results first)."""
     role = message.role
     if isinstance(message.content, str):
         return [{"role": role, "content": message.content}]
@@ -127,6 +136,9 @@ def _message(
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    # The tool messages render before the message's text: their pictures come first.
+    result_images: list[ImageRef] = []
+    text_images: list[ImageRef] = []
     for j, block in enumerate(message.content):
         at = f"{where}.content[{j}]"
         if isinstance(block, ThinkingBlockIn):
@@ -156,12 +168,13 @@ def _message(
         elif isinstance(block, ToolResultBlockIn):
             if role != "user":
                 raise bad_request(f"{at}: tool results come in a user message", param=at)
-            results.append(_tool_result(block, at))
+            results.append(_tool_result(block, at, result_images))
         elif isinstance(block, ImageBlockIn):
-            images.append(_image(block, at))
+            text_images.append(_image(block, at))
             texts.append(IMAGE_MARKER)
         else:
             texts.append(_text(block, at))
+    images += result_images + text_images
     out = list(results)
     if calls:
         out.append({"role": role, "content": "".join(texts) or None, "tool_calls": calls})
