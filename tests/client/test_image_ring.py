@@ -1,5 +1,6 @@
-"""Pictures whose pixel values overflow the engine's request ring (a real SmolVLM's processor
-makes up to 17 tiles, 54 MB, of an ordinary photo; the ring holds 8 MiB) are refused naming
+"""A vision model's request ring is sized for its processor's largest pictures (a real
+SmolVLM's makes up to 17 tiles, 53 MB, of an ordinary photo; the default ring holds 8 MiB), and
+pictures whose pixel values overflow it all the same are refused naming
 the picture that overflows and what to change, not as a prompt of too many tokens; fewer
 pictures on the same engine still go through."""
 
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from trio_llm import SamplingParams, open_engine
+from trio_llm.client.engine_process import PICTURES_IN_RING, request_ring_capacity
 from trio_llm.client.images import InvalidImageError
+from trio_llm.config import EngineArgs
 from trio_llm.model_files import ModelSource, load_tokenizer
 from vision_models import build_tiny_llava, picture
 
@@ -26,8 +29,22 @@ def llava_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelS
     return path
 
 
+def test_a_vision_models_request_ring_holds_its_largest_pictures(
+    llava_dir: Path, tokenizer_source: ModelSource
+) -> None:
+    """Sized from what the processor makes of the largest picture (this one: a fixed 32 px
+    square), so that a real SmolVLM's 53 MB of tiles fit; a text model's keeps its size."""
+    ring = 64 << 10
+    wanted = PICTURES_IN_RING * PICTURE_BYTES + (1 << 20)
+    assert request_ring_capacity(EngineArgs(model=str(llava_dir), ring_capacity=ring)) == wanted
+    text = EngineArgs(model=str(tokenizer_source.path), ring_capacity=ring)
+    assert request_ring_capacity(text) == ring
+
+
 async def test_pictures_past_the_request_ring_name_the_picture(llava_dir: Path) -> None:
-    ring = 64 << 10  # room for 5 of these pictures, not 6
+    ring = 64 << 10
+    capacity = request_ring_capacity(EngineArgs(model=str(llava_dir), ring_capacity=ring))
+    fits = capacity // PICTURE_BYTES  # pictures the ring takes; one more overflows
     async with open_engine(
         str(llava_dir),
         ring_capacity=ring,
@@ -40,8 +57,9 @@ async def test_pictures_past_the_request_ring_name_the_picture(llava_dir: Path) 
         words = client.images.processor.tokenizer("Look:", add_special_tokens=False)
         text = words["input_ids"]
         with pytest.raises(InvalidImageError, match="request ring") as caught:
-            await client.expand_images(text + [marker] * 6, [picture(i) for i in range(6)])
-        assert caught.value.index == ring // PICTURE_BYTES  # the sixth: 0-based 5
+            pictures = [picture(i) for i in range(fits + 1)]
+            await client.expand_images(text + [marker] * (fits + 1), pictures)
+        assert caught.value.index == fits  # the last: 0-based
         assert "processor that makes fewer tiles" in str(caught.value)
 
         prompt = await client.expand_images(text + [marker] * 2, [picture(0), picture(1)])

@@ -35,7 +35,7 @@ import anyio.to_thread
 from trio_llm.client.engine_client import EngineClient
 from trio_llm.client.engine_link import describe_exit
 from trio_llm.client.errors import EngineStartError
-from trio_llm.client.images import load_processor, takes_images
+from trio_llm.client.images import largest_pixels_bytes, load_processor, takes_images
 from trio_llm.config import EngineArgs
 from trio_llm.grammar import unproducible_bytes
 from trio_llm.ipc import AsyncRingReceiver, AsyncRingSender, RingClosedError, RingError, ShmRing
@@ -110,6 +110,31 @@ def _load_tokenizer(model: str, chat_template: str | None = None) -> _Tokenizer:
             unproducible_bytes(tokenizer),
             load_processor(source.path) if takes_images(source.path) else None,
         )
+
+
+PICTURES_IN_RING = 2
+"""Largest pictures a vision model's request ring holds in one request: more are refused with a
+400 naming the picture that overflows (EngineClient)."""
+MAX_RING = 1 << 30
+
+
+def request_ring_capacity(args: EngineArgs) -> int:
+    """`ring_capacity`, or for a vision-language model room for `PICTURES_IN_RING` of the
+    largest pictures its processor makes (a memfd's pages are taken as they are written: a
+    larger ring costs memory only when pictures fill it). Without it the default 8 MiB ring
+    refused any ordinary photo for SmolVLM as downloaded."""
+    try:
+        path = resolve_model(args.model).path
+        if not takes_images(path):
+            return args.ring_capacity
+        largest = largest_pixels_bytes(load_processor(path))
+    except Exception:  # the model's own error comes from the engine's start, with its reason
+        log.debug(
+            "the request ring keeps its size: the processor could not be probed", exc_info=True
+        )
+        return args.ring_capacity
+    wanted = PICTURES_IN_RING * largest + (1 << 20)  # and a megabyte for the prompt's tokens
+    return max(args.ring_capacity, min(wanted, MAX_RING))
 
 
 def _compile_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -205,8 +230,9 @@ async def open_engine(
     """
     args = engine_args_of(model, engine_args)
     on_stage = on_stage or log_stage(args.served_model_name or args.model)
+    request_capacity = await anyio.to_thread.run_sync(request_ring_capacity, args)
     with (
-        ShmRing.create(args.ring_capacity) as request_ring,
+        ShmRing.create(request_capacity) as request_ring,
         ShmRing.create(args.ring_capacity) as output_ring,
     ):
         launch = EngineLaunch(

@@ -52,6 +52,27 @@ def takes_images(path: Path) -> bool:
     return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
+PROBE_EDGE = 4096
+"""The side of the square picture `largest_pixels_bytes` measures: past every processor's
+longest edge, so one that resizes to its longest edge and tiles makes its most tiles of it."""
+
+
+def largest_pixels_bytes(processor: Any) -> int:
+    """Bytes of pixel values (float32, as `image_input` sends them) the processor makes of the
+    largest picture: SmolVLM's as downloaded (longest edge 2048, 512 px tiles) makes 17 tiles,
+    53 MB, of any large square photo; LLaVA's a fixed 336 px square, 1.3 MB."""
+    from PIL import Image
+
+    picture = Image.new("RGB", (PROBE_EDGE, PROBE_EDGE), "white")
+    out = processor(
+        text=[processor.image_token],
+        images=[picture],
+        add_special_tokens=False,
+        return_tensors="np",
+    )
+    return int(np.asarray(out["pixel_values"]).size) * 4
+
+
 def load_processor(path: Path) -> Any:
     """A vision-language model's processor (`takes_images`): its slow, Pillow-based image
     processor (the fast one needs torchvision). ValueError, which refuses the model at
