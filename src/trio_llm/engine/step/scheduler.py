@@ -29,8 +29,8 @@ that many prefill tokens, so a long prompt never holds the running streams for l
 Background work (`Sequence.background`: a batch's lines, under any scheduling policy) runs only
 with the capacity interactive sequences leave, because on a CPU a step cannot be interrupted and
 its length is what an interactive request waits for. Measured on the default model (2-core
-EPYC): a decode step of 1-4 rows took 14-18 ms, one more row ~1.5 ms, but any prefill chunk in
-it, even 8 tokens, ~28 ms and 32 tokens ~47 ms. So:
+EPYC, 2 threads, one run beside other jobs): a decode step of 1-4 rows took 14-18 ms, one more
+row ~1.5 ms, but any prefill chunk in it, even 8 tokens, ~28 ms and 32 tokens ~47 ms. So:
 - Order: background after every interactive sequence, in the waiting queue and when blocks run
   short (its sequences are preempted first); an interactive sequence that finds no seat or no
   blocks preempts a background one, with fcfs as well (`_may_displace`).
