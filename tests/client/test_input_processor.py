@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import anyio
 import pytest
 import sniffio
 
+from trio_llm.client.background import background_work
 from trio_llm.client.confined_tokenizer import INLINE_MAX_COST, ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.client.input_processor import InputProcessor
@@ -157,6 +159,36 @@ def test_single_choice_keeps_its_request_id_and_params() -> None:
     (request,) = InputProcessor.engine_requests("abc", [1, 2], params, arrival_time=5.0, priority=2)
     assert (request.request_id, request.sampling_params, request.priority) == ("abc", params, 2)
     assert request.arrival_time == 5.0
+
+
+async def test_requests_made_in_background_work_are_marked_and_others_not() -> None:
+    """The mark follows the task that makes the request and the tasks it starts, not a task
+    running beside it (an interactive request handled meanwhile)."""
+
+    def made() -> bool:
+        (request,) = InputProcessor.engine_requests("r", [1], SamplingParams(), arrival_time=0.0)
+        return request.background
+
+    found: dict[str, bool] = {}
+    inside, done = anyio.Event(), anyio.Event()
+
+    async def beside() -> None:
+        await inside.wait()
+        found["beside"] = made()
+        done.set()
+
+    async def child() -> None:
+        found["child"] = made()
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(beside)
+        with background_work():
+            async with anyio.create_task_group() as inner:
+                inner.start_soon(child)
+            found["here"] = made()
+            inside.set()
+            await done.wait()  # it ran while this block was open
+    assert found == {"child": True, "here": True, "beside": False} and not made()
 
 
 async def test_bad_words_become_token_ids_at_a_text_start_and_after_a_space(

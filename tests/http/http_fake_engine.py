@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import trio
 
+from trio_llm.client.background import in_background
 from trio_llm.client.confined_tokenizer import ConfinedTokenizer
 from trio_llm.client.errors import EngineDeadError
 from trio_llm.client.input_processor import InputProcessor
@@ -69,6 +70,8 @@ class FakeEngine:
     """Request id -> the adapter it was generated with."""
     priority_of: dict[str, int] = field(default_factory=dict)
     """Request id -> the scheduling priority it was sent with."""
+    background_of: dict[str, bool] = field(default_factory=dict)
+    """Request id -> whether it was made as background work (`client.background`)."""
     generation_prompt: str = ""
     """What the template writes after `<assistant>` (`<think>\n`: a template that opens the
     think block itself)."""
@@ -180,6 +183,7 @@ class FakeEngine:
         if request_id is not None:
             self.lora_of[request_id] = lora
             self.priority_of[request_id] = priority
+            self.background_of[request_id] = in_background()
         if isinstance(prompt, list):
             self._inputs.check_request(prompt, params)
         if self.outputs is not None:

@@ -25,7 +25,7 @@ from trio_llm.http.app import build_app
 from trio_llm.http.batch.files import FileStore
 from trio_llm.http.batch.lines import run_line
 from trio_llm.http.batch.protocol import BatchObject, InputLine, LineResponse, OutputLine
-from trio_llm.http.batch.runner import BATCH_PRIORITY, BatchRunner
+from trio_llm.http.batch.runner import BatchRunner
 from trio_llm.http.batch.store import BatchStore
 from trio_llm.http.serve_flags import parse_serve_args
 
@@ -210,14 +210,17 @@ async def test_without_batch_dir_the_routes_say_how_to_serve_them() -> None:
         assert response.status_code == 400 and "--batch-dir" in body["error"]["message"]
 
 
-async def test_a_line_runs_through_the_online_handler_at_the_batch_priority() -> None:
+async def test_a_line_runs_through_the_online_handler_as_background_work() -> None:
     engine = FakeEngine()
     app = build_app(engine)  # type: ignore[arg-type]
     line = InputLine(custom_id="x", url=CHAT, body=chat_line("x", stream=True)["body"])
-    output = await run_line(app, line, priority=BATCH_PRIORITY)
+    output = await run_line(app, line, background=True)
     assert output.response is not None and output.response.status_code == 200
     assert output.response.body["object"] == "chat.completion"  # not streamed
-    assert list(engine.priority_of.values()) == [BATCH_PRIORITY]
+    assert list(engine.background_of.values()) == [True]
+    assert list(engine.priority_of.values()) == [0]  # fcfs: no priority needed
+    await run_line(app, msgspec.structs.replace(line, custom_id="y"))  # run-batch's way
+    assert list(engine.background_of.values()) == [True, False]
     refused = await run_line(app, msgspec.structs.replace(line, body={"messages": []}))
     assert refused.response is not None and refused.response.status_code == 400
     assert not refused.succeeded
@@ -301,7 +304,7 @@ async def test_lines_left_when_the_window_passes_expire_into_the_error_file(
         status="validating", created_at=created, expires_at=created + 1,
     )  # fmt: skip
     store.save(batch)
-    runner = BatchRunner(files, store, run_line, lambda model, use: None, lambda line, own: 0)
+    runner = BatchRunner(files, store, run_line, lambda model, use: None)
     await runner.process(batch.id)
     batch = store.get(batch.id)  # type: ignore[assignment]
     assert batch.status == "expired" and batch.expired_at and batch.output_file_id is None

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import numpy as np
 
+from trio_llm.client.background import in_background
 from trio_llm.client.errors import EngineDeadError, EngineRequestError, InvalidPromptError
 from trio_llm.ipc.messages import EngineCoreOutput, EngineCoreRequest, EngineReady
 from trio_llm.sampling_params import SamplingParams
@@ -44,6 +45,7 @@ def pooling_request(
         sampling_params=_POOLING_PARAMS,
         arrival_time=arrival_time,
         priority=priority,
+        background=in_background(),
         pooling=True,
         token_type_start=token_type_start,
     )

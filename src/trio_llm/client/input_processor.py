@@ -25,6 +25,7 @@ import jinja2
 import msgspec
 
 from trio_llm import grammar
+from trio_llm.client.background import in_background
 from trio_llm.client.confined_tokenizer import INLINE_MAX_COST, ConfinedTokenizer
 from trio_llm.client.errors import ChatTemplateError, InvalidPromptError, PromptTooLongError
 from trio_llm.constraint import Constraint
@@ -260,6 +261,7 @@ class InputProcessor:
                 sampling_params=child_params,
                 arrival_time=arrival_time,
                 priority=priority,
+                background=in_background(),
                 lora=lora,
                 images=images,
             )

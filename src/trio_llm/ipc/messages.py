@@ -74,6 +74,9 @@ class EngineCoreRequest(_Msg, tag="add"):
     """time.time() when the frontend accepted the request (for metrics)."""
     priority: int = 0
     """Lower runs first; FCFS among equals."""
+    background: bool = False
+    """Background work (a batch's line): served after every interactive request, under any
+    scheduling policy, with only the capacity they leave (engine/step/scheduler.py)."""
     pooling: bool = False
     """A pooling request (embeddings, scores, classes): the engine pools the prompt's hidden
     states instead of generating (only a pooling engine serves it; `sampling_params` is then

@@ -91,6 +91,7 @@ class Admission:
             max_tokens=room if params.max_tokens is None else min(params.max_tokens, room),
             priority=req.priority,
             arrival=next(self.arrivals),
+            background=req.background,
             cache_root=salt_root(params.cache_salt),
         )
         if req.priority and not self.priority_scheduling:

@@ -57,6 +57,9 @@ class Sequence:
     priority: int = 0
     arrival: int = 0
     """Order of arrival (FCFS among equal priorities)."""
+    background: bool = False
+    """Background work (a batch's line): scheduled after every interactive sequence and only
+    with what they leave (scheduler.py, "Background work")."""
     num_prompt_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
@@ -149,9 +152,10 @@ class Sequence:
     def wants_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None
 
-    def order(self) -> tuple[int, int]:
-        """Scheduling order: lower priority value first, then earlier arrival."""
-        return (self.priority, self.arrival)
+    def order(self) -> tuple[bool, int, int]:
+        """Scheduling order: interactive before background, then lower priority value first,
+        then earlier arrival."""
+        return (self.background, self.priority, self.arrival)
 
     def __lt__(self, other: Sequence) -> bool:
         return self.order() < other.order()

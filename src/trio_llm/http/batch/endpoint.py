@@ -17,8 +17,6 @@ import trio
 from quart import Response, current_app, request
 from quart_trio import QuartTrio
 
-from trio_llm.client.errors import ModelNotServedError
-from trio_llm.client.replicas import ServedModel
 from trio_llm.http.batch.files import PURPOSES, FileStore, sortable_id
 from trio_llm.http.batch.lines import check_model_on, run_line
 from trio_llm.http.batch.protocol import (
@@ -34,7 +32,7 @@ from trio_llm.http.batch.protocol import (
     InputLine,
     OutputLine,
 )
-from trio_llm.http.batch.runner import BATCH_PRIORITY, BatchRunner
+from trio_llm.http.batch.runner import BatchRunner
 from trio_llm.http.batch.store import BatchStore
 from trio_llm.http.errors import ProtocolError, bad_request
 from trio_llm.http.ids import now
@@ -45,8 +43,8 @@ T = TypeVar("T", FileObject, BatchObject)
 L = TypeVar("L", FileList, BatchList)
 
 _EXTENSION = "trio_llm.batch"
-_BATCH_CONCURRENCY = 2
-"""Lines of a batch in flight at once beside interactive requests (runner.py says why 2)."""
+_BATCH_CONCURRENCY = 4
+"""Lines of a batch in flight at once (runner.py says why 4)."""
 
 
 def install_batches(app: QuartTrio, state: AppState, batch_dir: Path) -> BatchRunner:
@@ -54,26 +52,10 @@ def install_batches(app: QuartTrio, state: AppState, batch_dir: Path) -> BatchRu
     serving and cancelled when it stops (an unfinished batch resumes at the next start)."""
     files, store = FileStore(batch_dir), BatchStore(batch_dir)
 
-    def served(line: InputLine) -> ServedModel | None:
-        model = line.body.get("model")
-        try:
-            return state.router.model(model if isinstance(model, str) else None)
-        except ModelNotServedError:  # its line fails at once
-            return None
-
     async def run(line: InputLine) -> OutputLine:
-        model = served(line)
-        group = state.router.models.index(model) if model is not None else 0
-        by_priority = state.config.model_specs[group].args.scheduling_policy == "priority"
-        return await run_line(app, line, BATCH_PRIORITY if by_priority else None)
+        return await run_line(app, line, background=True)
 
-    def other_load(line: InputLine, own: int) -> int:
-        model = served(line)
-        return 0 if model is None else sum(r.load for r in model.replicas) - own
-
-    runner = BatchRunner(
-        files, store, run, check_model_on(state), other_load, concurrency=_BATCH_CONCURRENCY
-    )
+    runner = BatchRunner(files, store, run, check_model_on(state), concurrency=_BATCH_CONCURRENCY)
     app.extensions[_EXTENSION] = runner
     scope = trio.CancelScope()
 

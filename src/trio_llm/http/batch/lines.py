@@ -15,6 +15,7 @@ line (1-based, as OpenAI counts), so a failed batch names them all at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
+from trio_llm.client.background import background_work
 from trio_llm.http.batch.protocol import BatchError, InputLine, LineResponse, OutputLine
 from trio_llm.http.chat.endpoint import chat_completions
 from trio_llm.http.completions.endpoint import completions
@@ -137,21 +139,20 @@ def check_model_on(app_state: Any) -> CheckModel:
     return check
 
 
-async def run_line(app: QuartTrio, line: InputLine, priority: int | None = None) -> OutputLine:
+async def run_line(app: QuartTrio, line: InputLine, *, background: bool = False) -> OutputLine:
     """`line` answered by its endpoint's handler in `app`; a 503 (engine restarting, model at
-    capacity) is not an answer: the line waits a second and runs again. `priority`: the
-    scheduling priority it runs at (with --scheduling-policy priority), at least the body's."""
+    capacity) is not an answer: the line waits a second and runs again. `background`: its
+    engine requests are background work, served after interactive ones (a server's batch; not
+    `run-batch`, which has nothing to yield to)."""
     body = dict(line.body)
     if line.url != "/v1/embeddings":
         body.pop("stream", None)  # a batch answers whole objects
         body.pop("stream_options", None)
-    if priority is not None:
-        given = body.get("priority")
-        body["priority"] = max(given if isinstance(given, int) else 0, priority)
     raw = json.dumps(body).encode()
     line_id = uuid.uuid4().hex
-    while (answer := await _answer(app, line.url, raw))[0] == RETRY_LATER:  # noqa: ASYNC110
-        await trio.sleep(1.0)
+    with background_work() if background else contextlib.nullcontext():
+        while (answer := await _answer(app, line.url, raw))[0] == RETRY_LATER:  # noqa: ASYNC110
+            await trio.sleep(1.0)
     status, payload = answer
     return OutputLine(
         id=f"batch_req_{line_id}",

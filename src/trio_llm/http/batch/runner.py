@@ -6,19 +6,18 @@ validating (check every input line) -> failed, or in_progress (run the lines) ->
 (every unfinished line gets a `batch_expired` error in the error file); or, once cancelled,
 cancelling (the lines in flight are aborted) -> cancelled (finished lines kept in the output).
 
-Priority below interactive requests (the choice, and why): the engine's scheduler honours a
-request's `priority` only under `--scheduling-policy priority` (with fcfs it must be 0), and
-even there a batch line already running keeps its seat in every step. So the runner yields at
-the door instead, under any policy: it keeps at most `concurrency` lines in flight (2 in the
-server), and starts a line only while the line's model has no interactive load, that is no
-sequence leased on its replicas beyond the runner's own lines (`Replica.load`, counted at the
-HTTP edge the moment a request is routed, before the engine even queues it). An interactive
-request that arrives therefore finds at most two batch lines beside it and none queued ahead of
-it; the batch runs in the gaps between interactive requests, like a nice'd process. Under
-`--scheduling-policy priority` the lines are also sent at the lowest priority (`BATCH_PRIORITY`),
-so the scheduler preempts them first. While it waits the runner polls the load every 50 ms (the
-load has no event to wait on; a poll costs microseconds). bench/apis/batch_interference.py
-measures the interactive TTFT with and without a batch running.
+Below interactive requests (the choice, and why): the lines are background work
+(client/background.py) under any scheduling policy, and the engine's scheduler, which alone
+knows each step, serves them only with what interactive requests leave: never in a step that
+ends in an interactive first token, at most two rows beside interactive decodes, short prefill
+chunks when alone, and their sequences preempted first (engine/step/scheduler.py, "Background
+work"). The runner only keeps `concurrency` lines in flight (4 in the server): enough for the
+batch to decode a few rows a step when the server is otherwise idle, few enough that its queued
+lines hold no noticeable share of the model's admission capacity. It no longer waits for the
+model to be idle before starting a line (the previous rule): under a steady interactive load
+that starved the batch, and a line already running kept its full seat beside the interactive
+requests anyway. bench/apis/batch_interference.py measures the interactive TTFT with and
+without a batch running, and the batch's throughput with and without the load.
 
 Restart: a batch's state and its finished lines live in the store (store.py); a runner started
 on the same --batch-dir resumes every batch not yet at its end and skips the lines already
@@ -54,19 +53,12 @@ from trio_llm.http.runtime.bodies import by_body_size
 
 log = logging.getLogger(__name__)
 
-BATCH_PRIORITY = 1 << 20
-"""The priority lines run at under --scheduling-policy priority (a lower value runs first)."""
-
-POLL_S = 0.05
 EXPIRED = LineError(
     code="batch_expired",
     message="This request could not be executed before the completion window expired.",
 )
 
 RunLine = Callable[[InputLine], Awaitable[OutputLine]]
-OtherLoad = Callable[[InputLine, int], int]
-"""(a line, the sequences of the runner's own lines on its model) -> the interactive load
-there (sequences leased beyond the runner's)."""
 
 
 class BatchRunner:
@@ -76,7 +68,6 @@ class BatchRunner:
         store: BatchStore,
         run_line: RunLine,
         check_model: CheckModel,
-        other_load: OtherLoad,
         *,
         concurrency: int = 2,
     ) -> None:
@@ -84,12 +75,9 @@ class BatchRunner:
         self.store = store
         self._run_line = run_line
         self._check_model = check_model
-        self._other_load = other_load
         self._concurrency = concurrency
         self._wake = trio.Event()
         self._lines_scope: tuple[str, trio.CancelScope] | None = None
-        self._own: dict[str | None, int] = {}
-        """Sequences of the lines in flight, by model (as the line names it)."""
 
     # -- what the endpoints call -------------------------------------------------------
 
@@ -191,7 +179,7 @@ class BatchRunner:
         deadline = trio.current_time() + max(0.0, batch.expires_at - time.time())
         slots = trio.Semaphore(self._concurrency)
 
-        async def run_one(line: InputLine, sequences: int) -> None:
+        async def run_one(line: InputLine) -> None:
             try:
                 output = await self._run_line(line)
                 await trio.to_thread.run_sync(self.store.append_done, batch.id, output)
@@ -200,7 +188,6 @@ class BatchRunner:
                 else:
                     counts.failed += 1
             finally:
-                self._own[_model(line)] -= sequences
                 slots.release()
 
         scope = trio.CancelScope(deadline=deadline)
@@ -210,10 +197,7 @@ class BatchRunner:
                 async with trio.open_nursery() as nursery:
                     for line in pending:
                         await slots.acquire()
-                        sequences = _sequences(line)
-                        await self._wait_quiet(line)
-                        self._own[_model(line)] = self._own.get(_model(line), 0) + sequences
-                        nursery.start_soon(run_one, line, sequences)
+                        nursery.start_soon(run_one, line)
         finally:
             self._lines_scope = None
         batch = self._get(batch.id)
@@ -222,11 +206,6 @@ class BatchRunner:
         batch.request_counts = counts
         self.store.save(batch)
         return batch
-
-    async def _wait_quiet(self, line: InputLine) -> None:
-        """Until `line`'s model has no interactive load (a poll: the load has no event)."""
-        while self._other_load(line, self._own.get(_model(line), 0)) > 0:  # noqa: ASYNC110
-            await trio.sleep(POLL_S)
 
     async def _finalize(self, batch: BatchObject) -> None:
         lines, _ = await self._input(batch)
@@ -276,21 +255,3 @@ def _counts(lines: list[InputLine], done: dict[str, OutputLine]) -> RequestCount
     finished = [done[ln.custom_id] for ln in lines if ln.custom_id in done]
     ok = sum(o.succeeded for o in finished)
     return RequestCounts(total=len(lines), completed=ok, failed=len(finished) - ok)
-
-
-def _model(line: InputLine) -> str | None:
-    model = line.body.get("model")
-    return model if isinstance(model, str) else None
-
-
-def _sequences(line: InputLine) -> int:
-    """What the line's request leases (the handler's `plan.sequences`): n choices of each
-    prompt, or one per embedding input. An estimate that errs low only makes the runner wait
-    for its own lines, never start beside an interactive request."""
-    body = line.body
-    n = body.get("n") if isinstance(body.get("n"), int) else 1
-    prompts = body.get("prompt", body.get("input"))
-    count = 1
-    if isinstance(prompts, list) and prompts and not isinstance(prompts[0], int):
-        count = len(prompts)
-    return max(1, n) * count
