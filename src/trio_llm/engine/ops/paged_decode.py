@@ -31,7 +31,10 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
+"""-fopenmp: `at::parallel_for` is inline in ATen's headers and runs on one thread unless the
+extension is compiled with OpenMP; it then links torch's own libgomp (`_link_flags`), the runtime
+torch's threads already live in, never a second one."""
 LANES = 16
 """The kernel works in 16-float vectors: head sizes must be a multiple."""
 ENV = "TRIO_LLM_PAGED_DECODE"
@@ -48,10 +51,21 @@ def _cpu_flags() -> str:
     return ""
 
 
+def _link_flags() -> list[str]:
+    """torch's bundled libgomp, by its soname: the loader finds it already loaded by torch."""
+    lib = Path(torch.__file__).parent / "lib"
+    return (
+        [f"-L{lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{lib}"]
+        if (lib / "libgomp.so.1").exists()
+        else []
+    )
+
+
 def build_key() -> str:
     """What the build depends on: source, flags, torch, Python and this CPU's flags."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode()):
+    flags = " ".join(FLAGS + _link_flags())
+    for part in (SOURCE.read_bytes(), flags.encode(), torch.__version__.encode()):
         digest.update(part)
     digest.update(_cpu_flags().encode())
     digest.update(sys.version.encode())
@@ -77,6 +91,7 @@ def extension() -> ModuleType | None:
             name=f"trio_llm_paged_decode_{build_key()}",
             sources=[str(SOURCE)],
             extra_cflags=FLAGS,
+            extra_ldflags=_link_flags(),
             build_directory=str(build_directory()),
             verbose=False,
         )

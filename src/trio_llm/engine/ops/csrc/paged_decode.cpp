@@ -69,6 +69,19 @@ struct Shape {
   int64_t token_stride, block_stride;  // one slot and one block of a layer's cache
 };
 
+constexpr int64_t kAhead = 4;
+
+// The row `kAhead` tokens on asked for now: a sequence's blocks lie anywhere in the cache, and
+// the hardware prefetcher loses the stream at every block boundary.
+template <typename T>
+inline void prefetch_row(const T* cache, const Shape& s, const int64_t* table, int64_t pos,
+                         int64_t offset, int64_t used) {
+  const char* p = reinterpret_cast<const char*>(
+      cache + table[pos / s.block_size] * s.block_stride + (pos % s.block_size) * s.token_stride +
+      offset);
+  for (int64_t b = 0; b < used * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
+}
+
 // One sequence, KV heads [kv0, kv1) (all of them unless the batch is smaller than the
 // threads): a token's keys are one contiguous row of the cache, read once and in order, which
 // the hardware prefetcher follows; a task per (sequence, KV head) read a third of each row at
@@ -94,6 +107,7 @@ void decode_sequence(const Shape& s, int64_t b, int64_t kv0, int64_t kv1, const 
   const int64_t* table = tables + b * s.table_width;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first + t;
+    if (t + kAhead < n) prefetch_row(kp, s, table, first + t + kAhead, offset, used);
     to_float(kp + table[pos / s.block_size] * s.block_stride + (pos % s.block_size) * width +
                  offset, row.data() + offset, used);
     for (int64_t h = h0; h < h1; ++h) {
@@ -119,6 +133,7 @@ void decode_sequence(const Shape& s, int64_t b, int64_t kv0, int64_t kv1, const 
   std::fill(acc.begin(), acc.end(), 0.0f);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = first + t;
+    if (t + kAhead < n) prefetch_row(vp, s, table, first + t + kAhead, offset, used);
     to_float(vp + table[pos / s.block_size] * s.block_stride + (pos % s.block_size) * width +
                  offset, row.data() + offset, used);
     for (int64_t h = h0; h < h1; ++h) {
