@@ -77,6 +77,7 @@ def main() -> int:
         format="engine %(levelname)s %(name)s: %(message)s",
     )
     launch = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=EngineLaunch)
+    _without_triton_on_cpu(launch.args)
     parent = os.getppid()
     requests = ShmRing.attach(launch.request_ring)
     outputs = ShmRing.attach(launch.output_ring)
@@ -113,6 +114,24 @@ def main() -> int:
     finally:
         requests.close()
         outputs.close()
+
+
+def _without_triton_on_cpu(args: EngineArgs) -> None:
+    """An engine on the CPU never imports Triton. Loading a transformers model imports
+    torch._dynamo, which imports Triton when it is installed (it is, on every Linux x86-64
+    machine: the kernels' tests run it interpreted); Triton's nanobind modules then printed
+    hundreds of "leaked function" lines when the engine exited, the last thing a user saw after
+    Ctrl-C. Marking the module absent (`sys.modules[name] = None`) makes its import fail, which
+    torch reads as "no Triton". Kept where the engine may run Triton: a CUDA device, or the
+    Triton attention backend asked for (interpreted on a CPU)."""
+    if args.attention_backend == "triton" or args.device.startswith("cuda"):
+        return
+    if args.device == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    sys.modules.setdefault("triton", None)  # type: ignore[arg-type]
 
 
 def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:

@@ -267,7 +267,7 @@ def _quantize_vocabulary(
 ) -> None:
     """The token embedding on the file's table, and a tied LM head on the same weight."""
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if not isinstance(embed, nn.Embedding) or type(embed).forward not in _EMBEDDING_FORWARDS:
+    if not isinstance(embed, nn.Embedding) or not _plain_lookup(embed):
         return  # a module of its own kind (a forward this class does not repeat): left float
     name = next(n for n, m in model.named_modules() if m is embed)
     mapped = names.get_name(name)  # type: ignore[attr-defined]
@@ -296,26 +296,15 @@ def _quantize_vocabulary(
         kept[f"{g.tensors[tensor].tensor_type.name} as {_form(weight)} (tied LM head)"] += 1
 
 
-_EMBEDDING_FORWARDS = {nn.Embedding.forward}
-"""Embedding modules whose forward is a lookup (times `embed_scale`, Gemma's): their own or one
-that scales (found at import below)."""
+SCALED_EMBEDDINGS = frozenset({"Gemma3TextScaledWordEmbedding", "Gemma3nTextScaledWordEmbedding"})
+"""transformers' embeddings whose forward is the lookup times `embed_scale` (Gemma's family),
+named rather than imported: importing a model's module pulls in torch._dynamo and Triton."""
 
 
-def _scaled_embedding_forwards() -> None:
-    """transformers' scaled word embeddings (Gemma's family: the lookup times `embed_scale`)."""
-    import importlib
-
-    for module, cls in (
-        ("transformers.models.gemma3.modeling_gemma3", "Gemma3TextScaledWordEmbedding"),
-        ("transformers.models.gemma3n.modeling_gemma3n", "Gemma3nTextScaledWordEmbedding"),
-    ):
-        try:
-            _EMBEDDING_FORWARDS.add(getattr(importlib.import_module(module), cls).forward)
-        except (ImportError, AttributeError):
-            pass
-
-
-_scaled_embedding_forwards()
+def _plain_lookup(embed: nn.Embedding) -> bool:
+    """Whether the module's forward is a lookup (times `embed_scale`) that `QuantizedEmbedding`
+    repeats; another forward of its own leaves the table float."""
+    return type(embed).forward is nn.Embedding.forward or type(embed).__name__ in SCALED_EMBEDDINGS
 
 
 def _lm_head_tied(model: nn.Module) -> bool:
