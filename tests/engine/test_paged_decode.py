@@ -5,6 +5,9 @@ on what shares its call (nor on how its heads were split between threads)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -93,3 +96,18 @@ def test_a_head_size_it_cannot_vectorize_is_left_to_the_torch_path() -> None:
     assert paged_decode.supports(torch.empty(1, BLOCK, 2, 64))
     assert not paged_decode.supports(torch.empty(1, BLOCK, 2, 72))
     assert not paged_decode.supports(torch.empty(1, BLOCK, 2, 64, dtype=torch.int8))
+
+
+def test_a_builder_killed_mid_build_does_not_hang_the_next_engine() -> None:
+    """torch's builder locks with a plain file; one killed mid-build (Ctrl-C, a test timeout)
+    leaves it behind, and the next engine used to wait on it forever in its first step."""
+    (paged_decode.build_directory() / "lock").touch()
+    done = subprocess.run(
+        [sys.executable, "-m", "trio_llm.engine.ops.paged_decode"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
+    assert "built in" in done.stdout
+    assert not (paged_decode.build_directory() / "lock").exists()

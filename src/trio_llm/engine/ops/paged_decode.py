@@ -17,10 +17,12 @@ the engine says so once.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -83,29 +85,55 @@ def build_directory() -> Path:
 
 @functools.cache
 def extension() -> ModuleType | None:
-    """The built kernel, or None (no compiler: the torch path serves)."""
+    """The built kernel, or None (no compiler: the torch path serves).
+
+    Two guards around torch's builder. Its own lock is a file that a builder killed mid-build
+    (Ctrl-C, a test timeout) leaves behind, and every later engine then waits on it forever; so
+    builders take an flock first (the kernel drops it with the process), and under it any such
+    file is a dead builder's and is removed. And the source is copied into the build directory
+    and compiled from there, so checkouts at different paths (worktrees, CI's clean clone) that
+    share the cache share one build instead of rebuilding over each other's."""
     from torch.utils import cpp_extension
 
+    directory = build_directory()
     try:
-        return cpp_extension.load(
-            name=f"trio_llm_paged_decode_{build_key()}",
-            sources=[str(SOURCE)],
-            extra_cflags=FLAGS,
-            extra_ldflags=_link_flags(),
-            build_directory=str(build_directory()),
-            verbose=False,
-        )
+        with open(directory / "build.flock", "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            (directory / "lock").unlink(missing_ok=True)
+            source = directory / SOURCE.name
+            if not source.exists() or source.read_bytes() != SOURCE.read_bytes():
+                shutil.copyfile(SOURCE, source)
+            return cpp_extension.load(
+                name=f"trio_llm_paged_decode_{build_key()}",
+                sources=[str(source)],
+                extra_cflags=FLAGS,
+                extra_ldflags=_link_flags(),
+                build_directory=str(directory),
+                verbose=False,
+            )
     except Exception as exc:  # a missing compiler or headers: serve on the torch path
         log.warning("paged decode kernel not built (%s); decode attention on the torch path", exc)
         return None
 
 
+def enabled() -> bool:
+    """`TRIO_LLM_PAGED_DECODE=0` turns the kernel off (read per call: bench/engine_step/
+    step_profile.py compares both in turns)."""
+    return os.environ.get(ENV, "1") != "0"
+
+
+def prepare() -> None:
+    """Build or load the kernel now: at engine start, before the engine reports ready, so the
+    first request's step does not wait on a compiler."""
+    if enabled():
+        extension()
+
+
 def supports(cache: Tensor) -> bool:
     """Whether the kernel computes the decodes of a layer with this cache: on the CPU, a float
-    type it reads, a head size it vectorizes, and a built kernel. `TRIO_LLM_PAGED_DECODE=0`
-    turns it off (read per step: bench/engine_step/step_profile.py compares both in turns)."""
+    type it reads, a head size it vectorizes, a built kernel, and `enabled()`."""
     return (
-        os.environ.get(ENV, "1") != "0"
+        enabled()
         and cache.device.type == "cpu"
         and cache.dtype in (torch.float32, torch.bfloat16, torch.float16)
         and cache.shape[-1] % LANES == 0

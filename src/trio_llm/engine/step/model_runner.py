@@ -42,6 +42,7 @@ from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
 from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
+from trio_llm.engine.ops import paged_decode
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
 from trio_llm.engine.step.images import image_rows
@@ -160,6 +161,8 @@ class ModelRunner:
         shapes = [(num_blocks, spec.block_size, heads, dim) for heads, dim in spec.layers]
         self.k_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
         self.v_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
+        if device.type == "cpu":
+            paged_decode.prepare()
         self.own: LlamaForward | None = None
         """The engine's own forward, when it computes this model (`choice`)."""
         self.forward: LlamaForward | GenericForward
