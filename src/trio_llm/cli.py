@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        from trio_llm.triton_absent import mark_triton_absent
+
+        mark_triton_absent()  # before anything imports torch: the frontend runs no kernels
         from trio_llm.http.config import config_from_args
         from trio_llm.http.server import run
 

@@ -56,6 +56,7 @@ from trio_llm.ipc.messages import (
     TranscriptionRequest,
     UnloadLora,
 )
+from trio_llm.triton_absent import mark_triton_absent
 
 if TYPE_CHECKING:
     from trio_llm.config import EngineArgs
@@ -117,13 +118,9 @@ def main() -> int:
 
 
 def _without_triton_on_cpu(args: EngineArgs) -> None:
-    """An engine on the CPU never imports Triton. Loading a transformers model imports
-    torch._dynamo, which imports Triton when it is installed (it is, on every Linux x86-64
-    machine: the kernels' tests run it interpreted); Triton's nanobind modules then printed
-    hundreds of "leaked function" lines when the engine exited, the last thing a user saw after
-    Ctrl-C. Marking the module absent (`sys.modules[name] = None`) makes its import fail, which
-    torch reads as "no Triton". Kept where the engine may run Triton: a CUDA device, or the
-    Triton attention backend asked for (interpreted on a CPU)."""
+    """An engine on the CPU never imports Triton (`trio_llm.triton_absent` says why). Kept
+    where the engine may run Triton: a CUDA device, or the Triton attention backend asked for
+    (interpreted on a CPU)."""
     if args.attention_backend == "triton" or args.device.startswith("cuda"):
         return
     if args.device == "auto":
@@ -131,7 +128,7 @@ def _without_triton_on_cpu(args: EngineArgs) -> None:
 
         if torch.cuda.is_available():
             return
-    sys.modules.setdefault("triton", None)  # type: ignore[arg-type]
+    mark_triton_absent()
 
 
 def build_core(args: EngineArgs, on_stage: Callable[[str], None]) -> Core:
