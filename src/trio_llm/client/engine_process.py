@@ -78,9 +78,10 @@ def engine_args_of(model: str | EngineArgs | None, engine_args: dict[str, Any]) 
 
 
 _TOKENIZER_LOADING = threading.Lock()
-"""Engines started at once load their tokenizers on worker threads, one at a time:
-transformers' lazy imports are not thread-safe (two first imports at once raised "cannot
-import name 'AutoTokenizer'")."""
+"""Engines started at once load their tokenizers (and probe a vision model's processor) on
+worker threads, one at a time: transformers' lazy imports are not thread-safe (two first
+imports at once raised "cannot import name 'AutoTokenizer'", as a LLaVA's processor probe
+beside a text model's tokenizer did)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,8 @@ def request_ring_capacity(args: EngineArgs) -> int:
         path = resolve_model(args.model).path
         if not takes_images(path):
             return args.ring_capacity
-        largest = largest_pixels_bytes(load_processor(path))
+        with _TOKENIZER_LOADING:
+            largest = largest_pixels_bytes(load_processor(path))
     except Exception:  # the model's own error comes from the engine's start, with its reason
         log.debug(
             "the request ring keeps its size: the processor could not be probed", exc_info=True
