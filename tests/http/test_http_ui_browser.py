@@ -1,7 +1,8 @@
 """The chat page in a real headless browser (Debian's chromium, driven by Playwright) against the
 real server on the tiny model: the API key asked for on 401, a streamed reply with its numbers,
-Stop aborting the request in the engine, and Markdown rendered without letting model text in as
-markup.
+Stop aborting the request in the engine, Markdown rendered without letting model text in as
+markup, and pictures (picked, pasted, dropped) sent to a tiny vision model, refused for a
+text-only one.
 
 scripts/bootstrap.sh installs chromium with apt where it can (`./scripts/test.sh` does); where
 it is missing these tests skip and say so. Playwright only drives it: `playwright install`
@@ -10,6 +11,8 @@ it is missing these tests skip and say so. Playwright only drives it: `playwrigh
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import shutil
 import time
@@ -18,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from http_server_process import ServerProcess, run_small_server
+from http_server_process import ServerProcess, run_server, run_small_server
+from trio_llm.model_files import ModelSource, load_tokenizer
+from vision_models import build_tiny_llava, picture
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (it is in the `test` extra)"
@@ -173,3 +178,105 @@ def test_markdown_renders_model_text_as_text(server: ServerProcess, page: sync_a
     assert "<blockquote>quoted</blockquote>" in html
     assert '<pre><code class="language-python">print("&lt;i&gt;not html&lt;/i&gt;")' in html
     assert "<pre><code>unclosed fence, as while streaming</code></pre>" in html
+
+
+def _png(seed: int) -> bytes:
+    out = io.BytesIO()
+    picture(seed).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def vision_server(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_source: ModelSource, tiny_model_dir: Path
+) -> Iterator[ServerProcess]:
+    """A tiny LLaVA and the tiny text model behind one server: the page must tell them apart."""
+    llava = tmp_path_factory.mktemp("tiny-llava")
+    build_tiny_llava(llava, load_tokenizer(tokenizer_source))
+    with run_server(
+        f"{llava}:name=llava",
+        f"{tiny_model_dir}:name=tiny",
+        "--max-num-seqs", "2",
+        "--kv-cache-memory", "16MiB",
+        "--dtype", "float32",
+        "--shutdown-timeout", "2",
+    ) as s:  # fmt: skip
+        yield s
+
+
+# A file as a paste or a drop carries it (Playwright has no clipboard or drag of files itself).
+CARRY = """([b64, kind]) => {
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    const transfer = new DataTransfer();
+    transfer.items.add(new File([bytes], `${kind}.png`, { type: "image/png" }));
+    const init = { bubbles: true, cancelable: true };
+    const event = kind === "paste"
+        ? new ClipboardEvent("paste", { ...init, clipboardData: transfer })
+        : new DragEvent("drop", { ...init, dataTransfer: transfer });
+    (kind === "paste" ? document.querySelector("#prompt") : document.querySelector("main"))
+        .dispatchEvent(event);
+}"""
+
+
+def test_pictures_go_to_a_vision_model_and_stay_in_the_conversation(
+    vision_server: ServerProcess, page: sync_api.Page
+) -> None:
+    expect = sync_api.expect
+    pngs = [_png(seed) for seed in range(3)]
+    urls = ["data:image/png;base64," + base64.b64encode(png).decode() for png in pngs]
+    page.goto(vision_server.url + "/")
+    expect(page.locator("#model")).to_have_value("llava")
+    expect(page.locator("#attach")).to_be_enabled()
+
+    page.click("#settings-toggle")
+    page.fill("#max-tokens", "6")
+    page.fill("#extra", '{"ignore_eos": true}')
+    # One picked, one pasted, one dropped and then removed again.
+    page.set_input_files(
+        "#file", files=[{"name": "a.png", "mimeType": "image/png", "buffer": pngs[0]}]
+    )
+    thumbs = page.locator("#attachments .thumb")
+    expect(thumbs).to_have_count(1)
+    page.evaluate(CARRY, [base64.b64encode(pngs[1]).decode(), "paste"])
+    expect(thumbs).to_have_count(2)
+    page.evaluate(CARRY, [base64.b64encode(pngs[2]).decode(), "drop"])
+    expect(thumbs).to_have_count(3)
+    page.locator("#attachments .remove").nth(2).click()
+    expect(thumbs).to_have_count(2)
+
+    page.fill("#prompt", "What is in these pictures?")
+    with page.expect_request("**/v1/chat/completions") as request:
+        page.press("#prompt", "Enter")
+    [turn] = request.value.post_data_json["messages"]
+    # The pictures as they were, bytes unchanged, as OpenAI image_url parts after the text.
+    assert turn["content"] == [
+        {"type": "text", "text": "What is in these pictures?"},
+        {"type": "image_url", "image_url": {"url": urls[0]}},
+        {"type": "image_url", "image_url": {"url": urls[1]}},
+    ]
+    expect(page.locator("#attachments")).to_be_hidden()
+    question = page.locator(".message.user").nth(0)
+    expect(question.locator(".thumb")).to_have_count(2)
+    assert question.locator(".thumb").nth(1).get_attribute("src") == urls[1]
+    answer = page.locator(".message.assistant").nth(0)
+    expect(answer.locator(".stats")).to_contain_text("6 tokens", timeout=60_000)
+    assert answer.locator(".body").inner_text().strip()
+
+    # The next turn, text only, carries the pictured turn again (the API keeps no state).
+    page.fill("#prompt", "And the colours?")
+    with page.expect_request("**/v1/chat/completions") as request:
+        page.press("#prompt", "Enter")
+    messages = request.value.post_data_json["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[0] == turn and messages[2]["content"] == "And the colours?"
+    expect(page.locator(".message.assistant").nth(1).locator(".stats")).to_contain_text(
+        "6 tokens", timeout=60_000
+    )
+
+    # A text-only model: the control is off and says why; a pasted picture is refused.
+    page.select_option("#model", "tiny")
+    expect(page.locator("#attach")).to_be_disabled()
+    expect(page.locator("#attach")).to_have_attribute("title", re.compile("tiny takes text only"))
+    page.evaluate(CARRY, [base64.b64encode(pngs[0]).decode(), "paste"])
+    expect(page.locator("#status")).to_contain_text("tiny takes text only")
+    expect(page.locator("#attachments")).to_be_hidden()

@@ -4,6 +4,12 @@
 // lives in this page; Stop aborts the fetch, which closes the stream, and the server aborts the
 // request in the engine when its client goes away. URLs are relative to the page, so it also
 // works behind a proxy that serves the server under a path.
+//
+// Images: for a model whose /v1/models card lists "image" in input_modalities, a picture pasted,
+// dropped or picked goes with the next message as an OpenAI `image_url` part holding a data:
+// URL (the page never uploads anything elsewhere, and its CSP allows data: images only), and
+// stays in the history, as the API is stateless. For a text-only model the control is disabled
+// and says why.
 
 import { renderMarkdown } from "./markdown.js";
 
@@ -26,12 +32,19 @@ const ui = {
   send: $("send"),
   stop: $("stop"),
   newChat: $("new-chat"),
+  attach: $("attach"),
+  file: $("file"),
+  attachments: $("attachments"),
 };
 
 /** The messages sent with each request: {role, content}, user and assistant turns. */
 let history = [];
 /** The AbortController of the reply being streamed, or null. */
 let inFlight = null;
+/** The /v1/models cards by id, for what each model takes. */
+let cards = new Map();
+/** The images attached to the next message: data: URLs, in the order attached. */
+let pending = [];
 
 class ApiError extends Error {
   constructor(status, message) {
@@ -108,10 +121,12 @@ async function loadModels() {
   try {
     const { data } = await (await api("v1/models")).json();
     const previous = ui.model.value;
+    cards = new Map(data.map((card) => [card.id, card]));
     ui.model.replaceChildren(
       ...data.map((card) => new Option(card.id, card.id, false, card.id === previous)),
     );
     setStatus("");
+    updateAttach();
   } catch (error) {
     setStatus(`Could not list the models: ${error.message}`);
   }
@@ -140,12 +155,135 @@ async function* events(response) {
   }
 }
 
+// -- images ---------------------------------------------------------------------------------
+
+/** Pictures larger than this (either edge) are scaled down before they are sent. */
+const MAX_EDGE = 2048;
+/** Files larger than this are re-encoded (as JPEG) even when their edges fit. */
+const MAX_BYTES = 4 << 20;
+
+function takesImages() {
+  return (cards.get(ui.model.value)?.input_modalities ?? []).includes("image");
+}
+
+/** Why images cannot be attached now, or null when they can. */
+function imageRefusal() {
+  if (!ui.model.value) return "No model to send images to.";
+  if (!takesImages()) return `${ui.model.value} takes text only; images need a vision model.`;
+  return null;
+}
+
+function updateAttach() {
+  const refusal = imageRefusal();
+  ui.attach.disabled = refusal !== null;
+  ui.attach.title = refusal ?? "Attach an image (or paste or drop one here)";
+}
+
+function readAsDataUrl(blob) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(blob);
+  });
+}
+
+/**
+ * The picture as a data: URL: its own bytes when they are small enough, else scaled to fit
+ * MAX_EDGE and re-encoded. Every turn resends the whole history, pictures included, and the
+ * server takes at most 16 MiB a body and 20 MiB a picture; a screenshot of a large screen
+ * would otherwise end the conversation after a turn or two. The models' processors scale
+ * pictures down further anyway (LLaVA to 336, SmolVLM to 2048 at most).
+ */
+async function pictureUrl(file) {
+  const bitmap = await createImageBitmap(file);
+  const scale = Math.min(1, MAX_EDGE / Math.max(bitmap.width, bitmap.height));
+  if (scale === 1 && file.size <= MAX_BYTES) {
+    bitmap.close();
+    return readAsDataUrl(file);
+  }
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(1, Math.round(bitmap.width * scale));
+  canvas.height = Math.max(1, Math.round(bitmap.height * scale));
+  const context = canvas.getContext("2d");
+  context.fillStyle = "#ffffff"; // JPEG has no alpha: transparent parts become white, not black
+  context.fillRect(0, 0, canvas.width, canvas.height);
+  context.drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+  bitmap.close();
+  return canvas.toDataURL("image/jpeg", 0.92);
+}
+
+/** Attach the image files among `files` (pasted, dropped or picked); say why not otherwise. */
+async function attachFiles(files) {
+  const images = [...files].filter((file) => file.type.startsWith("image/"));
+  if (!images.length) {
+    if (files.length) setStatus(`${files[0].name || "That"} is not an image.`);
+    return;
+  }
+  const refusal = imageRefusal();
+  if (refusal) {
+    setStatus(refusal);
+    return;
+  }
+  for (const file of images) {
+    try {
+      pending.push(await pictureUrl(file));
+    } catch {
+      setStatus(`${file.name || "The image"} could not be read as a picture.`);
+      continue;
+    }
+    setStatus("");
+  }
+  showPending();
+}
+
+function thumbnail(url) {
+  const image = document.createElement("img");
+  image.className = "thumb";
+  image.src = url;
+  image.alt = "attached image";
+  return image;
+}
+
+function showPending() {
+  ui.attachments.replaceChildren(
+    ...pending.map((url, index) => {
+      const item = document.createElement("span");
+      item.className = "attachment";
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "×";
+      remove.setAttribute("aria-label", "Remove this image");
+      remove.addEventListener("click", () => {
+        pending.splice(index, 1);
+        showPending();
+        ui.prompt.focus();
+      });
+      item.append(thumbnail(url), remove);
+      return item;
+    }),
+  );
+  ui.attachments.hidden = pending.length === 0;
+}
+
+/** The files a paste or drop carries, or none when it carries no files (text stays text). */
+function carriedFiles(transfer) {
+  return transfer && [...transfer.types].includes("Files") ? [...transfer.files] : [];
+}
+
 // -- the conversation -------------------------------------------------------------------------
 
-function addMessage(role, text) {
+function addMessage(role, text, images = []) {
   ui.empty.hidden = true;
   const message = document.createElement("article");
   message.className = `message ${role}`;
+  if (images.length) {
+    const strip = document.createElement("div");
+    strip.className = "images";
+    strip.append(...images.map(thumbnail));
+    message.append(strip);
+  }
   const body = document.createElement("div");
   body.className = "body";
   if (role === "user") body.textContent = text;
@@ -229,17 +367,25 @@ function formatMs(ms) {
   return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`;
 }
 
-async function send(text) {
+async function send(text, images) {
   let fields;
   try {
     fields = requestFields();
   } catch (error) {
     setStatus(error.message);
+    giveBack(text, images);
     return;
   }
   setStatus("");
-  const turn = { role: "user", content: text };
-  const question = addMessage("user", text);
+  // The OpenAI form: plain text, or a list of parts when pictures go with it.
+  const content = images.length
+    ? [
+        ...(text ? [{ type: "text", text }] : []),
+        ...images.map((url) => ({ type: "image_url", image_url: { url } })),
+      ]
+    : text;
+  const turn = { role: "user", content };
+  const question = addMessage("user", text, images);
   const answer = addMessage("assistant", "");
   const view = renderer(answer);
   view.update("");
@@ -300,7 +446,7 @@ async function send(text) {
     question.remove();
     answer.remove();
     ui.empty.hidden = ui.conversation.querySelector(".message") !== null;
-    if (!ui.prompt.value) ui.prompt.value = text;
+    giveBack(text, images);
     setStatus(reply.error ?? "Stopped before the first token.");
     return;
   }
@@ -308,6 +454,15 @@ async function send(text) {
   showStats(answer, reply);
   history.push(turn, { role: "assistant", content: reply.content });
   scrollToEnd(false);
+}
+
+/** Put an unsent message back in the composer, unless something new was typed or attached. */
+function giveBack(text, images) {
+  if (!ui.prompt.value) ui.prompt.value = text;
+  if (!pending.length) {
+    pending = images;
+    showPending();
+  }
 }
 
 function stop() {
@@ -327,6 +482,8 @@ function setStatus(text) {
 function newChat() {
   stop();
   history = [];
+  pending = [];
+  showPending();
   for (const message of ui.conversation.querySelectorAll(".message")) message.remove();
   ui.empty.hidden = false;
   setStatus("");
@@ -338,9 +495,17 @@ function newChat() {
 ui.composer.addEventListener("submit", (event) => {
   event.preventDefault();
   const text = ui.prompt.value.trim();
-  if (!text || inFlight) return;
+  if ((!text && !pending.length) || inFlight) return;
+  const refusal = pending.length ? imageRefusal() : null;
+  if (refusal) {
+    setStatus(`${refusal} Remove the attached images or pick another model.`);
+    return;
+  }
+  const images = pending;
+  pending = [];
+  showPending();
   ui.prompt.value = "";
-  send(text);
+  send(text, images);
 });
 ui.prompt.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -351,6 +516,32 @@ ui.prompt.addEventListener("keydown", (event) => {
   }
 });
 ui.stop.addEventListener("click", stop);
+ui.model.addEventListener("change", updateAttach);
+ui.attach.addEventListener("click", () => ui.file.click());
+ui.file.addEventListener("change", () => {
+  attachFiles(ui.file.files);
+  ui.file.value = ""; // picking the same file again is a change too
+});
+document.addEventListener("paste", (event) => {
+  const files = carriedFiles(event.clipboardData);
+  if (!files.length) return; // pasted text goes into the box as usual
+  event.preventDefault();
+  attachFiles(files);
+});
+// A drop anywhere on the page attaches; without preventDefault the browser would open the file.
+document.addEventListener("dragover", (event) => {
+  // While dragging, the files themselves are hidden; their kind is not.
+  if ([...(event.dataTransfer?.types ?? [])].includes("Files")) {
+    event.preventDefault();
+    event.dataTransfer.dropEffect = takesImages() ? "copy" : "none";
+  }
+});
+document.addEventListener("drop", (event) => {
+  const files = carriedFiles(event.dataTransfer);
+  if (!files.length) return;
+  event.preventDefault();
+  attachFiles(files);
+});
 ui.newChat.addEventListener("click", newChat);
 ui.settingsToggle.addEventListener("click", () => {
   ui.settings.hidden = !ui.settings.hidden;
