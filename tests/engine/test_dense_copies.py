@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from engine_helpers import make_core
 
 from trio_llm.engine.models import dense_copies
+from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.ops.matmul import multiply
 from trio_llm.engine.quant import Int4Weight, dispatching, quantize_int4, quantize_int8
 from trio_llm.engine.quant import weights as weights_module
@@ -146,3 +147,46 @@ def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Pa
         getattr(w, "dense", None) is None
         for w in on.runner.own.matrices()  # type: ignore[union-attr]
     )
+
+
+def test_a_restart_takes_the_crossovers_this_machine_measured_before(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Timed afresh at each start, the crossover (and with it a row's kernel and rounding)
+    could change from one start to the next; recorded, a restart chooses as the first start."""
+    record = MachineRecord(tmp_path / "measured.json")
+    first = dense_copies.keep(
+        weights(), BF16, available=None, timer=timer_with_crossover(8, monkeypatch), record=record
+    )
+    assert first.crossovers == {(64, 128): 8} and "recorded in" in first.reason
+
+    def no_timing(fn: Callable[[], object]) -> float:
+        raise AssertionError("a recorded crossover was timed again")
+
+    again = weights()
+    restarted = dense_copies.keep(again, BF16, available=None, timer=no_timing, record=record)
+    assert restarted.crossovers == {(64, 128): 8} and "before" in restarted.reason
+    assert all(w.dense_rows == 8 for w in again)
+    # Another thread count, or another shape, is another measurement.
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    other = dense_copies.keep(
+        weights(), BF16, available=None, timer=timer_with_crossover(4, monkeypatch), record=record
+    )
+    assert other.crossovers == {(64, 128): 4}
+    wider = dense_copies.keep(
+        weights(shape=(64, 256)), BF16, available=None, timer=timer_with_crossover(16, monkeypatch),
+        record=record,
+    )  # fmt: skip
+    assert wider.crossovers == {(64, 256): 16}
+
+
+def test_an_unwritable_record_still_measures(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    record = MachineRecord(blocked / "measured.json")  # its folder cannot be made
+    kept = dense_copies.keep(
+        weights(), BF16, available=None, timer=timer_with_crossover(2, monkeypatch), record=record
+    )
+    assert kept.crossovers == {(64, 128): 2}

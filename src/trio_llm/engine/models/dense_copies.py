@@ -11,8 +11,10 @@ call of at least that matrix's crossover rows multiplies the dense copy (quant.d
 The crossover is measured here, per distinct matrix shape, on this machine: the quantized
 kernel and the dense matmul timed at 1, 2, 4, ... rows, the crossover the first count where the
 dense one is faster (oneDNN's bf16 matmul and torch's int4 kernel differ by CPU class: AMX,
-AVX512-BF16, AVX2). The copies are packed into oneDNN's blocked layout once
-(`ops.matmul.pack`), which `F.linear` would redo on every call. The copies are in the dtype
+AVX512-BF16, AVX2). The engine records it per machine (engine/ops/machine_record.py) and later
+starts take it from there: the crossover decides the kernel, and so the rounding, of a row.
+The copies are packed into oneDNN's blocked layout once (`ops.matmul.pack`), which `F.linear`
+would redo on every call. The copies are in the dtype
 the quantized kernels multiply in (`quant.kernel_dtype`: bf16 for a float32 model too).
 
 What it costs: the copies' memory (the model in the activations' dtype beside its quantized
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trio_llm.engine.ops.machine_record import MachineRecord, machine_key
 from trio_llm.engine.ops.matmul import Weight, multiply, pack
 from trio_llm.engine.quant import Int8Weight, QuantizedWeight, is_quantized
 
@@ -80,10 +83,14 @@ def keep(
     *,
     available: int | None,
     timer: Callable[[Callable[[], object]], float] | None = None,
+    record: MachineRecord | None = None,
 ) -> DenseCopies:
     """Give each distinct quantized weight in `weights` its dense copy in `dtype` and its
     crossover, where the copies fit in MEMORY_SHARE of `available` bytes (None: unknown, kept).
-    `timer` times a call in seconds (the best of PROBE_REPEATS by default); tests fake it."""
+    `timer` times a call in seconds (the best of PROBE_REPEATS by default); tests fake it.
+    `record`: crossovers measured on this machine before are taken from it, new ones written
+    to it (engine/ops/machine_record.py: a restart then picks the same kernels, and answers a
+    greedy request alike)."""
     distinct = list(
         {
             id(w): w
@@ -111,11 +118,30 @@ def keep(
         groups.setdefault((int(dense.shape[0]), int(dense.shape[1])), []).append(
             (weight, dense)  # type: ignore[arg-type]
         )
-    crossovers = {shape: crossover(pairs, timer or _best_time) for shape, pairs in groups.items()}
+    crossovers: dict[tuple[int, int], int] = {}
+    recalled = 0
+    for shape, pairs in groups.items():
+
+        def measure(pairs: list[tuple[QuantizedWeight, Weight]] = pairs) -> int:
+            return crossover(pairs, timer or _best_time)
+
+        if record is None:
+            crossovers[shape] = measure()
+            continue
+        kinds = sorted({(type(w).__name__, getattr(w, "group", None)) for w, _ in pairs})
+        key = machine_key("dense crossover", PROBE_ROWS, shape, len(pairs), str(dtype), kinds)
+        crossovers[shape], known = record.recall_or_measure(key, measure)
+        recalled += known
     for shape, pairs in groups.items():
         for weight, dense in pairs:
             weight.dense, weight.dense_rows = dense, crossovers[shape]
-    return DenseCopies(True, nbytes, crossovers, "crossovers measured at start-up")
+    if record is None:
+        how = "crossovers measured at start-up"
+    elif recalled == len(groups):
+        how = f"crossovers as measured on this machine before ({record.path})"
+    else:
+        how = f"crossovers measured at start-up, recorded in {record.path}"
+    return DenseCopies(True, nbytes, crossovers, how)
 
 
 def crossover(

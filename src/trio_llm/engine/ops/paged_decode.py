@@ -30,6 +30,8 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from trio_llm.engine.ops.machine_record import cache_root, cpu_flags
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
@@ -40,17 +42,6 @@ torch's threads already live in, never a second one."""
 LANES = 16
 """The kernel works in 16-float vectors: head sizes must be a multiple."""
 ENV = "TRIO_LLM_PAGED_DECODE"
-
-
-def _cpu_flags() -> str:
-    """This CPU's instruction-set flags (`-march=native` compiles for exactly these)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
 
 
 def _link_flags() -> list[str]:
@@ -69,16 +60,13 @@ def build_key() -> str:
     flags = " ".join(FLAGS + _link_flags())
     for part in (SOURCE.read_bytes(), flags.encode(), torch.__version__.encode()):
         digest.update(part)
-    digest.update(_cpu_flags().encode())
+    digest.update(cpu_flags().encode())
     digest.update(sys.version.encode())
     return digest.hexdigest()[:16]
 
 
 def build_directory() -> Path:
-    base = os.environ.get("TRIO_LLM_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "trio-llm", "kernels"
-    )
-    path = Path(base) / f"paged_decode_{build_key()}"
+    path = cache_root() / f"paged_decode_{build_key()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

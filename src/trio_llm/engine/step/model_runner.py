@@ -43,6 +43,7 @@ from trio_llm.engine.models.generic import GenericForward
 from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
 from trio_llm.engine.ops import paged_decode
+from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
 from trio_llm.engine.step.images import image_rows
@@ -202,6 +203,7 @@ class ModelRunner:
                         self.own.matrices(),
                         quant.kernel_dtype(spec.dtype),
                         available=dense_copies.available_memory(),
+                        record=MachineRecord(),
                     )
                 # The embedding and LM head live in the forward now (quantized).
                 model.model.embed_tokens.to("meta")
@@ -213,6 +215,7 @@ class ModelRunner:
                     gguf_modules.quantized_weights(model),
                     quant.kernel_dtype(spec.dtype),
                     available=dense_copies.available_memory(),
+                    record=MachineRecord(),
                 )
         self.lora: LoraStacks | None = None
         """Every adapter slot's weights (None: LoRA off)."""
