@@ -4,13 +4,17 @@ counter, payload `[ts, events, rank]` with events as maps tagged by `type`."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 
 import msgspec
+import numpy as np
+import torch
 import zmq
 
 from trio_llm.engine.lora import adapter_root
 from trio_llm.engine.step.block_manager import BlockManager
+from trio_llm.engine.step.images import ImageSlot
 from trio_llm.engine.step.kv_events import KVEventPublisher
 from trio_llm.engine.step.sequence import Sequence
 from trio_llm.sampling_params import SamplingParams
@@ -120,6 +124,52 @@ def test_blocks_of_a_lora_adapter_carry_its_id_and_name_as_vllms_do() -> None:
         assert (adapted["lora_id"], adapted["lora_name"]) == (3, "sql")
         assert adapted["token_ids"] == plain["token_ids"] == list(range(8))
         assert not set(adapted["block_hashes"]) & set(plain["block_hashes"])
+    finally:
+        sub.close(linger=0)
+        context.term()
+        publisher.close()
+
+
+def test_blocks_holding_an_image_carry_its_digest_as_vllms_extra_keys() -> None:
+    """Two prompts with the same tokens and different pictures behind the placeholders: their
+    blocks hash apart, and a router learns why from `extra_keys` (one entry a block: the
+    digests of the images it holds, none for a block of text alone); text-only events do not
+    carry the field at all."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    publisher = KVEventPublisher(endpoint, block_size=4)
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(endpoint)
+    try:
+        for _ in range(200):  # prime: PUB drops what it sends before the subscription arrives
+            publisher.stored(1, None, (1, 2, 3, 4))
+            publisher.flush()
+            if sub.poll(20):
+                break
+        while sub.poll(50):
+            sub.recv_multipart()
+        bm = BlockManager(12, 4, enable_prefix_caching=True, events=publisher)
+        digests = [hashlib.sha256(name).digest() for name in (b"cat", b"dog")]
+        text = Sequence("text", list(range(100, 112)), SamplingParams(), max_tokens=4)
+        pictured = []
+        for i, digest in enumerate(digests):
+            s = Sequence(f"p{i}", list(range(12)), SamplingParams(), max_tokens=4)
+            # Placeholders at positions 2-6: blocks 0 and 1 hold some, block 2 none.
+            s.images = [ImageSlot(2, 5, np.arange(5), torch.zeros(3, 2, 2), digest)]
+            pictured.append(s)
+        for s in (text, *pictured):
+            bm.allocate(s, 12)
+            s.num_computed_tokens = 12
+            bm.cache_full_blocks(s)
+        publisher.flush()
+        [(_, _, (_, [plain, cat, dog], _))] = receive(sub, 1)
+        assert "extra_keys" not in plain
+        for event, digest in ((cat, digests[0]), (dog, digests[1])):
+            assert event["token_ids"] == list(range(12))
+            assert event["extra_keys"] == [[digest.hex()], [digest.hex()], None]
+        assert not set(cat["block_hashes"]) & set(dog["block_hashes"])
     finally:
         sub.close(linger=0)
         context.term()

@@ -82,9 +82,12 @@ class BlockEvents(Protocol):
         parent_hash: int | None,
         token_ids: tuple[int, ...],
         adapter: tuple[int, str] | None = None,
+        extra_keys: tuple[str, ...] | None = None,
     ) -> None:
         """A block became findable; `parent_hash` is the previous block's (None: the first);
-        `adapter`: the LoRA adapter (load id, name) its K/V was computed with."""
+        `adapter`: the LoRA adapter (load id, name) its K/V was computed with; `extra_keys`:
+        what its hash holds beside the tokens (the content digests of the images whose
+        placeholders it holds, hex)."""
 
     def removed(self, block_hash: int) -> None:
         """A block stopped being findable (evicted, or its step never completed)."""
@@ -180,9 +183,17 @@ class BlockManager:
             self.hash_to_block[block.hash] = block.block_id
             chain.append(block.serial)
             if self.events is not None:
-                # Its tokens alone: a router's view of a block holds no image keys.
+                # Its tokens apart from the images' keys, which travel as vLLM's extra_keys
+                # (the digests only: a router keys a block by the images it holds).
                 plain = tuple(seq.token_ids[i * bs : (i + 1) * bs]) if seq.images else tokens
-                self.events.stored(block.hash, hashes[i - 1] if i else None, plain, seq.adapter)  # type: ignore[arg-type]
+                extra = tuple(dict.fromkeys(d.hex() for d, _ in tokens[len(plain) :]))  # type: ignore[misc]
+                self.events.stored(
+                    block.hash,
+                    hashes[i - 1] if i else None,
+                    plain,  # type: ignore[arg-type]
+                    seq.adapter,
+                    extra or None,
+                )
 
     def _unpublish(self, block: Block) -> None:
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:

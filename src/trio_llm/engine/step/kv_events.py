@@ -8,10 +8,11 @@ subscriber it missed events), `payload` a msgpack array `[timestamp, events, dat
 whose events are maps tagged by `type`: `BlockStored` (the chained block hashes of a run of
 blocks, the hash of the block before the run, their token ids, the block size, and, for a
 sequence on a LoRA adapter, whose hashes are the adapter's own, vLLM's `lora_id` (the adapter's
-load id) and `lora_name`; `medium` "GPU" on a CUDA engine, as vLLM's, none on a CPU), `BlockRemoved`
-(hashes) and `AllBlocksCleared`. A router indexes the stored blocks by their token ids (it
-learns each prompt's ids from the worker's render or `/tokenize` routes) and chains them by the
-hashes.
+load id) and `lora_name`; for blocks that hold an image's placeholders, vLLM's `extra_keys`
+(per block, the images' sha256 digests in hex); `medium` "GPU" on a CUDA engine, as vLLM's,
+none on a CPU), `BlockRemoved` (hashes) and `AllBlocksCleared`. A router indexes the stored
+blocks by their token ids (it learns each prompt's ids from the worker's render or `/tokenize`
+routes) and chains them by the hashes.
 
 Invariants:
 - Events are sent in the order the block manager made them, once per engine step at most (a
@@ -51,6 +52,9 @@ class BlockStored(_Event, tag="BlockStored"):
     lora_id: int | None = None
     medium: str | None = None
     lora_name: str | None = None
+    extra_keys: list[tuple[str, ...] | None] | msgspec.UnsetType = msgspec.UNSET
+    """vLLM's: per block, what its hash holds beside the tokens (an image's content digest);
+    sent only when some block of the event has any (routers that predate it never see it)."""
 
 
 class BlockRemoved(_Event, tag="BlockRemoved"):
@@ -113,15 +117,21 @@ class KVEventPublisher:
         parent_hash: int | None,
         token_ids: tuple[int, ...],
         adapter: tuple[int, str] | None = None,
+        extra_keys: tuple[str, ...] | None = None,
     ) -> None:
         """`adapter` (load id, name) sets vLLM's `lora_id` and `lora_name`: a router keys an
-        adapter's blocks apart from the base model's, as their hashes are."""
+        adapter's blocks apart from the base model's, as their hashes are. `extra_keys`: the
+        block's entry in vLLM's `extra_keys` (its images' digests)."""
         block_hash &= _U64
         parent = None if parent_hash is None else parent_hash & _U64
         last = self._events[-1] if self._events else None
         if isinstance(last, BlockStored) and last.block_hashes[-1] == parent:
             last.block_hashes.append(block_hash)
             last.token_ids.extend(token_ids)
+            if extra_keys is not None and last.extra_keys is msgspec.UNSET:
+                last.extra_keys = [None] * (len(last.block_hashes) - 1)
+            if last.extra_keys is not msgspec.UNSET:
+                last.extra_keys.append(extra_keys)
             return
         self._events.append(
             BlockStored(
@@ -132,6 +142,7 @@ class KVEventPublisher:
                 lora_id=None if adapter is None else adapter[0],
                 medium=self._medium,
                 lora_name=None if adapter is None else adapter[1],
+                extra_keys=msgspec.UNSET if extra_keys is None else [extra_keys],
             )
         )
 
