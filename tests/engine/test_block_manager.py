@@ -204,6 +204,7 @@ class RecordedEvents:
         parent_hash: int | None,
         token_ids: tuple[int, ...],
         adapter: tuple[int, str] | None = None,
+        extra_keys: tuple[str, ...] | None = None,
     ) -> None:
         self.log.append(("stored", block_hash, parent_hash))
 
