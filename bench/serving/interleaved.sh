@@ -9,7 +9,10 @@
 #
 # Usage: bash bench/serving/interleaved.sh [ROUNDS]     (peers from bench/serving/setup_peers.sh
 #        and ../shared/peers/vllm_cpu_setup.sh, in $PEERS, default ../peers; TRIO_ALT_ENV="N=v"
-#        adds trio-llm under that environment to each round)
+#        adds trio-llm under that environment to each round; LOAD="serve.py flags" replaces the
+#        load, e.g. the long-context row: LOAD="--concurrency 8 --input-len 1700 --output-len
+#        128 --num-prompts 8" (about 2,000 prompt tokens), with TRIO_ARGS="--max-model-len 4096"
+#        as vLLM's is)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
@@ -37,9 +40,10 @@ serve_and_load() {  # LABEL ROUND COMMAND...
     local extra=()
     # llama.cpp has no ignore_eos: the end-of-turn tokens are pushed down instead.
     [[ $label == llama-cpp ]] && extra=(--no-ignore-eos --extra-body '{"logit_bias":{"0":-100,"2":-100}}')
+    # shellcheck disable=SC2206
+    local load=(${LOAD:---concurrency 1 8 32 --output-len 64 --prompts-per-client 2 --min-prompts 8})
     $py bench/serving/serve.py --base-url "http://127.0.0.1:$port" --model SmolLM2-135M-Instruct \
-        --concurrency 1 8 32 --output-len 64 --prompts-per-client 2 --min-prompts 8 --ignore-eos \
-        "${extra[@]}" --json "$out/$label-$round.json" 2>/dev/null |
+        "${load[@]}" --ignore-eos "${extra[@]}" --json "$out/$label-$round.json" 2>/dev/null |
         grep -E '^\| ' | grep -v 'conc\|---' | sort -u |
         awk -F'|' -v r="$round" -v s="$label" \
             '{print "round " r " " s " c=" $3 " tok/s=" $8 " ttft_p99=" $11 " itl_p50=" $12}'
@@ -49,8 +53,9 @@ serve_and_load() {  # LABEL ROUND COMMAND...
 }
 
 for round in $(seq "$rounds"); do
+    # shellcheck disable=SC2086
     serve_and_load trio-llm "$round" $py -m trio_llm serve --port $port --log-level warning \
-        --max-num-seqs 64
+        --max-num-seqs 64 ${TRIO_ARGS:-}
     # TRIO_ALT_ENV="NAME=value ...": trio-llm once more per round with that environment (an A/B
     # of a setting that only an environment variable reaches, e.g. OMP_WAIT_POLICY).
     if [[ -n "${TRIO_ALT_ENV:-}" ]]; then
