@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -36,16 +39,18 @@ def receive(sub: zmq.Socket, count: int) -> list[tuple[bytes, int, list]]:  # ty
     return messages
 
 
-def test_a_steps_events_reach_a_subscriber_in_vllms_format() -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    publisher = KVEventPublisher(endpoint, topic="kv", block_size=4, rank=1)
+@contextmanager
+def subscribed(**publisher_args: Any) -> Iterator[tuple[KVEventPublisher, zmq.Socket]]:  # type: ignore[type-arg]
+    """A publisher on a free loopback port and a SUB socket that already receives from it: a
+    PUB socket drops what it sends before the subscription arrives, so it is primed with
+    throwaway events until one gets through, and those are drained."""
+    publisher = KVEventPublisher(f"tcp://127.0.0.1:{free_port()}", **publisher_args)
     context = zmq.Context()
     sub = context.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 5000)
-    sub.connect(endpoint)
+    sub.connect(publisher.endpoint)
     try:
-        # A PUB socket drops what it sends before the subscription arrives: prime it.
         for _ in range(200):
             publisher.stored(1, None, (1, 2, 3, 4))
             publisher.flush()
@@ -53,6 +58,15 @@ def test_a_steps_events_reach_a_subscriber_in_vllms_format() -> None:
                 break
         while sub.poll(50):
             sub.recv_multipart()
+        yield publisher, sub
+    finally:
+        sub.close(linger=0)
+        context.term()
+        publisher.close()
+
+
+def test_a_steps_events_reach_a_subscriber_in_vllms_format() -> None:
+    with subscribed(topic="kv", block_size=4, rank=1) as (publisher, sub):
         bm = BlockManager(3, 4, enable_prefix_caching=True, events=publisher)
         s = Sequence("r", list(range(9)), SamplingParams(), max_tokens=4)
         bm.allocate(s, 9)
@@ -77,10 +91,6 @@ def test_a_steps_events_reach_a_subscriber_in_vllms_format() -> None:
             [first, second]
         )
         assert not sub.poll(100)
-    finally:
-        sub.close(linger=0)
-        context.term()
-        publisher.close()
 
 
 def test_the_first_message_of_an_engines_life_clears_what_a_predecessor_published() -> None:
@@ -95,21 +105,7 @@ def test_the_first_message_of_an_engines_life_clears_what_a_predecessor_publishe
 def test_blocks_of_a_lora_adapter_carry_its_id_and_name_as_vllms_do() -> None:
     """A sequence on an adapter hashes its blocks from the adapter's root; its BlockStored
     says which adapter (vLLM's `lora_id`, `lora_name`), the base model's says none."""
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    publisher = KVEventPublisher(endpoint, block_size=4)
-    context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.RCVTIMEO, 5000)
-    sub.connect(endpoint)
-    try:
-        for _ in range(200):  # prime: PUB drops what it sends before the subscription arrives
-            publisher.stored(1, None, (1, 2, 3, 4))
-            publisher.flush()
-            if sub.poll(20):
-                break
-        while sub.poll(50):
-            sub.recv_multipart()
+    with subscribed(block_size=4) as (publisher, sub):
         bm = BlockManager(6, 4, enable_prefix_caching=True, events=publisher)
         base = Sequence("base", list(range(8)), SamplingParams(), max_tokens=4)
         tuned = Sequence("tuned", list(range(8)), SamplingParams(), max_tokens=4)
@@ -124,10 +120,6 @@ def test_blocks_of_a_lora_adapter_carry_its_id_and_name_as_vllms_do() -> None:
         assert (adapted["lora_id"], adapted["lora_name"]) == (3, "sql")
         assert adapted["token_ids"] == plain["token_ids"] == list(range(8))
         assert not set(adapted["block_hashes"]) & set(plain["block_hashes"])
-    finally:
-        sub.close(linger=0)
-        context.term()
-        publisher.close()
 
 
 def test_blocks_holding_an_image_carry_its_digest_as_vllms_extra_keys() -> None:
@@ -135,21 +127,7 @@ def test_blocks_holding_an_image_carry_its_digest_as_vllms_extra_keys() -> None:
     blocks hash apart, and a router learns why from `extra_keys` (one entry a block: the
     digests of the images it holds, none for a block of text alone); text-only events do not
     carry the field at all."""
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    publisher = KVEventPublisher(endpoint, block_size=4)
-    context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.RCVTIMEO, 5000)
-    sub.connect(endpoint)
-    try:
-        for _ in range(200):  # prime: PUB drops what it sends before the subscription arrives
-            publisher.stored(1, None, (1, 2, 3, 4))
-            publisher.flush()
-            if sub.poll(20):
-                break
-        while sub.poll(50):
-            sub.recv_multipart()
+    with subscribed(block_size=4) as (publisher, sub):
         bm = BlockManager(12, 4, enable_prefix_caching=True, events=publisher)
         digests = [hashlib.sha256(name).digest() for name in (b"cat", b"dog")]
         text = Sequence("text", list(range(100, 112)), SamplingParams(), max_tokens=4)
@@ -170,7 +148,3 @@ def test_blocks_holding_an_image_carry_its_digest_as_vllms_extra_keys() -> None:
             assert event["token_ids"] == list(range(12))
             assert event["extra_keys"] == [[digest.hex()], [digest.hex()], None]
         assert not set(cat["block_hashes"]) & set(dog["block_hashes"])
-    finally:
-        sub.close(linger=0)
-        context.term()
-        publisher.close()
