@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from trio_llm.engine.hf import text_config
 from trio_llm.engine.models import vision
+from trio_llm.engine.ops.cpu import cpu_flags
 from trio_llm.model_files import ModelSource, UnsupportedModelError
 from trio_llm.tasks import TASKS, is_pooling
 
@@ -137,16 +138,6 @@ def position_offset(config: PretrainedConfig) -> int:
     if getattr(config, "model_type", None) in ("roberta", "xlm-roberta"):
         return int(config.pad_token_id) + 1
     return 0
-
-
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as /proc/cpuinfo names them; empty where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return frozenset()
-    return frozenset(line.partition(":")[2].split())
 
 
 def cpu_has_fast_bf16(flags: frozenset[str]) -> bool:

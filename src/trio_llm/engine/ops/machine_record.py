@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from trio_llm.engine.ops import cpu
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "measured.json"
@@ -40,15 +42,9 @@ def cache_root() -> Path:
 
 
 def cpu_flags() -> str:
-    """This CPU's instruction-set flags, sorted (what `-march=native` and oneDNN's kernel
-    choice depend on)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
+    """This CPU's instruction-set flags, sorted into one string: what `-march=native` and
+    oneDNN's kernel choice depend on."""
+    return " ".join(sorted(cpu.cpu_flags()))
 
 
 def machine_key(*parts: object) -> str:
