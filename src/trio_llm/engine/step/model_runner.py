@@ -162,8 +162,8 @@ class ModelRunner:
         shapes = [(num_blocks, spec.block_size, heads, dim) for heads, dim in spec.layers]
         self.k_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
         self.v_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
-        if device.type == "cpu":
-            paged_decode.prepare()
+        if device.type == "cpu" and backend == "torch":
+            paged_decode.prepare()  # its decodes' kernel, built now rather than in a request's step
         self.own: LlamaForward | None = None
         """The engine's own forward, when it computes this model (`choice`)."""
         self.forward: LlamaForward | GenericForward
