@@ -17,91 +17,22 @@ the engine says so once.
 
 from __future__ import annotations
 
-import fcntl
-import functools
-import hashlib
 import logging
 import os
-import shutil
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch import Tensor
 
-from trio_llm.engine.ops.machine_record import cache_root, cpu_flags
+from trio_llm.engine.ops.native import Kernel
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
-"""-fopenmp: `at::parallel_for` is inline in ATen's headers and runs on one thread unless the
-extension is compiled with OpenMP; it then links torch's own libgomp (`_link_flags`), the runtime
-torch's threads already live in, never a second one."""
+KERNEL = Kernel("paged_decode.cpp")
 LANES = 16
 """The kernel works in 16-float vectors: head sizes must be a multiple."""
 ENV = "TRIO_LLM_PAGED_DECODE"
-
-
-def _link_flags() -> list[str]:
-    """torch's bundled libgomp, by its soname: the loader finds it already loaded by torch."""
-    lib = Path(torch.__file__).parent / "lib"
-    return (
-        [f"-L{lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{lib}"]
-        if (lib / "libgomp.so.1").exists()
-        else []
-    )
-
-
-def build_key() -> str:
-    """What the build depends on: source, flags, torch, Python and this CPU's flags."""
-    digest = hashlib.sha256()
-    flags = " ".join(FLAGS + _link_flags())
-    for part in (SOURCE.read_bytes(), flags.encode(), torch.__version__.encode()):
-        digest.update(part)
-    digest.update(cpu_flags().encode())
-    digest.update(sys.version.encode())
-    return digest.hexdigest()[:16]
-
-
-def build_directory() -> Path:
-    path = cache_root() / f"paged_decode_{build_key()}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@functools.cache
-def extension() -> ModuleType | None:
-    """The built kernel, or None (no compiler: the torch path serves).
-
-    Two guards around torch's builder. Its own lock is a file that a builder killed mid-build
-    (Ctrl-C, a test timeout) leaves behind, and every later engine then waits on it forever; so
-    builders take an flock first (the kernel drops it with the process), and under it any such
-    file is a dead builder's and is removed. And the source is copied into the build directory
-    and compiled from there, so checkouts at different paths (worktrees, CI's clean clone) that
-    share the cache share one build instead of rebuilding over each other's."""
-    from torch.utils import cpp_extension
-
-    directory = build_directory()
-    try:
-        with open(directory / "build.flock", "w") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)
-            (directory / "lock").unlink(missing_ok=True)
-            source = directory / SOURCE.name
-            if not source.exists() or source.read_bytes() != SOURCE.read_bytes():
-                shutil.copyfile(SOURCE, source)
-            return cpp_extension.load(
-                name=f"trio_llm_paged_decode_{build_key()}",
-                sources=[str(source)],
-                extra_cflags=FLAGS,
-                extra_ldflags=_link_flags(),
-                build_directory=str(directory),
-                verbose=False,
-            )
-    except Exception as exc:  # a missing compiler or headers: serve on the torch path
-        log.warning("paged decode kernel not built (%s); decode attention on the torch path", exc)
-        return None
+build_directory = KERNEL.build_directory
+extension = KERNEL.extension
 
 
 def enabled() -> bool:
