@@ -22,6 +22,7 @@ from gguf_writer import write
 
 from trio_llm import model_files
 from trio_llm.engine.models import gguf_modules
+from trio_llm.engine.ops import int4_rows
 from trio_llm.engine.quant import Int4Weight
 
 PROMPTS = random_prompts([9, 33], seed=4, vocab=VOCAB)
@@ -100,6 +101,10 @@ def test_batch_invariance_on_keeps_every_row_on_the_quantized_kernels(
     path = quantized_file("qwen3", "Q4_0", tmp_path)
     core = make_core(path, dtype="bfloat16", device="cpu", batch_invariant="on")
     assert core.runner.invariance.on and core.runner.dense_copies is None
+    own = core.runner.own
+    if own is not None and int4_rows.available():  # AMX or AVX512-BF16: the own kernel
+        int4 = [w for w in own.matrices() if isinstance(w, Int4Weight)]
+        assert int4 and all(w.exact is not None for w in int4)
     prompts = random_prompts([5, 17, 40, 3, 26], seed=8, vocab=VOCAB)
     reqs = [request(str(i), p, max_tokens=6, logprobs=0) for i, p in enumerate(prompts)]
     together = run(core, reqs)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trio_llm.engine.ops.int4_rows import RowsExact
 from trio_llm.engine.ops.matmul import Weight, multiply
 
 Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
@@ -62,6 +63,10 @@ class Int4Weight:
     many rows (models/dense_copies.py); None: none is kept."""
     dense_rows: int = 0
     """Calls of at least this many rows take `dense` (where it is kept)."""
+    exact: RowsExact | None = None
+    """The same values in ops/int4_rows.py's packing, multiplied by its kernel instead of
+    torch's (`keep_exact`): row-exact and fast at every row count, for a batch-invariant
+    engine."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -70,6 +75,19 @@ class Int4Weight:
     @property
     def dtype(self) -> torch.dtype:
         return self.scales_zeros.dtype
+
+    def keep_exact(self) -> None:
+        """Repack for ops/int4_rows.py's kernel (`exact`), out of the torch packing (the
+        layout `_N_ALIGN` describes): the same 4-bit values, scales and zeros, with the zero
+        and the -8 folded into one float32 offset."""
+        k = self.in_features
+        blocks = self.packed.view(-1, k, 32)
+        q = torch.empty(blocks.shape[0], 64, k, dtype=torch.uint8)
+        q[:, :32].copy_((blocks & 15).transpose(1, 2))
+        q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
+        scale = self.scales_zeros[..., 0].t().float()
+        offset = self.scales_zeros[..., 1].t().float() - 8 * scale
+        self.exact = RowsExact.pack(q.view(-1, k), scale, offset)
 
     @property
     def nbytes(self) -> int:
@@ -98,9 +116,12 @@ class Int4Weight:
         return w[: self.out_features]
 
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.contiguous(), self.packed, self.group, self.scales_zeros
-        )
+        if self.exact is not None:
+            out = self.exact.matmul(x)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.contiguous(), self.packed, self.group, self.scales_zeros
+            )
         if self.split:
             # Two planes of the same matrix (`split_int8`): their sum is the weight's product.
             half = self.packed.shape[0] // 2

@@ -42,7 +42,7 @@ from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
 from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
-from trio_llm.engine.ops import paged_decode
+from trio_llm.engine.ops import int4_rows, paged_decode
 from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -198,6 +198,11 @@ class ModelRunner:
                 # Quantized weights on their own kernels, row-exact for any rows; with
                 # invariance off, calls of many rows (prefill chunks) dequantize instead.
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
+                if self.invariance.on and device.type == "cpu" and int4_rows.available():
+                    for weight in self.own.matrices():
+                        if isinstance(weight, quant.Int4Weight):
+                            weight.keep_exact()
+                    log.info("4-bit weights on the row-exact kernel (%s)", int4_rows.path())
                 if not self.invariance.on:
                     self.dense_copies = dense_copies.keep(
                         self.own.matrices(),

@@ -1,0 +1,91 @@
+"""4-bit weights multiplied row-exactly at every row count, fast from one row to a prefill
+chunk: a C++ kernel of our own (csrc/int4_rows.cpp).
+
+Why: batch invariance needs one kernel for every call a weight takes part in, and neither of
+torch's fits a whole step. Its int4 kernel is row-exact but dequantizes a weight tile for every
+few rows (a decode batch of 32 costs 3-4x oneDNN's bf16 matmul); oneDNN is fast for a batch but
+reads bf16 weights for a lone stream and sums in another order. This kernel dequantizes a strip
+of 32 outputs once a call and multiplies every row by it, with AMX tiles where the CPU has them
+(bench/results/int4_rows.md has the measured ratios per row count). Its weights are its own
+packing, made once at load from the torch packing (`RowsExact.of`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trio_llm.engine.ops.native import Kernel
+
+KERNEL = Kernel("int4_rows.cpp")
+STRIP = 32
+"""Outputs a strip: the kernel's packing pads the outputs to a multiple."""
+ENV = "TRIO_LLM_INT4_ROWS"
+FAST_PATHS = ("amx", "avx512_bf16")
+"""Where the kernel outruns torch's int4 kernel from a few rows on; its generic path (no
+AVX512-BF16) is correct but slow, so there torch's kernels stay."""
+
+
+def path(allow_amx: bool = True) -> str | None:
+    """Which instructions the kernel sums with here ("amx", "avx512_bf16", "generic"), or None
+    where it is not built or `TRIO_LLM_INT4_ROWS=0`."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    ext = KERNEL.extension()
+    return None if ext is None else str(ext.path(allow_amx))
+
+
+def available() -> bool:
+    """Whether the engine should multiply 4-bit weights with this kernel on this machine."""
+    return path() in FAST_PATHS
+
+
+@dataclass(slots=True, eq=False)
+class RowsExact:
+    """A 4-bit matrix in the kernel's packing: w = q * scale + offset, per output and group."""
+
+    packed: Tensor
+    """[strips, K / 2, 32] uint8: byte j of pair p holds output 32 s + j's inputs 2 p (low
+    nibble) and 2 p + 1 (high nibble)."""
+    scales: Tensor
+    """[strips, K / group, 32] float32."""
+    offsets: Tensor
+    """[strips, K / group, 32] float32."""
+    group: int
+    rows: int
+    """Outputs computed (the packing's padded outputs are not)."""
+
+    @classmethod
+    def pack(cls, q: Tensor, scale: Tensor, offset: Tensor) -> RowsExact:
+        """From values `q` [N, K] in 0..15 and `scale`, `offset` [N, K / group]."""
+        n, k = q.shape
+        group = k // scale.shape[1]
+        pad = -n % STRIP
+        q = F.pad(q, (0, 0, 0, pad)).to(torch.uint8)
+        strips = q.shape[0] // STRIP
+        pairs = q.view(strips, STRIP, k // 2, 2)
+        packed = (pairs[..., 0] | (pairs[..., 1] << 4)).transpose(1, 2).contiguous()
+
+        def per_strip(values: Tensor) -> Tensor:
+            values = F.pad(values.float(), (0, 0, 0, pad))
+            return values.view(strips, STRIP, -1).transpose(1, 2).contiguous()
+
+        return cls(packed, per_strip(scale), per_strip(offset), group, n)
+
+    def matmul(self, x: Tensor) -> Tensor:
+        """x [M, K] bf16 by the matrix: [M, rows] bf16."""
+        ext = KERNEL.extension()
+        assert ext is not None, "RowsExact.matmul called where available() is false"
+        return ext.int4_linear(
+            x.contiguous(), self.packed, self.scales, self.offsets, self.group, self.rows, True
+        )
+
+
+if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start
+    logging.basicConfig(level=logging.INFO)
+    print(f"row-exact 4-bit kernel: {path() or 'not built'}")
