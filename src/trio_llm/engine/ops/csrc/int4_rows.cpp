@@ -27,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -151,7 +152,7 @@ void rows_by_strip(const uint16_t* x, int64_t ldx, const uint16_t* buf, int64_t 
 #include <unistd.h>
 #define TRIO_AMX 1
 
-struct TileConfig {
+struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
@@ -165,6 +166,21 @@ void configure(int rows) {
   cfg.rows[3] = cfg.rows[4] = 16;
   _tile_loadconfig(&cfg);
 }
+
+// The tile configuration found on this thread, put back when the call ends: torch's own AMX
+// kernels (oneDNN's brgemm under SDPA's flash kernel) may keep theirs configured between
+// calls and skip configuring it again.
+class SavedTiles {
+ public:
+  SavedTiles() { _tile_storeconfig(&saved_); }
+  ~SavedTiles() {
+    if (saved_.palette == 0) _tile_release();
+    else _tile_loadconfig(&saved_);
+  }
+
+ private:
+  TileConfig saved_;
+};
 
 bool amx_permitted() {
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
@@ -223,6 +239,10 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     std::vector<uint16_t> buf(K * kStrip);
     std::vector<float> acc(16 * kStrip);
+#ifdef TRIO_AMX
+    std::optional<SavedTiles> saved;
+    if (use_amx) saved.emplace();
+#endif
     const int64_t block = use_amx ? 16 : kRows;
     for (int64_t s = begin; s < end; ++s) {
       dequantize_strip(qp, sp, fp, s, K, group, buf.data());
