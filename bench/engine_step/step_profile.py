@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.ops import paged_decode, threads
+from trio_llm.engine.ops import int4_rows, paged_decode, threads
 from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -50,12 +50,26 @@ class Variant:
     invariant: str  # "off", "on" or "auto"
     quantization: str = "none"  # the GGUF dequantized unless a variant says otherwise
     in_place: bool = True  # decodes on the in-place kernel (engine/ops/paged_decode.py)
+    int4_rows: bool = True  # with invariance on, 4-bit weights on engine/ops/int4_rows.py's kernel
+
+    def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
+        """Its core; the 4-bit kernel is chosen at start-up (`TRIO_LLM_INT4_ROWS`)."""
+        before = os.environ.get(int4_rows.ENV)
+        os.environ[int4_rows.ENV] = "1" if self.int4_rows else "0"
+        try:
+            return EngineCore(self.args(threads, kv_cache_memory))
+        finally:
+            if before is None:
+                del os.environ[int4_rows.ENV]
+            else:
+                os.environ[int4_rows.ENV] = before
 
     @property
     def label(self) -> str:
         quantized = "" if self.quantization == "none" else f", weights {self.quantization}"
         gather = "" if self.in_place else ", decodes gathered"
-        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}"
+        torch4 = "" if self.int4_rows else ", torch's int4 kernel"
+        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
 
     def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
         return EngineArgs(
@@ -85,6 +99,8 @@ VARIANTS = {
     # quantized kernels.
     "own-gguf": Variant("own", "auto", "off", "auto"),
     "own-gguf-inv": Variant("own", "auto", "on", "auto"),
+    # As before engine/ops/int4_rows.py: invariance on with torch's int4 kernel for every row.
+    "own-gguf-inv-torch4": Variant("own", "auto", "on", "auto", int4_rows=False),
     # The default, its decodes gathered and run by SDPA instead of the in-place kernel.
     "own-gguf-gather": Variant("own", "auto", "off", "auto", in_place=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
@@ -286,7 +302,7 @@ def main() -> None:
         # sets it: here it is on for the variants without invariance too.
         threads.enable_reproducible_mkl()
     cores = {
-        v: EngineCore(v.args(args.threads, kv_bytes(v.dtype, cases, args.rounds)))  # type: ignore[arg-type]
+        v: v.make(args.threads, kv_bytes(v.dtype, cases, args.rounds))  # type: ignore[arg-type]
         for v in variants
     }
     splits = {v: Split(core) for v, core in cores.items()}

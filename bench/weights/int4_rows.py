@@ -1,0 +1,115 @@
+"""The row-exact 4-bit kernel (engine/ops/int4_rows.py) against the two kernels a quantized
+weight otherwise takes, by rows per call: torch's int4 kernel (row-exact, what `--batch-
+invariant on` used for every row before) and oneDNN's bf16 matmul on a dense copy (what
+calls of many rows take with invariance off; not row-exact against the int4 kernel).
+
+Same 4-bit weights (groups of 32) for the default model's matmul shapes; bf16 activations;
+the median of --repeats calls after a warm-up; the variants take turns per call so that drift
+on a shared VM falls on each alike. Where the CPU has AMX the kernel's AVX512-BF16 path is
+timed beside it.
+
+Usage: python bench/weights/int4_rows.py [--threads 2] [--repeats 30]
+       [--out bench/results/int4_rows.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trio_llm.engine.ops import int4_rows
+from trio_llm.engine.quant import quantize_int4
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
+
+import hostinfo  # noqa: E402
+from weights.quant_kernels import SHAPES  # noqa: E402
+
+ROWS = (1, 4, 8, 16, 32, 64, 128, 512)
+
+
+def medians_us(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--out", type=Path, default=BENCH / "results" / "int4_rows.md")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    ext = int4_rows.KERNEL.extension()
+    if ext is None:
+        raise SystemExit("the kernel is not built here (no C++ compiler)")
+    paths = {"own": True} if int4_rows.path(True) != "amx" else {"own AMX": True, "own AVX": False}
+    names = ["oneDNN bf16", "torch int4", *paths]
+    lines = [
+        *hostinfo.heading(
+            "The row-exact 4-bit kernel by rows per call",
+            f"Threads {args.threads}; kernel path here: {int4_rows.path()}; load average at the "
+            f"start {' '.join(f'{x:.1f}' for x in os.getloadavg())}.",
+        ),
+        "",
+        f"Microseconds per call, median of {args.repeats}; the last column: the kernel against "
+        "the faster of torch's int4 kernel and oneDNN bf16 (below 1: faster).",
+        "",
+        "| shape | rows | " + " | ".join(names) + " | own / best other |",
+        "|---|---|" + "---|" * (len(names) + 1),
+    ]
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k) * 0.05
+        int4 = quantize_int4(w, torch.bfloat16)
+        dense = int4.dequantize()
+        int4.keep_exact()
+        e = int4.exact
+        assert e is not None
+        for rows in ROWS:
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            fns: dict[str, Callable[[], object]] = {
+                "oneDNN bf16": partial(F.linear, x, dense),
+                "torch int4": partial(
+                    torch.ops.aten._weight_int4pack_mm_for_cpu,
+                    x,
+                    int4.packed,
+                    int4.group,
+                    int4.scales_zeros,
+                ),
+            }
+            for label, amx in paths.items():
+                fns[label] = partial(
+                    ext.int4_linear, x, e.packed, e.scales, e.offsets, e.group, e.rows, amx
+                )
+            t = medians_us(fns, args.repeats)
+            own = t[next(iter(paths))]
+            ratio = own / min(t["oneDNN bf16"], t["torch int4"])
+            lines.append(
+                f"| {name} | {rows} | "
+                + " | ".join(f"{t[c]:.0f}" for c in names)
+                + f" | {ratio:.2f} |"
+            )
+            print(lines[-1], flush=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
