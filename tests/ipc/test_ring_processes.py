@@ -269,5 +269,8 @@ def test_stress_with_random_pauses(fence: str, count: int) -> None:
             reap(sink)
     assert received["received"] == count
     assert received["crc"] == sent["crc"]
-    # Both sides really did sleep and wake each other, many times.
-    assert sent["waits"] > 100 and received["waits"] > 100, (sent, received)
+    # Both sides really did sleep and wake each other, many times. How many depends on which
+    # side is faster on the machine at hand: on an AMX Xeon the sink slept 94 times in a
+    # 200,000-message run (the source 562), so the bar is one that only a side that never
+    # reaches its sleep path fails.
+    assert sent["waits"] > 20 and received["waits"] > 20, (sent, received)
