@@ -1,4 +1,4 @@
-"""The row-exact 4-bit matmul (engine/ops/int4_rows.py): a row's result is the same bits at
+"""The row-exact 4- and 8-bit matmul (engine/ops/int4_rows.py): a row's result is the same bits at
 every row count, on each instruction path this machine has, and it is the dequantized
 weight's product in value."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trio_llm.engine.ops import int4_rows
-from trio_llm.engine.quant import quantize_int4
-from trio_llm.engine.quant.weights import split_int8
+from trio_llm.engine.quant import quantize_int4, quantize_int8
+from trio_llm.engine.quant.weights import Int4Weight, Int8Weight, split_int8
 
 BF16 = torch.bfloat16
 
@@ -23,13 +23,17 @@ def paths() -> list[bool]:
     return [True, False] if int4_rows.path(True) == "amx" else [True]
 
 
-@pytest.mark.parametrize("out_features, in_features", [(96, 64), (200, 128), (64, 256)])
-def test_a_row_is_the_same_bits_alone_and_in_any_batch(out_features: int, in_features: int) -> None:
-    gen = torch.Generator().manual_seed(out_features)
-    weight = quantize_int4(torch.randn(out_features, in_features, generator=gen), BF16)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n, k", [(96, 64), (200, 128), (64, 256)])
+def test_a_row_is_the_same_bits_alone_and_in_any_batch(n: int, k: int, bits: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randn(n, k, generator=gen)
+    weight: Int4Weight | Int8Weight = (
+        quantize_int4(w, BF16) if bits == 4 else quantize_int8(w, BF16)
+    )
     weight.keep_exact()
     assert weight.exact is not None
-    x = torch.randn(70, in_features, generator=gen).to(BF16)
+    x = torch.randn(70, k, generator=gen).to(BF16)
     ext = int4_rows.KERNEL.extension()
     e = weight.exact
     for allow_amx in paths():
@@ -38,7 +42,7 @@ def test_a_row_is_the_same_bits_alone_and_in_any_batch(out_features: int, in_fea
             return ext.int4_linear(rows, e.packed, e.scales, e.offsets, e.group, e.rows, amx)
 
         full = mm(x)
-        assert full.shape == (70, weight.packed.shape[0])
+        assert full.shape == (70, e.rows)
         for start, stop in [(0, 1), (5, 6), (3, 5), (0, 16), (16, 33), (40, 70), (69, 70)]:
             assert torch.equal(mm(x[start:stop].contiguous()), full[start:stop]), (start, stop)
 
@@ -67,3 +71,20 @@ def test_an_8_bit_matrix_as_two_planes_keeps_its_value() -> None:
     torch.testing.assert_close(
         after.float(), before.float(), rtol=2e-2, atol=2e-2 * before.float().std()
     )
+
+
+def test_8_bit_rows_keep_their_value() -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight = quantize_int8(torch.randn(150, 192, generator=gen), BF16)
+    x = torch.randn(11, 192, generator=gen).to(BF16)
+    reference = x.float() @ weight.dequantize().float().t()
+    weight.keep_exact()
+    out = weight.matmul(x, None)
+    assert out.shape == (11, 150)
+    torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2 * reference.std())
+
+
+def test_w8a8_weights_keep_their_integer_matmul() -> None:
+    weight = quantize_int8(torch.randn(64, 64), BF16, int8_activations=True)
+    weight.keep_exact()
+    assert weight.exact is None

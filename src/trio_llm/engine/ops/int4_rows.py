@@ -47,11 +47,12 @@ def available() -> bool:
 
 @dataclass(slots=True, eq=False)
 class RowsExact:
-    """A 4-bit matrix in the kernel's packing: w = q * scale + offset, per output and group."""
+    """A 4-bit (or 8-bit) matrix in the kernel's packing: w = q * scale + offset, per output
+    and group."""
 
     packed: Tensor
-    """[strips, K / 2, 32] uint8: byte j of pair p holds output 32 s + j's inputs 2 p (low
-    nibble) and 2 p + 1 (high nibble)."""
+    """4 bits: [strips, K / 2, 32] uint8, byte j of pair p holding output 32 s + j's inputs
+    2 p (low nibble) and 2 p + 1 (high nibble); 8 bits (`pack8`): [strips, K / 2, 64]."""
     scales: Tensor
     """[strips, K / group, 32] float32."""
     offsets: Tensor
@@ -76,6 +77,19 @@ class RowsExact:
             return values.view(strips, STRIP, -1).transpose(1, 2).contiguous()
 
         return cls(packed, per_strip(scale), per_strip(offset), group, n)
+
+    @classmethod
+    def pack8(cls, q: Tensor, scale: Tensor) -> RowsExact:
+        """From signed 8-bit values `q` [N, K] and one `scale` [N] an output (w = q * scale):
+        the kernel's 8-bit packing, [strips, K / 2, 64], output j's pair at bytes 2 j, 2 j + 1."""
+        n, k = q.shape
+        pad = -n % STRIP
+        q = F.pad(q, (0, 0, 0, pad))
+        strips = q.shape[0] // STRIP
+        packed = q.view(strips, STRIP, k // 2, 2).transpose(1, 2).reshape(strips, k // 2, -1)
+        scales = F.pad(scale.float(), (0, pad)).view(strips, 1, STRIP).contiguous()
+        offsets = torch.zeros_like(scales)
+        return cls(packed.contiguous().view(torch.uint8), scales, offsets, k, n)
 
     def matmul(self, x: Tensor) -> Tensor:
         """x [M, K] bf16 by the matrix: [M, rows] bf16."""

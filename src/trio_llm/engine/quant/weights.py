@@ -178,6 +178,14 @@ class Int8Weight:
     dense: Weight | None = None
     """As Int4Weight's: the dequantized matrix kept for calls of many rows."""
     dense_rows: int = 0
+    exact: RowsExact | None = None
+    """As Int4Weight's: the same values multiplied by ops/int4_rows.py's kernel."""
+
+    def keep_exact(self) -> None:
+        """Repack for ops/int4_rows.py's kernel (`exact`); W8A8 weights keep their integer
+        matmul, which is row-exact already."""
+        if not self.int8_activations:
+            self.exact = RowsExact.pack8(self.q, self.scales)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -200,6 +208,8 @@ class Int8Weight:
             step = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
             x8 = torch.round(x32 / step).to(torch.int8)
             out = (torch._int_mm(x8, self.q.t()).float() * step * self.scales.float()).to(x.dtype)
+        elif self.exact is not None:
+            out = self.exact.matmul(x)
         else:
             out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.q, self.scales)
         return out if bias is None else out + bias

@@ -200,9 +200,9 @@ class ModelRunner:
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
                 if self.invariance.on and device.type == "cpu" and int4_rows.available():
                     for weight in self.own.matrices():
-                        if isinstance(weight, quant.Int4Weight):
-                            weight.keep_exact()
-                    log.info("4-bit weights on the row-exact kernel (%s)", int4_rows.path())
+                        if quant.is_quantized(weight):
+                            weight.keep_exact()  # type: ignore[union-attr]
+                    log.info("quantized weights on the row-exact kernel (%s)", int4_rows.path())
                 if not self.invariance.on:
                     self.dense_copies = dense_copies.keep(
                         self.own.matrices(),

@@ -1,4 +1,4 @@
-// A matmul of bf16 activations by 4-bit weights whose every output row is computed the same
+// A matmul of bf16 activations by 4-bit (or 8-bit) weights whose every output row is computed the same
 // way whatever the number of rows in the call: the quantized matmul of a batch-invariant
 // engine (engine/ops/int4_rows.py).
 //
@@ -20,7 +20,8 @@
 // Layout (`int4_pack`): the weight is padded to whole strips of 32 outputs; for strip s and
 // input pair p, 32 bytes whose byte j holds output 32 s + j's weights 2 p (low nibble) and
 // 2 p + 1 (high nibble). Each group of `group` inputs has a float32 scale and offset per
-// output: w = q * scale + offset (q in 0..15), computed in float32 and rounded to bf16.
+// output: w = q * scale + offset (q in 0..15), computed in float32 and rounded to bf16. An
+// 8-bit weight (`dequantize_strip8`) is the same with signed bytes, two per output a pair.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -103,6 +104,54 @@ void dequantize_strip(const uint8_t* packed, const float* scales, const float* o
       const float scale = sc[g * kStrip + j], offset = of[g * kStrip + j];
       buf[p * 2 * kStrip + 2 * j] = round_bf16(static_cast<float>(byte & 15) * scale + offset);
       buf[p * 2 * kStrip + 2 * j + 1] = round_bf16(static_cast<float>(byte >> 4) * scale + offset);
+    }
+  }
+#endif
+}
+
+// Strip `s` of an 8-bit weight (`int8_pack`: for pair p, 64 signed bytes, output j's inputs
+// 2 p and 2 p + 1 at 2 j and 2 j + 1) dequantized into `buf` as dequantize_strip does.
+void dequantize_strip8(const uint8_t* packed, const float* scales, const float* offsets,
+                       int64_t s, int64_t K, int64_t group, uint16_t* buf) {
+  const int64_t pairs = K / 2, groups = K / group;
+  const int8_t* q = reinterpret_cast<const int8_t*>(packed) + s * pairs * 2 * kStrip;
+  const float* sc = scales + s * groups * kStrip;
+  const float* of = offsets + s * groups * kStrip;
+#ifdef TRIO_AVX512_BF16
+  const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i hi_idx =
+      _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 scale[4], offset[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512 s16 = _mm512_loadu_ps(sc + g * kStrip + 16 * h);
+      const __m512 o16 = _mm512_loadu_ps(of + g * kStrip + 16 * h);
+      scale[2 * h] = _mm512_permutexvar_ps(lo_idx, s16);
+      scale[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, s16);
+      offset[2 * h] = _mm512_permutexvar_ps(lo_idx, o16);
+      offset[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, o16);
+    }
+    for (int64_t p = g * group / 2; p < (g + 1) * group / 2; ++p) {
+      for (int h = 0; h < 2; ++h) {
+        const int8_t* row = q + p * 2 * kStrip + 32 * h;
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16));
+        const __m512 wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)),
+                                          scale[2 * h], offset[2 * h]);
+        const __m512 wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
+                                          scale[2 * h + 1], offset[2 * h + 1]);
+        const __m512bh w = _mm512_cvtne2ps_pbh(wb, wa);
+        _mm512_storeu_si512(buf + p * 2 * kStrip + 32 * h, reinterpret_cast<const __m512i&>(w));
+      }
+    }
+  }
+#else
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t g = 2 * p / group;
+    for (int64_t e = 0; e < 2 * kStrip; ++e) {
+      const int64_t j = e / 2;
+      const float value = static_cast<float>(q[p * 2 * kStrip + e]);
+      buf[p * 2 * kStrip + e] = round_bf16(value * sc[g * kStrip + j] + of[g * kStrip + j]);
     }
   }
 #endif
@@ -227,8 +276,10 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
               "x: contiguous [M, K] bf16");
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t strips = packed.size(0);
-  TORCH_CHECK(packed.dim() == 3 && packed.size(1) * 2 == K && packed.size(2) == kStrip,
-              "packed: [strips, K / 2, 32] uint8");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(1) * 2 == K &&
+                  (packed.size(2) == kStrip || packed.size(2) == 2 * kStrip),
+              "packed: [strips, K / 2, 32] (4 bits) or [strips, K / 2, 64] (8 bits) uint8");
+  const bool eight = packed.size(2) == 2 * kStrip;
   TORCH_CHECK(K % group == 0 && group % 2 == 0 && N <= strips * kStrip, "shapes");
   auto out = torch::empty({M, N}, x.options());
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
@@ -245,7 +296,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
 #endif
     const int64_t block = use_amx ? 16 : kRows;
     for (int64_t s = begin; s < end; ++s) {
-      dequantize_strip(qp, sp, fp, s, K, group, buf.data());
+      (eight ? dequantize_strip8 : dequantize_strip)(qp, sp, fp, s, K, group, buf.data());
       const int64_t width = std::min<int64_t>(kStrip, N - s * kStrip);
       for (int64_t m = 0; m < M; m += block) {
         const int64_t rows = std::min<int64_t>(block, M - m);
