@@ -50,7 +50,7 @@ class Variant:
     invariant: str  # "off", "on" or "auto"
     quantization: str = "none"  # the GGUF dequantized unless a variant says otherwise
     in_place: bool = True  # decodes on the in-place kernel (engine/ops/paged_decode.py)
-    int4_rows: bool = True  # with invariance on, 4-bit weights on engine/ops/int4_rows.py's kernel
+    int4_rows: bool = True  # 4-bit weights on engine/ops/int4_rows.py's kernel where it is chosen
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the 4-bit kernel is chosen at start-up (`TRIO_LLM_INT4_ROWS`)."""
@@ -101,6 +101,8 @@ VARIANTS = {
     "own-gguf-inv": Variant("own", "auto", "on", "auto"),
     # As before engine/ops/int4_rows.py: invariance on with torch's int4 kernel for every row.
     "own-gguf-inv-torch4": Variant("own", "auto", "on", "auto", int4_rows=False),
+    # The default without engine/ops/int4_rows.py: torch's int4 kernel below the crossover.
+    "own-gguf-torch4": Variant("own", "auto", "off", "auto", int4_rows=False),
     # The default, its decodes gathered and run by SDPA instead of the in-place kernel.
     "own-gguf-gather": Variant("own", "auto", "off", "auto", in_place=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),

@@ -96,7 +96,7 @@ def main() -> None:
             }
             for label, amx in paths.items():
                 fns[label] = partial(
-                    ext.int4_linear, x, e.packed, e.scales, e.offsets, e.group, e.rows, amx
+                    ext.int4_linear, x, e.packed, e.scales, e.zeros, e.group, e.rows, amx
                 )
             t = medians_us(fns, args.repeats)
             own = t[next(iter(paths))]

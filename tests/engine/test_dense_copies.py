@@ -14,11 +14,13 @@ import torch.nn.functional as F
 from engine_helpers import make_core
 
 from trio_llm.engine.models import dense_copies
+from trio_llm.engine.ops import int4_rows
 from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.ops.matmul import multiply
 from trio_llm.engine.quant import Int4Weight, dispatching, quantize_int4, quantize_int8
 from trio_llm.engine.quant import weights as weights_module
 from trio_llm.engine.quant.weights import DENSE_ROWS
+from trio_llm.engine.step import model_runner
 
 BF16 = torch.bfloat16
 
@@ -146,6 +148,47 @@ def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Pa
     assert all(
         getattr(w, "dense", None) is None
         for w in on.runner.own.matrices()  # type: ignore[union-attr]
+    )
+
+
+@pytest.mark.parametrize(("kernel_path", "exact"), [("avx512_bf16", True), ("amx", False)])
+def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kernel_path: str,
+    exact: bool,
+) -> None:
+    """Without invariance, on a CPU where the row-exact kernel's grouped sums run (AVX512-BF16,
+    no AMX), the calls below the crossover take that kernel, and the crossover is timed
+    against it; on an AMX machine (a lone row slower than torch's kernel there) torch's."""
+    if int4_rows.KERNEL.extension() is None:
+        pytest.skip("the row-exact kernel needs a C++ compiler")
+    monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: kernel_path)
+    timed: list[bool] = []
+    real = dense_copies.crossover
+
+    def crossover(pairs: list, timer: Callable) -> int:  # type: ignore[type-arg]
+        timed.append(all(w.exact is not None for w, _ in pairs))
+        return real(pairs, timer)
+
+    monkeypatch.setattr(dense_copies, "crossover", crossover)
+    fresh = MachineRecord(tmp_path / "measured.json")  # no crossover recalled: all timed here
+    monkeypatch.setattr(model_runner, "MachineRecord", lambda: fresh)
+    core = make_core(tiny_model_dir, quantization="int4", dtype="auto", device="cpu")
+    assert not core.runner.invariance.on
+    assert core.runner.dense_copies is not None and core.runner.dense_copies.kept
+    own = core.runner.own
+    assert own is not None
+    matrices = [w for w in own.matrices() if isinstance(w, Int4Weight)]
+    assert matrices and all((w.exact is not None) == exact for w in matrices)
+    assert timed and all(t == exact for t in timed)
+    x = torch.randn(3, matrices[0].in_features).to(BF16)
+    torch.testing.assert_close(
+        matrices[0].matmul(x, None).float(),
+        F.linear(x.float(), matrices[0].dequantize().float()),
+        atol=0.05,
+        rtol=0.02,
     )
 
 

@@ -23,14 +23,19 @@ def paths() -> list[bool]:
     return [True, False] if int4_rows.path(True) == "amx" else [True]
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", ["4", "8", "8 in groups"])
 @pytest.mark.parametrize("n, k", [(96, 64), (200, 128), (64, 256)])
-def test_a_row_is_the_same_bits_alone_and_in_any_batch(n: int, k: int, bits: int) -> None:
+def test_a_row_is_the_same_bits_alone_and_in_any_batch(n: int, k: int, bits: str) -> None:
     gen = torch.Generator().manual_seed(n)
     w = torch.randn(n, k, generator=gen)
-    weight: Int4Weight | Int8Weight = (
-        quantize_int4(w, BF16) if bits == 4 else quantize_int8(w, BF16)
-    )
+    weight: Int4Weight | Int8Weight
+    if bits == "4":
+        weight = quantize_int4(w, BF16)
+    elif bits == "8":
+        weight = quantize_int8(w, BF16)
+    else:  # GGUF's Q8_0: a scale per 32 inputs (two int4 planes for torch's kernel)
+        q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+        weight = split_int8(q, torch.rand(n, k // 32, generator=gen) / 100, BF16)
     weight.keep_exact()
     assert weight.exact is not None
     x = torch.randn(70, k, generator=gen).to(BF16)
@@ -39,7 +44,7 @@ def test_a_row_is_the_same_bits_alone_and_in_any_batch(n: int, k: int, bits: int
     for allow_amx in paths():
 
         def mm(rows: torch.Tensor, amx: bool = allow_amx) -> torch.Tensor:
-            return ext.int4_linear(rows, e.packed, e.scales, e.offsets, e.group, e.rows, amx)
+            return ext.int4_linear(rows, e.packed, e.scales, e.zeros, e.group, e.rows, amx)
 
         full = mm(x)
         assert full.shape == (70, e.rows)
@@ -67,7 +72,9 @@ def test_an_8_bit_matrix_as_two_planes_keeps_its_value() -> None:
     x = torch.randn(7, 128, generator=gen).to(BF16)
     before = weight.matmul(x, None)
     weight.keep_exact()
+    assert weight.exact is not None and weight.exact.packed.shape[-1] == 64  # 8 bits, one matrix
     after = weight.matmul(x, None)
+    assert after.shape == (7, 100)
     torch.testing.assert_close(
         after.float(), before.float(), rtol=2e-2, atol=2e-2 * before.float().std()
     )

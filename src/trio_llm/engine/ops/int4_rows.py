@@ -29,6 +29,12 @@ ENV = "TRIO_LLM_INT4_ROWS"
 FAST_PATHS = ("amx", "avx512_bf16")
 """Where the kernel outruns torch's int4 kernel from a few rows on; its generic path (no
 AVX512-BF16) is correct but slow, so there torch's kernels stay."""
+DEFAULT_PATHS = ("avx512_bf16",)
+"""Where it is also the default's quantized kernel, batch invariance or not: its grouped sums
+(AVX512-BF16 without AMX) beat torch's int4 kernel from one row on, by 1.2-2x in a layer's
+matrices, and oneDNN's bf16 matmul up to 128 rows (AMD EPYC, bench/results/int4_rows.md). Its
+AMX path unpacks a lone row's strip more slowly than torch's kernel (1.6-2x, an AMX Xeon), so
+there the default keeps torch's kernel for few rows."""
 
 
 def path(allow_amx: bool = True) -> str | None:
@@ -41,29 +47,36 @@ def path(allow_amx: bool = True) -> str | None:
 
 
 def available() -> bool:
-    """Whether the engine should multiply 4-bit weights with this kernel on this machine."""
+    """Whether a batch-invariant engine should multiply 4-bit weights with this kernel here."""
     return path() in FAST_PATHS
+
+
+def default() -> bool:
+    """Whether any engine should (`DEFAULT_PATHS`): the kernel for calls of few rows, dense
+    copies for many where they are kept (models/dense_copies.py measures the crossover)."""
+    return path() in DEFAULT_PATHS
 
 
 @dataclass(slots=True, eq=False)
 class RowsExact:
-    """A 4-bit (or 8-bit) matrix in the kernel's packing: w = q * scale + offset, per output
-    and group."""
+    """A 4-bit (or 8-bit) matrix in the kernel's packing: w = (q - 8) * scale + zero (4 bits)
+    or q * scale (8 bits), per output and group of inputs."""
 
     packed: Tensor
     """4 bits: [strips, K / 2, 32] uint8, byte j of pair p holding output 32 s + j's inputs
     2 p (low nibble) and 2 p + 1 (high nibble); 8 bits (`pack8`): [strips, K / 2, 64]."""
     scales: Tensor
-    """[strips, K / group, 32] float32."""
-    offsets: Tensor
-    """[strips, K / group, 32] float32."""
+    """[strips, K / group, 32] bf16."""
+    zeros: Tensor
+    """[strips, K / group, 32] bf16."""
     group: int
     rows: int
     """Outputs computed (the packing's padded outputs are not)."""
 
     @classmethod
-    def pack(cls, q: Tensor, scale: Tensor, offset: Tensor) -> RowsExact:
-        """From values `q` [N, K] in 0..15 and `scale`, `offset` [N, K / group]."""
+    def pack(cls, q: Tensor, scale: Tensor, zero: Tensor) -> RowsExact:
+        """From values `q` [N, K] in 0..15 and `scale`, `zero` [N, K / group] (bf16 values:
+        torch's int4 packing and GGUF's blocks have no others)."""
         n, k = q.shape
         group = k // scale.shape[1]
         pad = -n % STRIP
@@ -71,33 +84,37 @@ class RowsExact:
         strips = q.shape[0] // STRIP
         pairs = q.view(strips, STRIP, k // 2, 2)
         packed = (pairs[..., 0] | (pairs[..., 1] << 4)).transpose(1, 2).contiguous()
-
-        def per_strip(values: Tensor) -> Tensor:
-            values = F.pad(values.float(), (0, 0, 0, pad))
-            return values.view(strips, STRIP, -1).transpose(1, 2).contiguous()
-
-        return cls(packed, per_strip(scale), per_strip(offset), group, n)
+        return cls(packed, _per_strip(scale, pad), _per_strip(zero, pad), group, n)
 
     @classmethod
     def pack8(cls, q: Tensor, scale: Tensor) -> RowsExact:
-        """From signed 8-bit values `q` [N, K] and one `scale` [N] an output (w = q * scale):
-        the kernel's 8-bit packing, [strips, K / 2, 64], output j's pair at bytes 2 j, 2 j + 1."""
+        """From signed 8-bit values `q` [N, K] and `scale` [N] (one an output) or [N, K /
+        group] (w = q * scale, bf16 values): the kernel's 8-bit packing, [strips, K / 2, 64],
+        output j's pair at bytes 2 j, 2 j + 1."""
         n, k = q.shape
+        scale = scale.reshape(n, -1)
+        group = k // scale.shape[1]
         pad = -n % STRIP
         q = F.pad(q, (0, 0, 0, pad))
         strips = q.shape[0] // STRIP
         packed = q.view(strips, STRIP, k // 2, 2).transpose(1, 2).reshape(strips, k // 2, -1)
-        scales = F.pad(scale.float(), (0, pad)).view(strips, 1, STRIP).contiguous()
-        offsets = torch.zeros_like(scales)
-        return cls(packed.contiguous().view(torch.uint8), scales, offsets, k, n)
+        scales = _per_strip(scale, pad)
+        packed = packed.contiguous().view(torch.uint8)
+        return cls(packed, scales, torch.zeros_like(scales), group, n)
 
     def matmul(self, x: Tensor) -> Tensor:
         """x [M, K] bf16 by the matrix: [M, rows] bf16."""
         ext = KERNEL.extension()
         assert ext is not None, "RowsExact.matmul called where available() is false"
         return ext.int4_linear(
-            x.contiguous(), self.packed, self.scales, self.offsets, self.group, self.rows, True
+            x.contiguous(), self.packed, self.scales, self.zeros, self.group, self.rows, True
         )
+
+
+def _per_strip(values: Tensor, pad: int) -> Tensor:
+    """[N, groups] -> [strips, groups, 32] bf16, the outputs padded with zeros."""
+    values = F.pad(values.to(torch.bfloat16), (0, 0, 0, pad))
+    return values.view(-1, STRIP, values.shape[1]).transpose(1, 2).contiguous()
 
 
 if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start

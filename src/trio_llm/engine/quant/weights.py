@@ -78,16 +78,23 @@ class Int4Weight:
 
     def keep_exact(self) -> None:
         """Repack for ops/int4_rows.py's kernel (`exact`), out of the torch packing (the
-        layout `_N_ALIGN` describes): the same 4-bit values, scales and zeros, with the zero
-        and the -8 folded into one float32 offset."""
+        layout `_N_ALIGN` describes): the same 4-bit values, scales and zeros. Two planes of an
+        8-bit matrix become that matrix again in the kernel's 8-bit packing: one product where
+        torch's kernel takes two."""
         k = self.in_features
         blocks = self.packed.view(-1, k, 32)
         q = torch.empty(blocks.shape[0], 64, k, dtype=torch.uint8)
         q[:, :32].copy_((blocks & 15).transpose(1, 2))
         q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
-        scale = self.scales_zeros[..., 0].t().float()
-        offset = self.scales_zeros[..., 1].t().float() - 8 * scale
-        self.exact = RowsExact.pack(q.view(-1, k), scale, offset)
+        q = q.view(-1, k)
+        scale, zero = self.scales_zeros[..., 0].t(), self.scales_zeros[..., 1].t()
+        n = self.out_features  # not the torch packing's padded rows
+        if self.split:  # `split_int8`: q = 16 (top - 8) + bottom, at the bottom plane's scale
+            half = self.packed.shape[0] // 2
+            values = 16 * (q[:n].to(torch.int16) - 8) + q[half : half + n]
+            self.exact = RowsExact.pack8(values.to(torch.int8), scale[half : half + n])
+        else:
+            self.exact = RowsExact.pack(q[:n], scale[:n], zero[:n])
 
     @property
     def nbytes(self) -> int:
@@ -117,11 +124,11 @@ class Int4Weight:
 
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
         if self.exact is not None:
-            out = self.exact.matmul(x)
-        else:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.contiguous(), self.packed, self.group, self.scales_zeros
-            )
+            out = self.exact.matmul(x)  # the matrix itself, planes or not
+            return out if bias is None else out + bias
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.contiguous(), self.packed, self.group, self.scales_zeros
+        )
         if self.split:
             # Two planes of the same matrix (`split_int8`): their sum is the weight's product.
             half = self.packed.shape[0] // 2

@@ -26,6 +26,7 @@ lora), and what is left is their sequence.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,11 +199,7 @@ class ModelRunner:
                 # Quantized weights on their own kernels, row-exact for any rows; with
                 # invariance off, calls of many rows (prefill chunks) dequantize instead.
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
-                if self.invariance.on and device.type == "cpu" and int4_rows.available():
-                    for weight in self.own.matrices():
-                        if quant.is_quantized(weight):
-                            weight.keep_exact()  # type: ignore[union-attr]
-                    log.info("quantized weights on the row-exact kernel (%s)", int4_rows.path())
+                self._row_exact_kernel(self.own.matrices(), device)
                 if not self.invariance.on:
                     self.dense_copies = dense_copies.keep(
                         self.own.matrices(),
@@ -215,6 +212,7 @@ class ModelRunner:
                 model.lm_head.to("meta")
         if modules:
             gguf_modules.use_dense(model, not self.invariance.on)
+            self._row_exact_kernel(gguf_modules.quantized_weights(model), device)
             if not self.invariance.on:
                 self.dense_copies = dense_copies.keep(
                     gguf_modules.quantized_weights(model),
@@ -265,6 +263,20 @@ class ModelRunner:
             )
             with torch.inference_mode():  # as every step runs
                 self.graphs.capture(self._logits_of_decodes)
+
+    def _row_exact_kernel(self, weights: Iterable[object], device: torch.device) -> None:
+        """Give quantized `weights` the row-exact kernel's packing (ops/int4_rows.py): for
+        every row with invariance on, where the kernel is fast; without invariance, for the
+        calls below the dense copies' crossover, where it beats torch's kernels from one row on
+        (`int4_rows.DEFAULT_PATHS`). Called before the copies' crossovers are timed, which then
+        time this kernel."""
+        wanted = int4_rows.available() if self.invariance.on else int4_rows.default()
+        if device.type != "cpu" or not wanted:
+            return
+        for weight in weights:
+            if quant.is_quantized(weight):
+                weight.keep_exact()  # type: ignore[union-attr]
+        log.info("quantized weights on the row-exact kernel (%s)", int4_rows.path())
 
     def _logits_of_decodes(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata

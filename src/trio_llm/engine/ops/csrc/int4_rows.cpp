@@ -1,27 +1,37 @@
-// A matmul of bf16 activations by 4-bit (or 8-bit) weights whose every output row is computed the same
-// way whatever the number of rows in the call: the quantized matmul of a batch-invariant
-// engine (engine/ops/int4_rows.py).
+// A matmul of bf16 activations by 4-bit (or 8-bit) weights whose every output row is computed the
+// same way whatever the number of rows in the call: the quantized matmul of a batch-invariant
+// engine, and the default's for calls of few rows where it is the fastest (engine/ops/int4_rows.py).
 //
 // Why a kernel of our own: torch's int4 kernel is row-exact but dequantizes a weight tile for
 // every few rows, so a decode batch of 32 costs 4x oneDNN's bf16 matmul; oneDNN is fast for a
 // batch but reads bf16 weights for a lone stream, and the two sum a row's products in
 // different orders, so an engine that picks one by row count is not batch-invariant. Here a
-// strip of 32 outputs is dequantized once into bf16 pairs (the layout AVX512-BF16's dot
-// product reads) and every row of the call is multiplied by it: a lone row pays one
-// dequantization of 4-bit weights, a batch shares it.
+// strip of 32 outputs is unpacked once into bf16 pairs (the layout AVX512-BF16's dot product
+// and AMX's tiles read) and every row of the call is multiplied by it.
 //
-// A row's sums: for each output, one float32 accumulator takes the input pairs (k, k + 1) in
-// order from k = 0, then is rounded once to bf16. Where the CPU has AMX, tiles of 16 rows by
-// 32 inputs take each chunk of 32 inputs in one `tdpbf16ps` (a tile's rows are computed
-// apart: a call of fewer rows configures shorter tiles, never another order); else
-// `vdpbf16ps` takes one pair at a time; else a float32 multiply-add per product. No blocking
-// over rows changes that sequence, so a row's result depends on the row and the weight alone.
+// The weight: w = (q - 8) * scale + zero for 4 bits (q in 0..15), w = q * scale + zero for 8
+// (signed bytes, zero 0), with a bf16 scale and zero per output and group of inputs (GGUF's
+// and torch's int4 layouts are of this form, their scales bf16). Two ways to sum, one a
+// machine; under either a row's result depends on the row and the weight alone, never on how
+// many rows share the call:
+// - AMX (`rows_by_strip_amx`): the strip is dequantized, w in float32 rounded to bf16, and
+//   tiles of 16 rows by 32 inputs take each chunk of 32 inputs in one `tdpbf16ps` into one
+//   float32 accumulator an output (a call of fewer rows configures shorter tiles, never
+//   another order).
+// - AVX512-BF16 without AMX (`rows_by_strip_grouped`): the strip holds the integers
+//   themselves (exact in bf16; 4-bit ones looked up in a 16-entry table by one `vpermw`, so a
+//   lone row's unpacking is two shuffles per 32 weights, not a widening, a conversion and a
+//   multiply-add each 16), `vdpbf16ps` sums a group's pairs (k, k + 1) in order into a group
+//   accumulator, and the group joins the output's total as scale * its sum, then zero * the
+//   row's sum of x over the group. The weights enter unrounded. A call of at most 6 rows
+//   unpacks in registers as it multiplies; more rows share a strip unpacked to memory once.
+// - Without AVX512-BF16 (where torch's kernels are used) the first way in scalar code.
+// The total is rounded once to bf16.
 //
-// Layout (`int4_pack`): the weight is padded to whole strips of 32 outputs; for strip s and
-// input pair p, 32 bytes whose byte j holds output 32 s + j's weights 2 p (low nibble) and
-// 2 p + 1 (high nibble). Each group of `group` inputs has a float32 scale and offset per
-// output: w = q * scale + offset (q in 0..15), computed in float32 and rounded to bf16. An
-// 8-bit weight (`dequantize_strip8`) is the same with signed bytes, two per output a pair.
+// Layout (`RowsExact.pack`): the weight is padded to whole strips of 32 outputs; for strip s
+// and input pair p, 32 bytes whose byte j holds output 32 s + j's weights 2 p (low nibble) and
+// 2 p + 1 (high nibble); 8 bits (`RowsExact.pack8`): 64 bytes, output j's pair at 2 j, 2 j + 1.
+// Scales and zeros: [strips, K / group, 32].
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -40,8 +50,9 @@
 
 namespace {
 
-constexpr int64_t kStrip = 32;  // outputs a strip
-constexpr int64_t kRows = 12;   // rows a pass over a strip (24 float32 accumulators)
+constexpr int64_t kStrip = 32;       // outputs a strip
+constexpr int64_t kRows = 12;        // rows a pass over a strip (24 float32 accumulators)
+constexpr int64_t kGroupedRows = 6;  // the grouped pass: 12 group and 12 total accumulators
 
 inline uint16_t round_bf16(float value) {
   uint32_t bits;
@@ -58,88 +69,57 @@ inline float widen(uint16_t bits) {
   return out;
 }
 
-// Strip `s` of the weight dequantized into `buf`: [K / 2][32 outputs][2] bf16.
-void dequantize_strip(const uint8_t* packed, const float* scales, const float* offsets,
+#ifdef TRIO_AVX512_BF16
+inline __m512 widen16(const uint16_t* bits) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// Strip `s` of the weight dequantized into `buf`, [K / 2][32 outputs][2] bf16: w = (q - 8) *
+// scale + zero (4 bits; `eight`: q * scale + zero, signed bytes) in float32, rounded to bf16.
+template <bool kEight>
+void dequantize_strip(const uint8_t* packed, const uint16_t* scales, const uint16_t* zeros,
                       int64_t s, int64_t K, int64_t group, uint16_t* buf) {
   const int64_t pairs = K / 2, groups = K / group;
-  const uint8_t* q = packed + s * pairs * kStrip;
-  const float* sc = scales + s * groups * kStrip;
-  const float* of = offsets + s * groups * kStrip;
+  constexpr int64_t kPairBytes = kEight ? 2 * kStrip : kStrip;
+  const uint8_t* q = packed + s * pairs * kPairBytes;
+  const uint16_t* sc = scales + s * groups * kStrip;
+  const uint16_t* zr = zeros + s * groups * kStrip;
 #ifdef TRIO_AVX512_BF16
   const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i hi_idx =
       _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
   const __m128i nibble = _mm_set1_epi8(0x0f);
+  const __m512i eight = _mm512_set1_epi32(8);
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 scale[4], offset[4];
+    __m512 scale[4], zero[4];
     for (int h = 0; h < 2; ++h) {
-      const __m512 s16 = _mm512_loadu_ps(sc + g * kStrip + 16 * h);
-      const __m512 o16 = _mm512_loadu_ps(of + g * kStrip + 16 * h);
+      const __m512 s16 = widen16(sc + g * kStrip + 16 * h);
+      const __m512 z16 = widen16(zr + g * kStrip + 16 * h);
       scale[2 * h] = _mm512_permutexvar_ps(lo_idx, s16);
       scale[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, s16);
-      offset[2 * h] = _mm512_permutexvar_ps(lo_idx, o16);
-      offset[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, o16);
+      zero[2 * h] = _mm512_permutexvar_ps(lo_idx, z16);
+      zero[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, z16);
     }
     for (int64_t p = g * group / 2; p < (g + 1) * group / 2; ++p) {
       for (int h = 0; h < 2; ++h) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + p * kStrip + 16 * h));
-        const __m128i even = _mm_and_si128(v, nibble);
-        const __m128i odd = _mm_and_si128(_mm_srli_epi16(v, 4), nibble);
-        const __m128i a = _mm_unpacklo_epi8(even, odd);  // outputs 0..7, (k, k + 1) each
-        const __m128i b = _mm_unpackhi_epi8(even, odd);  // outputs 8..15
-        const __m512 wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(a)),
-                                          scale[2 * h], offset[2 * h]);
-        const __m512 wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)),
-                                          scale[2 * h + 1], offset[2 * h + 1]);
-        const __m512bh w = _mm512_cvtne2ps_pbh(wb, wa);
-        _mm512_storeu_si512(buf + p * 2 * kStrip + 32 * h, reinterpret_cast<const __m512i&>(w));
-      }
-    }
-  }
-#else
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t g = 2 * p / group;
-    for (int64_t j = 0; j < kStrip; ++j) {
-      const uint8_t byte = q[p * kStrip + j];
-      const float scale = sc[g * kStrip + j], offset = of[g * kStrip + j];
-      buf[p * 2 * kStrip + 2 * j] = round_bf16(static_cast<float>(byte & 15) * scale + offset);
-      buf[p * 2 * kStrip + 2 * j + 1] = round_bf16(static_cast<float>(byte >> 4) * scale + offset);
-    }
-  }
-#endif
-}
-
-// Strip `s` of an 8-bit weight (`int8_pack`: for pair p, 64 signed bytes, output j's inputs
-// 2 p and 2 p + 1 at 2 j and 2 j + 1) dequantized into `buf` as dequantize_strip does.
-void dequantize_strip8(const uint8_t* packed, const float* scales, const float* offsets,
-                       int64_t s, int64_t K, int64_t group, uint16_t* buf) {
-  const int64_t pairs = K / 2, groups = K / group;
-  const int8_t* q = reinterpret_cast<const int8_t*>(packed) + s * pairs * 2 * kStrip;
-  const float* sc = scales + s * groups * kStrip;
-  const float* of = offsets + s * groups * kStrip;
-#ifdef TRIO_AVX512_BF16
-  const __m512i lo_idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i hi_idx =
-      _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 scale[4], offset[4];
-    for (int h = 0; h < 2; ++h) {
-      const __m512 s16 = _mm512_loadu_ps(sc + g * kStrip + 16 * h);
-      const __m512 o16 = _mm512_loadu_ps(of + g * kStrip + 16 * h);
-      scale[2 * h] = _mm512_permutexvar_ps(lo_idx, s16);
-      scale[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, s16);
-      offset[2 * h] = _mm512_permutexvar_ps(lo_idx, o16);
-      offset[2 * h + 1] = _mm512_permutexvar_ps(hi_idx, o16);
-    }
-    for (int64_t p = g * group / 2; p < (g + 1) * group / 2; ++p) {
-      for (int h = 0; h < 2; ++h) {
-        const int8_t* row = q + p * 2 * kStrip + 32 * h;
-        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16));
-        const __m512 wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)),
-                                          scale[2 * h], offset[2 * h]);
-        const __m512 wb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
-                                          scale[2 * h + 1], offset[2 * h + 1]);
+        __m512i a, b;  // outputs 0..7 and 8..15 of the half, (k, k + 1) each
+        if constexpr (kEight) {
+          const auto* row = reinterpret_cast<const __m128i*>(q + p * kPairBytes + 32 * h);
+          a = _mm512_cvtepi8_epi32(_mm_loadu_si128(row));
+          b = _mm512_cvtepi8_epi32(_mm_loadu_si128(row + 1));
+        } else {
+          const __m128i v =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + p * kPairBytes + 16 * h));
+          const __m128i even = _mm_and_si128(v, nibble);
+          const __m128i odd = _mm_and_si128(_mm_srli_epi16(v, 4), nibble);
+          a = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(even, odd)), eight);
+          b = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(even, odd)), eight);
+        }
+        const __m512 wa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), scale[2 * h], zero[2 * h]);
+        const __m512 wb =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), scale[2 * h + 1], zero[2 * h + 1]);
         const __m512bh w = _mm512_cvtne2ps_pbh(wb, wa);
         _mm512_storeu_si512(buf + p * 2 * kStrip + 32 * h, reinterpret_cast<const __m512i&>(w));
       }
@@ -150,12 +130,31 @@ void dequantize_strip8(const uint8_t* packed, const float* scales, const float* 
     const int64_t g = 2 * p / group;
     for (int64_t e = 0; e < 2 * kStrip; ++e) {
       const int64_t j = e / 2;
-      const float value = static_cast<float>(q[p * 2 * kStrip + e]);
-      buf[p * 2 * kStrip + e] = round_bf16(value * sc[g * kStrip + j] + of[g * kStrip + j]);
+      int value;
+      if constexpr (kEight) value = static_cast<int8_t>(q[p * kPairBytes + e]);
+      else value = ((q[p * kPairBytes + j] >> (4 * (e % 2))) & 15) - 8;
+      buf[p * 2 * kStrip + e] = round_bf16(static_cast<float>(value) * widen(sc[g * kStrip + j]) +
+                                           widen(zr[g * kStrip + j]));
     }
   }
 #endif
 }
+
+#ifdef TRIO_AVX512_BF16
+// Each of rows [0, R) of x (`ldx` apart) adds its input pair p times the strip's pair-p vectors
+// (outputs 0..15, 16..31) to its accumulators, one `vdpbf16ps` a vector.
+template <int R>
+inline void dot_pair(__m512 (&acc)[R][2], const uint16_t* x, int64_t ldx, int64_t p, __m512bh w0,
+                     __m512bh w1) {
+  for (int r = 0; r < R; ++r) {
+    int32_t pair;
+    std::memcpy(&pair, x + r * ldx + 2 * p, sizeof pair);
+    const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
+    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
+  }
+}
+#endif
 
 // Rows [0, R) of x (each K bf16, `ldx` apart) by one dequantized strip: out[r][0..32).
 template <int R>
@@ -167,13 +166,7 @@ void rows_by_strip(const uint16_t* x, int64_t ldx, const uint16_t* buf, int64_t 
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(buf + p * 64));
     const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(buf + p * 64 + 32));
-    for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, x + r * ldx + 2 * p, sizeof pair);
-      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
-    }
+    dot_pair<R>(acc, x, ldx, p, w0, w1);
   }
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(out + r * kStrip, acc[r][0]);
@@ -194,6 +187,115 @@ void rows_by_strip(const uint16_t* x, int64_t ldx, const uint16_t* buf, int64_t 
   }
 #endif
 }
+
+#ifdef TRIO_AVX512_BF16
+// Where the grouped pass reads a strip's integer pairs (k, k + 1), 16 outputs a vector (half
+// h of the strip): a buffer unpacked before (calls of many rows), or the packing itself (a
+// call of a few rows, which would only write the buffer to read it once). Both give the same
+// values, so a row's result does not depend on which its call took.
+struct FromBuffer {
+  const uint16_t* buf;
+  __m512i operator()(int64_t p, int h) const { return _mm512_loadu_si512(buf + p * 64 + 32 * h); }
+};
+
+struct From4Bits {
+  const uint8_t* q;  // the strip's first pair
+  __m512i table;     // bf16 of (i & 15) - 8 for the 32 word indices `vpermw` reads
+
+  explicit From4Bits(const uint8_t* strip) : q(strip) {
+    alignas(64) uint16_t words[32];
+    for (int i = 0; i < 32; ++i) words[i] = round_bf16(static_cast<float>((i & 15) - 8));
+    table = _mm512_load_si512(words);
+  }
+  __m512i operator()(int64_t p, int h) const {
+    // A lane's byte b: its low word indexes with b (the low nibble; bit 4, another nibble's,
+    // reads the table's repeat), its high word with b >> 4.
+    const __m512i b = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + p * kStrip + 16 * h)));
+    return _mm512_permutexvar_epi16(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), table);
+  }
+};
+
+struct From8Bits {
+  const int8_t* q;  // the strip's first pair
+  __m512i operator()(int64_t p, int h) const {
+    const auto* row = reinterpret_cast<const __m128i*>(q + p * 2 * kStrip + 32 * h);
+    const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(row)));
+    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(row + 1)));
+    const __m512bh w = _mm512_cvtne2ps_pbh(b, a);  // exact: |q| <= 128
+    return reinterpret_cast<const __m512i&>(w);
+  }
+};
+
+template <class Source>
+void unpack_strip(const Source& source, int64_t K, uint16_t* buf) {
+  for (int64_t p = 0; p < K / 2; ++p)
+    for (int h = 0; h < 2; ++h) _mm512_storeu_si512(buf + p * 64 + 32 * h, source(p, h));
+}
+
+// Each row's sum of x over each group, [M][groups], in one fixed order a row.
+void group_sums(const uint16_t* x, int64_t M, int64_t K, int64_t group, float* out) {
+  const int64_t groups = K / group;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint16_t* v = x + r * K + g * group;
+        __m512 acc = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 16 <= group; k += 16) acc = _mm512_add_ps(acc, widen16(v + k));
+        float sum = _mm512_reduce_add_ps(acc);
+        for (; k < group; ++k) sum += widen(v[k]);
+        out[r * groups + g] = sum;
+      }
+    }
+  });
+}
+
+// Rows [0, R) of x by one strip of integers: per group, the pairs' dot products in order, then
+// total += scale * dot; total += zero * (the row's group sum of x).
+template <int R, class Source>
+void rows_by_strip_grouped(const uint16_t* x, int64_t ldx, const Source& w, const uint16_t* sc,
+                           const uint16_t* zr, const float* xsum, int64_t K, int64_t group,
+                           float* out) {
+  const int64_t groups = K / group;
+  __m512 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = g * group / 2; p < (g + 1) * group / 2; ++p) {
+      const __m512bh w0 = reinterpret_cast<__m512bh>(w(p, 0));
+      const __m512bh w1 = reinterpret_cast<__m512bh>(w(p, 1));
+      dot_pair<R>(acc, x, ldx, p, w0, w1);
+    }
+    const __m512 s0 = widen16(sc + g * kStrip), s1 = widen16(sc + g * kStrip + 16);
+    const __m512 z0 = widen16(zr + g * kStrip), z1 = widen16(zr + g * kStrip + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sum = _mm512_set1_ps(xsum[r * groups + g]);
+      total[r][0] = _mm512_fmadd_ps(sum, z0, _mm512_fmadd_ps(acc[r][0], s0, total[r][0]));
+      total[r][1] = _mm512_fmadd_ps(sum, z1, _mm512_fmadd_ps(acc[r][1], s1, total[r][1]));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(out + r * kStrip, total[r][0]);
+    _mm512_storeu_ps(out + r * kStrip + 16, total[r][1]);
+  }
+}
+
+template <class Source>
+using GroupedFn = void (*)(const uint16_t*, int64_t, const Source&, const uint16_t*,
+                           const uint16_t*, const float*, int64_t, int64_t, float*);
+
+template <class Source, int... R>
+constexpr std::array<GroupedFn<Source>, sizeof...(R)> grouped_table(
+    std::integer_sequence<int, R...>) {
+  return {&rows_by_strip_grouped<R + 1, Source>...};
+}
+
+template <class Source>
+constexpr auto kGroupedFns =
+    grouped_table<Source>(std::make_integer_sequence<int, kGroupedRows>{});
+#endif
 
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
@@ -253,6 +355,8 @@ void rows_by_strip_amx(const uint16_t* x, int64_t ldx, int rows, const uint16_t*
 }
 #endif
 
+
+
 using RowsFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*);
 
 template <int... R>
@@ -266,8 +370,8 @@ constexpr auto kRowsFns = table(std::make_integer_sequence<int, kRows>{});
 
 // x [M, K] bf16 by the packed weight: [M, N] bf16 (N: the unpadded outputs).
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                          const torch::Tensor& scales, const torch::Tensor& offsets,
-                          int64_t group, int64_t N, bool allow_amx) {
+                          const torch::Tensor& scales, const torch::Tensor& zeros, int64_t group,
+                          int64_t N, bool allow_amx) {
   bool use_amx = false;
 #ifdef TRIO_AMX
   use_amx = allow_amx && x.size(1) % 32 == 0 && amx_permitted();
@@ -275,39 +379,86 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
   TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
               "x: contiguous [M, K] bf16");
   const int64_t M = x.size(0), K = x.size(1);
-  const int64_t strips = packed.size(0);
+  const int64_t strips = packed.size(0), groups = K / group;
   TORCH_CHECK(packed.dim() == 3 && packed.size(1) * 2 == K &&
                   (packed.size(2) == kStrip || packed.size(2) == 2 * kStrip),
               "packed: [strips, K / 2, 32] (4 bits) or [strips, K / 2, 64] (8 bits) uint8");
-  const bool eight = packed.size(2) == 2 * kStrip;
   TORCH_CHECK(K % group == 0 && group % 2 == 0 && N <= strips * kStrip, "shapes");
+  for (const auto* t : {&scales, &zeros})
+    TORCH_CHECK(t->dtype() == torch::kBFloat16 && t->is_contiguous() &&
+                    t->numel() == strips * groups * kStrip,
+                "scales, zeros: contiguous [strips, K / group, 32] bf16");
+  const bool eight = packed.size(2) == 2 * kStrip;
   auto out = torch::empty({M, N}, x.options());
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const auto* qp = packed.data_ptr<uint8_t>();
-  const auto* sp = scales.data_ptr<float>();
-  const auto* fp = offsets.data_ptr<float>();
+  const auto* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>());
+  const auto* zp = reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::BFloat16>());
+  const int64_t strip_bytes = K / 2 * packed.size(2);
+#ifdef TRIO_AVX512_BF16
+  const bool grouped = !use_amx;
+  std::vector<float> xsum;
+  if (grouped) {
+    xsum.resize(M * groups);
+    group_sums(xp, M, K, group, xsum.data());
+  }
+#else
+  const bool grouped = false;
+#endif
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
-    std::vector<uint16_t> buf(K * kStrip);
+    std::vector<uint16_t> buf;
     std::vector<float> acc(16 * kStrip);
 #ifdef TRIO_AMX
     std::optional<SavedTiles> saved;
     if (use_amx) saved.emplace();
 #endif
-    const int64_t block = use_amx ? 16 : kRows;
+    const int64_t block = use_amx ? 16 : grouped ? kGroupedRows : kRows;
     for (int64_t s = begin; s < end; ++s) {
-      (eight ? dequantize_strip8 : dequantize_strip)(qp, sp, fp, s, K, group, buf.data());
+      const uint8_t* strip = qp + s * strip_bytes;
+      const uint16_t* sc = sp + s * groups * kStrip;
+      const uint16_t* zr = zp + s * groups * kStrip;
       const int64_t width = std::min<int64_t>(kStrip, N - s * kStrip);
+      auto emit = [&](int64_t m, int64_t rows) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < width; ++j)
+            op[(m + r) * N + s * kStrip + j] = round_bf16(acc[r * kStrip + j]);
+      };
+#ifdef TRIO_AVX512_BF16
+      if (grouped && M <= kGroupedRows) {  // one pass: straight from the packing
+        if (eight) {
+          const From8Bits w{reinterpret_cast<const int8_t*>(strip)};
+          kGroupedFns<From8Bits>[M - 1](xp, K, w, sc, zr, xsum.data(), K, group, acc.data());
+        } else {
+          const From4Bits w(strip);
+          kGroupedFns<From4Bits>[M - 1](xp, K, w, sc, zr, xsum.data(), K, group, acc.data());
+        }
+        emit(0, M);
+        continue;
+      }
+#endif
+      buf.resize(K * kStrip);
+#ifdef TRIO_AVX512_BF16
+      if (grouped && eight) unpack_strip(From8Bits{reinterpret_cast<const int8_t*>(strip)}, K, buf.data());
+      else if (grouped) unpack_strip(From4Bits(strip), K, buf.data());
+      else
+#endif
+      (eight ? dequantize_strip<true> : dequantize_strip<false>)(qp, sp, zp, s, K, group,
+                                                                 buf.data());
       for (int64_t m = 0; m < M; m += block) {
         const int64_t rows = std::min<int64_t>(block, M - m);
 #ifdef TRIO_AMX
         if (use_amx) rows_by_strip_amx(xp + m * K, K, static_cast<int>(rows), buf.data(), K, acc.data());
         else
 #endif
+#ifdef TRIO_AVX512_BF16
+        if (grouped)
+          kGroupedFns<FromBuffer>[rows - 1](xp + m * K, K, FromBuffer{buf.data()}, sc, zr,
+                                            xsum.data() + m * groups, K, group, acc.data());
+        else
+#endif
         kRowsFns[rows - 1](xp + m * K, K, buf.data(), K, acc.data());
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < width; ++j)
-            op[(m + r) * N + s * kStrip + j] = round_bf16(acc[r * kStrip + j]);
+        emit(m, rows);
       }
     }
   });
