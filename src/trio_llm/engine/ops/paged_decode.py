@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 KERNEL = Kernel("paged_decode.cpp")
 LANES = 16
 """The kernel works in 16-float vectors: head sizes must be a multiple."""
+MAX_HEAD_SIZE = 256
+"""Its per-head loops are compiled for each multiple of LANES up to this."""
 ENV = "TRIO_LLM_PAGED_DECODE"
 build_directory = KERNEL.build_directory
 extension = KERNEL.extension
@@ -48,6 +50,16 @@ def prepare() -> None:
         extension()
 
 
+def serves(dtype: torch.dtype, head_sizes: list[int]) -> bool:
+    """Whether the kernel computes every layer's queries, as `supports` says per cache."""
+    return (
+        enabled()
+        and dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and all(size % LANES == 0 and size <= MAX_HEAD_SIZE for size in head_sizes)
+        and extension() is not None
+    )
+
+
 def supports(cache: Tensor) -> bool:
     """Whether the kernel computes the decodes of a layer with this cache: on the CPU, a float
     type it reads, a head size it vectorizes, a built kernel, and `enabled()`."""
@@ -56,6 +68,7 @@ def supports(cache: Tensor) -> bool:
         and cache.device.type == "cpu"
         and cache.dtype in (torch.float32, torch.bfloat16, torch.float16)
         and cache.shape[-1] % LANES == 0
+        and cache.shape[-1] <= MAX_HEAD_SIZE
         and extension() is not None
     )
 

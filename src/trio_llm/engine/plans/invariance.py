@@ -25,9 +25,11 @@ So the engine shapes its calls itself, by construction the same for a row wherev
   at most `K_CHUNK` that are summed left to right in fp32; bf16 through oneDNN with a lone row
   padded to two where the inner dimension is long, or in calls of at most 32 rows on AMX.
 - Attention (attention/torch_backend.py, `StepLayout.key_bucket`): every query, decode or
-  prefill, attends the way a decode does: alone in its own batch entry, over its context
-  rounded up to `KEY_BUCKET` positions (the rest masked), so a token's row does not depend on
-  the path that computes it (a decode, a prefill chunk, a recompute after preemption).
+  prefill, attends the way a decode does, so a token's row does not depend on the path that
+  computes it (a decode, a prefill chunk, a recompute after preemption): where the in-place
+  decode kernel is built (ops/paged_decode.py), as one of its decodes, which it computes from
+  the query's own context alone; elsewhere on SDPA, alone in its own batch entry, over its
+  context rounded up to `KEY_BUCKET` positions (the rest masked).
 - fp32 attention runs with MKL's CNR on (`enable_reproducible_mkl`, set before MKL's first
   call: the engine process does it first thing).
 - Activations run single-threaded (`rowwise`): each row then goes through the vectorized code
@@ -242,6 +244,7 @@ def decide(
     single_token: bool = False,
     model_path: str | None = None,
     quantized: bool = False,
+    quantized_free: bool = False,
     lora: bool = False,
     max_rows: int = STEP_ROWS,
 ) -> Decision:
@@ -253,7 +256,11 @@ def decide(
     InvarianceUnavailable where neither does or the configuration cannot keep it. `heads`:
     the model's `attention_shapes`. `quantized`: some matmuls run on quantized kernels
     (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
-    dense path a prefill takes without invariance: past the bound `auto` keeps. `lora`: the
+    dense path a prefill takes without invariance: past the bound `auto` keeps, unless
+    `quantized_free`: the quantized matrices run on the row-exact kernel that is the default's
+    for few rows anyway (ops/int4_rows.py's DEFAULT_PATHS) and every query reads the cache in
+    place (ops/paged_decode.py), where invariance was measured to cost a decode step nothing and
+    a prefill about a tenth (bench/results/step_profile_invariant.md). `lora`: the
     engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
     an adapter: `on` is refused; `auto` keeps invariance for the requests without one.
     `max_rows`: the most rows a matmul call takes (the step's token budget)."""
@@ -265,7 +272,7 @@ def decide(
             "calls shaped by how many rows share an adapter (requests without one keep it "
             "under auto)"
         )
-    if mode == "auto" and quantized:
+    if mode == "auto" and quantized and not quantized_free:
         return Decision(
             fastest(dtype, device),
             False,

@@ -178,17 +178,23 @@ class ModelRunner:
             )
             if quantization in quantization_plan.AT_LOAD:
                 quantization_plan.quantize_forward(self.own, quantization)
+        heads = invariance.attention_shapes(model.config, layers)
         self.invariance = invariance.decide(
             batch_invariant,
             dtype=spec.dtype,
             device=device,
             flags=cpu_flags,
             shapes=self.own.weight_shapes() if self.own else invariant_modules.linear_shapes(model),
-            heads=invariance.attention_shapes(model.config, layers),
+            heads=heads,
             backend=backend,
             single_token=single_token_dtype is not None,
             model_path=None if self.own else invariant_modules.unsupported_modules(model),
             quantized=(self.own is not None and self.own.quantized) or bool(modules),
+            quantized_free=self.own is not None
+            and device.type == "cpu"
+            and backend == "torch"
+            and int4_rows.default()
+            and paged_decode.serves(spec.dtype, [shape[2] for shape in heads]),
             lora=lora is not None,
             max_rows=max_step_rows,
         )

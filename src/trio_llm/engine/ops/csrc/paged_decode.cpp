@@ -6,9 +6,10 @@
 // head; with one query a head most of its time goes to set-up, not arithmetic. vLLM ships the
 // same idea for its CPU build in C++.
 //
-// Each (sequence, KV head) pair is one task: its query heads (the GQA group) are scored
-// against the keys in float32, softmaxed, and the values accumulated in float32. A task's
-// arithmetic depends only on its own sequence, never on how many share the call.
+// Each sequence is one task (a tile of up to 16 queries where batch invariance lays a prefill out
+// as decodes of one sequence): its query heads are scored against the keys in float32,
+// softmaxed, and the values accumulated in float32. A query's arithmetic depends only on its
+// own context, never on how many share the call or its tile.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -42,6 +44,7 @@ inline void to_float(const T* src, float* dst, int64_t n) {
 
 constexpr int64_t kLanes = 16;
 constexpr int64_t kMaxHeads = 256;
+constexpr int64_t kMaxDim = 256;
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 
 inline Lanes load_lanes(const float* p) {
@@ -50,18 +53,113 @@ inline Lanes load_lanes(const float* p) {
   return out;
 }
 
-// A dot product in 16-lane vectors (GCC's vector extensions: two AVX2 registers or one
-// AVX-512, whichever the machine has), the lanes then halved into each other. A compiler's
-// own vectorized reduction sums the lanes one by one, a chain of 16 dependent adds that cost
-// more than the products. `dim` is a multiple of kLanes (checked by the caller).
-inline float dot(const float* a, const float* b, int64_t dim) {
-  Lanes acc = load_lanes(a) * load_lanes(b);
-  for (int64_t d = kLanes; d < dim; d += kLanes) acc += load_lanes(a + d) * load_lanes(b + d);
+// Lanes' sum, the lanes halved into each other (GCC's vector extensions: two AVX2 registers or
+// one AVX-512, whichever the machine has). A compiler's own vectorized reduction sums the lanes
+// one by one, a chain of 16 dependent adds that cost more than the products.
+inline float lanes_sum(Lanes acc) {
   acc += __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
   acc += __builtin_shufflevector(acc, acc, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
   acc += __builtin_shufflevector(acc, acc, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
   acc += __builtin_shufflevector(acc, acc, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   return acc[0];
+}
+
+
+typedef int32_t LanesInt __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// exp of 16 floats at once (Cephes' expf: 2^n times a degree-6 polynomial of the rest, about one
+// unit in the last place), for arguments <= 0 (a softmax's); below -87 it gives 2^-126 against
+// e^x's smaller value, nothing a sum of at least one 1 can see. glibc's vector exp is not used
+// without -ffast-math, and its scalar expf took a fifth of a prefill's attention.
+inline Lanes exp_lanes(Lanes x) {
+  x = x < -87.0f ? Lanes{} - 87.0f : x;
+  const Lanes magic = Lanes{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const Lanes n = (x * 1.44269504088896341f + magic) - magic;
+  const Lanes r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  Lanes p = Lanes{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Lanes y = p * r * r + r + 1.0f;
+  const LanesInt bits = (__builtin_convertvector(n, LanesInt) + 127) << 23;
+  Lanes scale_by;
+  std::memcpy(&scale_by, &bits, sizeof scale_by);
+  return y * scale_by;
+}
+
+// A softmax's numerators in place over `n` scores, and their sum: 16 positions at a time,
+// lane i taking positions i, i + 16, ... (by position, not address: any buffer gives the same
+// sums), the last block padded with scores of -inf.
+inline float exp_and_sum(float* sh, int64_t n, float top) {
+  Lanes total{};
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    const Lanes e = exp_lanes(load_lanes(sh + t) - top);
+    std::memcpy(sh + t, &e, sizeof e);
+    total += e;
+  }
+  if (t < n) {
+    float tail[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) tail[i] = t + i < n ? sh[t + i] - top : -1e30f;
+    Lanes e = exp_lanes(load_lanes(tail));
+    for (int64_t i = 0; t + i < n; ++i) sh[t + i] = e[i];
+    for (int64_t i = n - t; i < kLanes; ++i) e[i] = 0.0f;
+    total += e;
+  }
+  return lanes_sum(total);
+}
+
+// One query head's scores over positions [t0, t1) of a key chunk (`k`: position t's head at
+// k + t * stride), each a dot product in lanes then `lanes_sum`; L lanes-vectors a head (the head size fixed at
+// compile time), so the query stays in registers.
+template <int L>
+void score_run(const float* q, const float* k, int64_t stride, int64_t t0, int64_t t1,
+               float scale, float cap, float* sh) {
+  Lanes qv[L];
+  for (int i = 0; i < L; ++i) qv[i] = load_lanes(q + i * kLanes);
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* kt = k + t * stride;
+    Lanes acc = qv[0] * load_lanes(kt);
+    for (int i = 1; i < L; ++i) acc += qv[i] * load_lanes(kt + i * kLanes);
+    float score = lanes_sum(acc) * scale;
+    if (cap > 0.0f) score = cap * std::tanh(score / cap);
+    sh[t] = score;
+  }
+}
+
+// One query head's values over positions [t0, t1), each added in order into `a`; the sums
+// stay in registers over the run.
+template <int L>
+void value_run(float* a, const float* v, int64_t stride, int64_t t0, int64_t t1,
+               const float* sh) {
+  Lanes acc[L];
+  for (int i = 0; i < L; ++i) acc[i] = load_lanes(a + i * kLanes);
+  for (int64_t t = t0; t < t1; ++t) {
+    const Lanes p = Lanes{} + sh[t];
+    for (int i = 0; i < L; ++i) acc[i] = acc[i] + p * load_lanes(v + t * stride + i * kLanes);
+  }
+  for (int i = 0; i < L; ++i) std::memcpy(a + i * kLanes, &acc[i], sizeof(Lanes));
+}
+
+// The head size's instance of both (any multiple of kLanes up to 256).
+using ScoreRun = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float, float,
+                          float*);
+using ValueRun = void (*)(float*, const float*, int64_t, int64_t, int64_t, const float*);
+
+template <int... L>
+ScoreRun score_run_for(int64_t dim, std::integer_sequence<int, L...>) {
+  ScoreRun out = nullptr;
+  ((dim == (L + 1) * kLanes ? (out = &score_run<L + 1>, 0) : 0), ...);
+  return out;
+}
+
+template <int... L>
+ValueRun value_run_for(int64_t dim, std::integer_sequence<int, L...>) {
+  ValueRun out = nullptr;
+  ((dim == (L + 1) * kLanes ? (out = &value_run<L + 1>, 0) : 0), ...);
+  return out;
 }
 
 struct Shape {
@@ -70,6 +168,8 @@ struct Shape {
 };
 
 constexpr int64_t kAhead = 4;
+constexpr int64_t kTile = 16;   // queries of one sequence a task shares its key chunks among
+constexpr int64_t kChunk = 64;  // keys (and values) converted to float32 at a time
 
 // The row `kAhead` tokens on asked for now: a sequence's blocks lie anywhere in the cache, and
 // the hardware prefetcher loses the stream at every block boundary.
@@ -82,74 +182,127 @@ inline void prefetch_row(const T* cache, const Shape& s, const int64_t* table, i
   for (int64_t b = 0; b < used * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
 }
 
-// One sequence, KV heads [kv0, kv1) (all of them unless the batch is smaller than the
-// threads): a token's keys are one contiguous row of the cache, read once and in order, which
-// the hardware prefetcher follows; a task per (sequence, KV head) read a third of each row at
-// a stride, and ran slower than the gather it replaced.
+// Positions [c, c + m) of the cache's KV heads [kv0, kv0 + used / dim), in float32, `used`
+// floats a position.
 template <typename T>
-void decode_sequence(const Shape& s, int64_t b, int64_t kv0, int64_t kv1, const T* qp, const T* kp, const T* vp,
-                     const int64_t* tables, const int64_t* lens, float scale, float cap,
-                     int64_t window, T* op, std::vector<float>& qf, std::vector<float>& acc,
-                     std::vector<float>& row, std::vector<float>& scores) {
-  const int64_t len = lens[b];
-  const int64_t first = window > 0 ? std::max<int64_t>(len - window, 0) : 0;
-  const int64_t n = len - first;
-  const int64_t dim = s.dim, group = s.group, width = s.token_stride;
+void chunk_to_float(const T* cache, const Shape& s, const int64_t* table, int64_t c, int64_t m,
+                    int64_t end, int64_t offset, int64_t used, float* out) {
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t pos = c + t;
+    if (pos + kAhead < end) prefetch_row(cache, s, table, pos + kAhead, offset, used);
+    to_float(cache + table[pos / s.block_size] * s.block_stride +
+                 (pos % s.block_size) * s.token_stride + offset,
+             out + t * used, used);
+  }
+}
+
+struct Scratch {
+  std::vector<float> qf, acc, keys, scores;
+};
+
+// Rows [b0, b1) of the batch, queries of one sequence (one block table; a decode is a tile of
+// one), KV heads [kv0, kv1) (all of them unless the batch is smaller than the threads). Each
+// chunk of the sequence's keys is read from the cache and widened once for the whole tile.
+// A query's arithmetic is the same in any tile: its scores in position order, its softmax over
+// its own scores, its values summed in position order, so a query's result depends on its
+// own context alone (batch invariance puts prefill queries here as decodes of their position).
+template <typename T>
+void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv1,
+                 const T* qp, const T* kp, const T* vp, const int64_t* tables,
+                 const int64_t* lens, float scale, float cap, int64_t window, T* op,
+                 Scratch& w) {
+  const int64_t dim = s.dim, group = s.group, rows = b1 - b0;
   const int64_t h0 = kv0 * group, h1 = kv1 * group;  // the query heads of these KV heads
+  const int64_t heads = h1 - h0;
   const int64_t offset = kv0 * dim, used = (kv1 - kv0) * dim;  // their part of a cache row
-  T* dst = op + b * s.heads * dim;
-  if (n <= 0) {
-    for (int64_t i = h0 * dim; i < h1 * dim; ++i) dst[i] = T(0.0f);
-    return;
+  const int64_t* table = tables + b0 * s.table_width;
+  const auto lanes = std::make_integer_sequence<int, kMaxDim / kLanes>{};
+  const ScoreRun scores = score_run_for(dim, lanes);
+  const ValueRun add_values = value_run_for(dim, lanes);
+  int64_t firsts[kTile], ns[kTile], starts[kTile + 1];
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+  starts[0] = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t len = lens[b0 + r];
+    firsts[r] = window > 0 ? std::max<int64_t>(len - window, 0) : 0;
+    ns[r] = std::max<int64_t>(len - firsts[r], 0);
+    starts[r + 1] = starts[r] + heads * ns[r];
+    if (ns[r] > 0) lo = std::min(lo, firsts[r]), hi = std::max(hi, len);
   }
-  to_float(qp + (b * s.heads + h0) * dim, qf.data() + h0 * dim, (h1 - h0) * dim);
-  scores.resize(s.heads * n);
-  const int64_t* table = tables + b * s.table_width;
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t pos = first + t;
-    if (t + kAhead < n) prefetch_row(kp, s, table, first + t + kAhead, offset, used);
-    to_float(kp + table[pos / s.block_size] * s.block_stride + (pos % s.block_size) * width +
-                 offset, row.data() + offset, used);
-    for (int64_t h = h0; h < h1; ++h) {
-      float score = dot(qf.data() + h * dim, row.data() + (h / group) * dim, dim) * scale;
-      if (cap > 0.0f) score = cap * std::tanh(score / cap);
-      scores[h * n + t] = score;
-    }
-  }
-  float sums[kMaxHeads];
-  for (int64_t h = h0; h < h1; ++h) {
-    float* sh = scores.data() + h * n;
-    float top = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : top)
-    for (int64_t t = 0; t < n; ++t) top = std::max(top, sh[t]);
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t t = 0; t < n; ++t) {
-      sh[t] = std::exp(sh[t] - top);
-      total += sh[t];
-    }
-    sums[h] = total;
-  }
-  std::fill(acc.begin(), acc.end(), 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t pos = first + t;
-    if (t + kAhead < n) prefetch_row(vp, s, table, first + t + kAhead, offset, used);
-    to_float(vp + table[pos / s.block_size] * s.block_stride + (pos % s.block_size) * width +
-                 offset, row.data() + offset, used);
-    for (int64_t h = h0; h < h1; ++h) {
-      const Lanes p = Lanes{} + scores[h * n + t];
-      float* a = acc.data() + h * dim;
-      const float* v = row.data() + (h / group) * dim;
-      for (int64_t d = 0; d < dim; d += kLanes) {
-        const Lanes sum = load_lanes(a + d) + p * load_lanes(v + d);
-        std::memcpy(a + d, &sum, sizeof sum);
+  w.qf.resize(rows * heads * dim);
+  w.acc.assign(rows * heads * dim, 0.0f);
+  w.keys.resize(kChunk * used);
+  w.scores.resize(starts[rows]);
+  for (int64_t r = 0; r < rows; ++r)
+    to_float(qp + ((b0 + r) * s.heads + h0) * dim, w.qf.data() + r * heads * dim, heads * dim);
+  // Scores, a chunk of keys at a time for every query of the tile that sees them.
+  for (int64_t c = lo; c < hi; c += kChunk) {
+    const int64_t m = std::min(kChunk, hi - c);
+    chunk_to_float(kp, s, table, c, m, hi, offset, used, w.keys.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* q = w.qf.data() + (r * heads + h) * dim;
+        float* sh = w.scores.data() + starts[r] + h * ns[r] - firsts[r];
+        const float* k = w.keys.data() + (h / group) * dim - c * used;
+        scores(q, k, used, t0, t1, scale, cap, sh);
       }
     }
   }
-  for (int64_t h = h0; h < h1; ++h) {
-    const float inv = 1.0f / sums[h];
-    for (int64_t d = 0; d < dim; ++d) dst[h * dim + d] = T(acc[h * dim + d] * inv);
+  float sums[kTile * kMaxHeads];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = ns[r];
+    for (int64_t h = 0; h < heads; ++h) {
+      float* sh = w.scores.data() + starts[r] + h * n;
+      float top = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : top)
+      for (int64_t t = 0; t < n; ++t) top = std::max(top, sh[t]);
+      sums[r * heads + h] = exp_and_sum(sh, n, top);
+    }
   }
+  // Values, a chunk at a time: each query's sums take its positions in order.
+  float* values = w.keys.data();
+  for (int64_t c = lo; c < hi; c += kChunk) {
+    const int64_t m = std::min(kChunk, hi - c);
+    chunk_to_float(vp, s, table, c, m, hi, offset, used, values);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* sh = w.scores.data() + starts[r] + h * ns[r] - firsts[r];
+        float* a = w.acc.data() + (r * heads + h) * dim;
+        const float* v = values + (h / group) * dim - c * used;
+        add_values(a, v, used, t0, t1, sh);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = op + (b0 + r) * s.heads * dim + h0 * dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* a = w.acc.data() + (r * heads + h) * dim;
+      if (ns[r] == 0) {
+        for (int64_t d = 0; d < dim; ++d) dst[h * dim + d] = T(0.0f);
+        continue;
+      }
+      const float inv = 1.0f / sums[r * heads + h];
+      for (int64_t d = 0; d < dim; ++d) dst[h * dim + d] = T(a[d] * inv);
+    }
+  }
+}
+
+// Tiles of the batch: runs of consecutive rows with the same block table (one sequence's
+// queries, as batch invariance lays a prefill out), cut at kTile rows.
+std::vector<std::pair<int64_t, int64_t>> tiles(const int64_t* tables, int64_t batch,
+                                               int64_t width) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t b = 0; b < batch;) {
+    int64_t e = b + 1;
+    while (e < batch && e - b < kTile &&
+           std::memcmp(tables + e * width, tables + b * width, width * sizeof(int64_t)) == 0)
+      ++e;
+    out.emplace_back(b, e);
+    b = e;
+  }
+  return out;
 }
 
 template <typename T>
@@ -172,16 +325,19 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
-  // Fewer sequences than threads: each sequence's KV heads split between tasks.
+  const auto runs = tiles(tables, s.batch, s.table_width);
+  const int64_t count = static_cast<int64_t>(runs.size());
+  // Fewer tiles than threads: each tile's KV heads split between tasks.
   const int64_t threads = at::get_num_threads();
-  const int64_t parts = std::clamp<int64_t>((threads + s.batch - 1) / s.batch, 1, s.kv_heads);
-  at::parallel_for(0, s.batch * parts, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(s.heads * s.dim), acc(s.heads * s.dim), row(s.token_stride), scores;
+  const int64_t parts = std::clamp<int64_t>((threads + count - 1) / count, 1, s.kv_heads);
+  at::parallel_for(0, count * parts, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / parts, part = task % parts;
-      decode_sequence<T>(s, b, part * s.kv_heads / parts, (part + 1) * s.kv_heads / parts, qp,
-                         kp, vp, tables, lens, static_cast<float>(scale),
-                         static_cast<float>(softcap), window, op, qf, acc, row, scores);
+      const auto [b0, b1] = runs[task / parts];
+      const int64_t part = task % parts;
+      decode_tile<T>(s, b0, b1, part * s.kv_heads / parts, (part + 1) * s.kv_heads / parts, qp,
+                     kp, vp, tables, lens, static_cast<float>(scale),
+                     static_cast<float>(softcap), window, op, scratch);
     }
   });
 }
@@ -198,7 +354,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.size(2) == k_cache.size(3));
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(q.size(1) <= kMaxHeads, "at most ", kMaxHeads, " query heads");
-  TORCH_CHECK(q.size(2) % kLanes == 0, "the head size must be a multiple of ", kLanes);
+  TORCH_CHECK(q.size(2) % kLanes == 0 && q.size(2) <= kMaxDim,
+              "the head size must be a multiple of ", kLanes, " up to ", kMaxDim);
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong);
   TORCH_CHECK(block_tables.is_contiguous() && context_lens.is_contiguous());
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0));
