@@ -69,6 +69,14 @@ log = logging.getLogger(__name__)
 KEY_BUCKET = 64
 """With invariance on, each query attends over its context rounded up to a multiple of this,
 so its attention has the same shape in any batch and on any path (StepLayout.key_bucket)."""
+QUANTIZED_PRICE = (
+    "; quantized weights on the row-exact kernel, every query on the in-place attention kernel: "
+    "decode steps as fast as without invariance, a prompt's prefill 1.1x (1,000 tokens) to "
+    "1.25x (1,743) as long, measured on an AMD EPYC; --batch-invariant off for the fastest "
+    "long prompts"
+)
+"""What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up
+(bench/results/step_profile_invariant.md)."""
 CHECK_ROWS = 40
 """Distinct rows the start-up check computes alone; calls of more rows repeat them."""
 CHECK_CALLS = (2, 3, 5, 7, 8, 13, 32, 33, CHECK_ROWS)
@@ -260,7 +268,7 @@ def decide(
     `quantized_free`: the quantized matrices run on the row-exact kernel that is the default's
     for few rows anyway (ops/int4_rows.py's DEFAULT_PATHS) and every query reads the cache in
     place (ops/paged_decode.py), where invariance was measured to cost a decode step nothing and
-    a prefill about a tenth (bench/results/step_profile_invariant.md). `lora`: the
+    a prefill 1.1-1.25x (`QUANTIZED_PRICE`, said at start-up). `lora`: the
     engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
     an adapter: `on` is refused; `auto` keeps invariance for the requests without one.
     `max_rows`: the most rows a matmul call takes (the step's token budget)."""
@@ -293,7 +301,11 @@ def decide(
         failed = check_matmul(matmul, shapes, dtype, device, max_rows)
         if failed is None:
             return Decision(
-                matmul, True, plan.name + ("; not for requests with a LoRA adapter" if lora else "")
+                matmul,
+                True,
+                plan.name
+                + ("; not for requests with a LoRA adapter" if lora else "")
+                + (QUANTIZED_PRICE if quantized and quantized_free and mode == "auto" else ""),
             )
         reason = failed
         if mode == "on" and check_matmul(Matmul(PADDED), shapes, dtype, device, max_rows) is None:
