@@ -72,8 +72,8 @@ so its attention has the same shape in any batch and on any path (StepLayout.key
 QUANTIZED_PRICE = (
     "; quantized weights on the row-exact kernel, every query on the in-place attention kernel: "
     "decode steps as fast as without invariance, a prompt's prefill 1.1x (1,000 tokens) to "
-    "1.25x (1,743) as long, measured on an AMD EPYC; --batch-invariant off for the fastest "
-    "long prompts"
+    "1.25x (1,743) as long, 8 concurrent 1,743-token prompts served at 0.75x the throughput "
+    "(measured on an AMD EPYC); --batch-invariant off for the fastest long prompts"
 )
 """What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up
 (bench/results/step_profile_invariant.md)."""
