@@ -103,3 +103,39 @@ async def test_a_constraint_the_engine_cannot_enforce_raises_before_sending(
             pass
     assert info.value.param == "constraint" and "unclosed group" in str(info.value)
     assert client.stats().num_requests_in_flight == 0
+
+
+async def test_the_default_model_answers_alike_alone_and_batched() -> None:
+    """The real default model (its Q4_1 file) with batch invariance on, through the whole
+    client: 8 greedy and 8 seeded sampled requests give the same tokens alone and all 16
+    together. `on` here holds on every CPU class; `auto` turns it on by itself where it costs
+    a decode step nothing (tests/engine/test_batch_invariance.py fakes the classes)."""
+    import trio
+
+    questions = [CAPITAL_QUESTION, "Name three colours.", "Write a haiku about rain.", "12 x 7?"]
+    async with open_engine(
+        num_threads=2, kv_cache_memory="64MiB", dtype=ENGINE_DTYPE, batch_invariant="on"
+    ) as engine:
+        prompts = [
+            await engine.apply_chat_template([{"role": "user", "content": q}]) for q in questions
+        ]
+        kinds = [SamplingParams(max_tokens=24, temperature=0.0)] * 8
+        kinds += [SamplingParams(max_tokens=24, temperature=1.0, seed=100 + i) for i in range(8)]
+        requests = [(prompts[i % 4], params) for i, params in enumerate(kinds)]
+
+        async def tokens(prompt: str, params: SamplingParams) -> list[int]:
+            out: list[int] = []
+            async for piece in engine.generate(prompt, params):
+                out = list(piece.outputs[0].token_ids)
+            return out
+
+        alone = [await tokens(*r) for r in requests]
+        together: list[list[int]] = [[] for _ in requests]
+
+        async def one(i: int) -> None:
+            together[i] = await tokens(*requests[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(requests)):
+                nursery.start_soon(one, i)
+    assert all(alone) and together == alone
