@@ -51,7 +51,8 @@ def prepare() -> None:
 
 
 def serves(dtype: torch.dtype, head_sizes: list[int]) -> bool:
-    """Whether the kernel computes every layer's queries, as `supports` says per cache."""
+    """Whether the kernel computes the queries of CPU layers with these head sizes and a cache
+    of `dtype`: a float type it reads, head sizes it vectorizes, a built kernel, `enabled()`."""
     return (
         enabled()
         and dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -61,16 +62,9 @@ def serves(dtype: torch.dtype, head_sizes: list[int]) -> bool:
 
 
 def supports(cache: Tensor) -> bool:
-    """Whether the kernel computes the decodes of a layer with this cache: on the CPU, a float
-    type it reads, a head size it vectorizes, a built kernel, and `enabled()`."""
-    return (
-        enabled()
-        and cache.device.type == "cpu"
-        and cache.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        and cache.shape[-1] % LANES == 0
-        and cache.shape[-1] <= MAX_HEAD_SIZE
-        and extension() is not None
-    )
+    """Whether the kernel computes the decodes of a layer with this cache (`serves`, on the
+    CPU)."""
+    return cache.device.type == "cpu" and serves(cache.dtype, [int(cache.shape[-1])])
 
 
 def paged_decode(

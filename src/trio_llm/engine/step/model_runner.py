@@ -191,9 +191,8 @@ class ModelRunner:
             model_path=None if self.own else invariant_modules.unsupported_modules(model),
             quantized=(self.own is not None and self.own.quantized) or bool(modules),
             quantized_free=self.own is not None
-            and device.type == "cpu"
+            and self._row_exact_here(device, spec.dtype, int4_rows.default())
             and backend == "torch"
-            and int4_rows.default()
             and paged_decode.serves(spec.dtype, [shape[2] for shape in heads]),
             lora=lora is not None,
             max_rows=max_step_rows,
@@ -205,7 +204,7 @@ class ModelRunner:
                 # Quantized weights on their own kernels, row-exact for any rows; with
                 # invariance off, calls of many rows (prefill chunks) dequantize instead.
                 self.own.linear = quant.dispatching(self.own.linear, dense=not self.invariance.on)
-                self._row_exact_kernel(self.own.matrices(), device)
+                self._row_exact_kernel(self.own.matrices(), device, spec.dtype)
                 if not self.invariance.on:
                     self.dense_copies = dense_copies.keep(
                         self.own.matrices(),
@@ -218,7 +217,7 @@ class ModelRunner:
                 model.lm_head.to("meta")
         if modules:
             gguf_modules.use_dense(model, not self.invariance.on)
-            self._row_exact_kernel(gguf_modules.quantized_weights(model), device)
+            self._row_exact_kernel(gguf_modules.quantized_weights(model), device, spec.dtype)
             if not self.invariance.on:
                 self.dense_copies = dense_copies.keep(
                     gguf_modules.quantized_weights(model),
@@ -270,14 +269,23 @@ class ModelRunner:
             with torch.inference_mode():  # as every step runs
                 self.graphs.capture(self._logits_of_decodes)
 
-    def _row_exact_kernel(self, weights: Iterable[object], device: torch.device) -> None:
+    @staticmethod
+    def _row_exact_here(device: torch.device, dtype: torch.dtype, wanted: bool) -> bool:
+        """Whether quantized weights may take the row-exact kernel: `wanted` for this CPU, and
+        activations it multiplies (bf16 inputs: a float16 model's quantized matmuls stay on
+        torch's kernels, whose scales are float16)."""
+        return wanted and device.type == "cpu" and quant.kernel_dtype(dtype) == torch.bfloat16
+
+    def _row_exact_kernel(
+        self, weights: Iterable[object], device: torch.device, dtype: torch.dtype
+    ) -> None:
         """Give quantized `weights` the row-exact kernel's packing (ops/int4_rows.py): for
         every row with invariance on, where the kernel is fast; without invariance, for the
         calls below the dense copies' crossover, where it beats torch's kernels from one row on
         (`int4_rows.DEFAULT_PATHS`). Called before the copies' crossovers are timed, which then
         time this kernel."""
         wanted = int4_rows.available() if self.invariance.on else int4_rows.default()
-        if device.type != "cpu" or not wanted:
+        if not self._row_exact_here(device, dtype, wanted):
             return
         for weight in weights:
             if quant.is_quantized(weight):
