@@ -474,13 +474,16 @@ def test_the_own_forward_s_weights_are_counted_on_any_plan(
 def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str, on: bool
 ) -> None:
-    """`auto` with quantized weights: on where the row-exact kernel is the default's anyway
-    (AVX512-BF16 without AMX, faked here) and attention reads the cache in place, every row on
-    that kernel and no dense copy; off where a lone row would pay for it (AMX)."""
+    """`auto` with quantized weights and bf16 activations: on where the row-exact kernel is the
+    default's anyway (AVX512-BF16 without AMX, faked here) and attention reads the cache in
+    place, every row on that kernel and no dense copy; off where a lone row would pay for it
+    (AMX)."""
     if int4_rows.KERNEL.extension() is None or paged_decode.extension() is None:
         pytest.skip("the row-exact and in-place kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: kernel_path)
-    core = engine_helpers.make_core(tiny_model_dir, quantization="int4", device="cpu")
+    core = engine_helpers.make_core(
+        tiny_model_dir, quantization="int4", dtype="bfloat16", device="cpu"
+    )
     assert core.runner.invariance.on == on
     assert (core.runner.dense_copies is None) == on
     own = core.runner.own
