@@ -43,7 +43,7 @@ if [[ "${1:-}" == "--with-browser" ]]; then
     apt_once espeak-ng /usr/bin/espeak-ng "for the speech-to-text tests"
 fi
 
-# The CPU kernels of engine/ops/csrc (decode attention, the row-exact 4-bit matmul), compiled
+# The CPU kernels of engine/ops/csrc (decode attention, the row-exact matmuls), compiled
 # for this machine's CPU once (a second run finds the builds); without a compiler the engine
 # keeps torch's ops.
 build_kernels() {
@@ -51,6 +51,8 @@ build_kernels() {
         || echo "bootstrap: the CPU decode kernel did not build; decodes run on the torch path" >&2
     "$venv/bin/python" -m trio_llm.engine.ops.int4_rows >/dev/null 2>&1 \
         || echo "bootstrap: the row-exact 4-bit kernel did not build; torch's int4 serves" >&2
+    "$venv/bin/python" -m trio_llm.engine.ops.int_rows >/dev/null 2>&1 \
+        || echo "bootstrap: the integer row-exact kernel did not build; torch's int4 serves" >&2
 }
 
 # Re-install only when pyproject.toml changed since the last successful set-up.

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.ops import int4_rows, paged_decode, threads
+from trio_llm.engine.ops import int4_rows, int_rows, paged_decode, threads
 from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -51,25 +51,33 @@ class Variant:
     quantization: str = "none"  # the GGUF dequantized unless a variant says otherwise
     in_place: bool = True  # decodes on the in-place kernel (engine/ops/paged_decode.py)
     int4_rows: bool = True  # 4-bit weights on engine/ops/int4_rows.py's kernel where it is chosen
+    int_rows: bool = True  # quantized weights on engine/ops/int_rows.py's where it is chosen
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
-        """Its core; the 4-bit kernel is chosen at start-up (`TRIO_LLM_INT4_ROWS`)."""
-        before = os.environ.get(int4_rows.ENV)
-        os.environ[int4_rows.ENV] = "1" if self.int4_rows else "0"
+        """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
+        `TRIO_LLM_INT_ROWS`)."""
+        wanted = {int4_rows.ENV: self.int4_rows, int_rows.ENV: self.int_rows}
+        before = {name: os.environ.get(name) for name in wanted}
+        os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
         try:
             return EngineCore(self.args(threads, kv_cache_memory))
         finally:
-            if before is None:
-                del os.environ[int4_rows.ENV]
-            else:
-                os.environ[int4_rows.ENV] = before
+            for name, value in before.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
 
     @property
     def label(self) -> str:
         quantized = "" if self.quantization == "none" else f", weights {self.quantization}"
         gather = "" if self.in_place else ", decodes gathered"
         torch4 = "" if self.int4_rows else ", torch's int4 kernel"
-        return f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
+        integer = "" if self.int_rows else ", no integer kernel"
+        return (
+            f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
+            f"{integer}"
+        )
 
     def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
         return EngineArgs(
@@ -105,6 +113,9 @@ VARIANTS = {
     "own-gguf-torch4": Variant("own", "auto", "off", "auto", int4_rows=False),
     # The default, its decodes gathered and run by SDPA instead of the in-place kernel.
     "own-gguf-gather": Variant("own", "auto", "off", "auto", in_place=False),
+    # Without engine/ops/int_rows.py (where it is chosen): the float row-exact kernel or torch's.
+    "own-gguf-noint": Variant("own", "auto", "off", "auto", int_rows=False),
+    "own-gguf-inv-noint": Variant("own", "auto", "on", "auto", int_rows=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
 }
 DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]

@@ -23,7 +23,7 @@ from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.models import loader
 from trio_llm.engine.models.gguf_weights import weights_nbytes
-from trio_llm.engine.ops import int4_rows, matmul, paged_decode, threads
+from trio_llm.engine.ops import int4_rows, int_rows, matmul, paged_decode, threads
 from trio_llm.engine.ops.matmul import (
     BF16_AMX,
     BF16_AVX512,
@@ -470,17 +470,34 @@ def test_the_own_forward_s_weights_are_counted_on_any_plan(
     assert weights_nbytes(own) == held
 
 
-@pytest.mark.parametrize(("kernel_path", "on"), [("avx512_bf16", True), ("amx", False)])
+@pytest.mark.parametrize(
+    ("float_path", "int_path", "on", "exact"),
+    [
+        ("avx512_bf16", "vnni", True, True),  # the float kernel: invariance nearly free
+        ("amx", "amx", False, True),  # the integer kernel, for few rows (prefill 3.7x with it)
+        ("amx", None, False, False),  # no integer kernel: torch's
+    ],
+)
 def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str, on: bool
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    float_path: str,
+    int_path: str | None,
+    on: bool,
+    exact: bool,
 ) -> None:
-    """`auto` with quantized weights and bf16 activations: on where the row-exact kernel is the
-    default's anyway (AVX512-BF16 without AMX, faked here) and attention reads the cache in
-    place, every row on that kernel and no dense copy; off where a lone row would pay for it
-    (AMX)."""
-    if int4_rows.KERNEL.extension() is None or paged_decode.extension() is None:
+    """`auto` with quantized weights and bf16 activations: on where the float row-exact kernel
+    is the default's anyway (AVX512-BF16 without AMX, faked here) and attention reads the cache
+    in place, every row on that kernel and no dense copy; off on AMX, where a prefill would pay
+    for it (ops/row_exact.py), its few rows on the integer kernel or torch's."""
+    if (
+        int4_rows.KERNEL.extension() is None
+        or int_rows.KERNEL.extension() is None
+        or paged_decode.extension() is None
+    ):
         pytest.skip("the row-exact and in-place kernels need a C++ compiler")
-    monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: kernel_path)
+    monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
+    monkeypatch.setattr(int_rows, "path", lambda allow_amx=True, allow_vnni=True: int_path)
     core = engine_helpers.make_core(
         tiny_model_dir, quantization="int4", dtype="bfloat16", device="cpu"
     )
@@ -488,9 +505,7 @@ def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
     assert (core.runner.dense_copies is None) == on
     own = core.runner.own
     assert own is not None
-    assert all(getattr(w, "exact", None) is not None for w in own.matrices()) == (
-        kernel_path == "avx512_bf16"
-    )
+    assert all(getattr(w, "exact", None) is not None for w in own.matrices()) == exact
     if on:  # a request's tokens alone are its tokens beside others
         prompts = engine_helpers.random_prompts([5, 17, 40], seed=2, vocab=200)
         reqs = [engine_helpers.request(str(i), p, max_tokens=6) for i, p in enumerate(prompts)]

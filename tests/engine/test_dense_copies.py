@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from engine_helpers import make_core
 
 from trio_llm.engine.models import dense_copies
-from trio_llm.engine.ops import int4_rows
+from trio_llm.engine.ops import int4_rows, int_rows
+from trio_llm.engine.ops.int4_rows import RowsExact
+from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.ops.matmul import multiply
 from trio_llm.engine.quant import Int4Weight, dispatching, quantize_int4, quantize_int8
@@ -155,20 +157,31 @@ def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Pa
     )
 
 
-@pytest.mark.parametrize(("kernel_path", "exact"), [("avx512_bf16", True), ("amx", False)])
+@pytest.mark.parametrize(
+    ("float_path", "int_path", "exact"),
+    [
+        ("avx512_bf16", "vnni", RowsExact),  # AVX512-BF16 without AMX: the float kernel
+        ("amx", "amx", IntRows),  # AMX: the integer kernel
+        ("amx", None, None),  # AMX without the integer kernel: torch's
+    ],
+)
 def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
     tiny_model_dir: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    kernel_path: str,
-    exact: bool,
+    float_path: str,
+    int_path: str | None,
+    exact: type | None,
 ) -> None:
-    """Without invariance, on a CPU where the row-exact kernel's grouped sums run (AVX512-BF16,
-    no AMX), the calls below the crossover take that kernel, and the crossover is timed
-    against it; on an AMX machine (a lone row slower than torch's kernel there) torch's."""
-    if int4_rows.KERNEL.extension() is None:
-        pytest.skip("the row-exact kernel needs a C++ compiler")
-    monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: kernel_path)
+    """Without invariance, the calls below the crossover take the row-exact kernel measured
+    fastest on the CPU's class (ops/row_exact.py), and the crossover is timed against it: the
+    float kernel's grouped sums on AVX512-BF16 without AMX, the integer kernel on an AMX
+    machine; where neither wins (an AMX machine without the integer kernel) torch's. The
+    classes are faked: any machine runs each kernel on a path of its own, with the same bits."""
+    if int4_rows.KERNEL.extension() is None or int_rows.KERNEL.extension() is None:
+        pytest.skip("the row-exact kernels need a C++ compiler")
+    monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
+    monkeypatch.setattr(int_rows, "path", lambda allow_amx=True, allow_vnni=True: int_path)
     timed: list[bool] = []
     real = dense_copies.crossover
 
@@ -187,8 +200,8 @@ def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
     own = core.runner.own
     assert own is not None
     matrices = [w for w in own.matrices() if isinstance(w, Int4Weight)]
-    assert matrices and all((w.exact is not None) == exact for w in matrices)
-    assert timed and all(t == exact for t in timed)
+    assert matrices and all(type(w.exact) is exact or w.exact is exact for w in matrices)
+    assert timed and all(t == (exact is not None) for t in timed)
     x = torch.randn(3, matrices[0].in_features).to(BF16)
     torch.testing.assert_close(
         matrices[0].matmul(x, None).float(),

@@ -23,6 +23,7 @@ from gguf_writer import write
 from trio_llm import model_files
 from trio_llm.engine.models import gguf_modules
 from trio_llm.engine.ops import int4_rows
+from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.quant import Int4Weight
 
 PROMPTS = random_prompts([9, 33], seed=4, vocab=VOCAB)
@@ -85,11 +86,16 @@ def test_a_quantized_file_runs_in_its_formats_and_predicts_what_it_dequantized_d
     assert not core.runner.invariance.on  # auto: off with quantized weights, as on the own forward
     quantized = prompt_logprobs(path)
     dequantized = prompt_logprobs(path, quantization="none")
+    # Where the integer kernel serves few rows (ops/int_rows.py: an AMX machine) the
+    # activations are rounded to 8 bits per block of 32 as well, as llama.cpp's are.
+    integer = any(isinstance(w.exact, IntRows) for w in weights)
     for a, b in zip(quantized, dequantized, strict=True):
         # The same values on other kernels: bf16 rounding apart, the same predictions. The
         # median, as a mixture's router may flip one token's expert on a rounding (Mixtral's
-        # did: one token off by 1.0, the rest by hundredths); a wrong weight moves them all.
-        assert np.median(np.abs(np.subtract(a, b))) < 0.05, (name, np.subtract(a, b))
+        # did: one token off by 1.0, the rest by hundredths, 0.07 with 8-bit activations); a
+        # wrong weight moves them all.
+        error = np.median(np.abs(np.subtract(a, b)))
+        assert error < (0.1 if integer else 0.05), (name, np.subtract(a, b))
 
 
 def test_batch_invariance_on_keeps_every_row_on_the_quantized_kernels(

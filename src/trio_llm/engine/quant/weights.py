@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.ops.int4_rows import RowsExact
+from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.ops.matmul import Weight, multiply
 
 Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
@@ -63,10 +64,10 @@ class Int4Weight:
     many rows (models/dense_copies.py); None: none is kept."""
     dense_rows: int = 0
     """Calls of at least this many rows take `dense` (where it is kept)."""
-    exact: RowsExact | None = None
-    """The same values in ops/int4_rows.py's packing, multiplied by its kernel instead of
-    torch's (`keep_exact`): row-exact and fast at every row count, for a batch-invariant
-    engine."""
+    exact: RowsExact | IntRows | None = None
+    """The same values in a row-exact kernel's packing (ops/int4_rows.py's or ops/int_rows.py's),
+    multiplied by it instead of torch's (`keep_exact`): row-exact and fast at every row count,
+    for a batch-invariant engine."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -76,25 +77,31 @@ class Int4Weight:
     def dtype(self) -> torch.dtype:
         return self.scales_zeros.dtype
 
-    def keep_exact(self) -> None:
-        """Repack for ops/int4_rows.py's kernel (`exact`), out of the torch packing (the
-        layout `_N_ALIGN` describes): the same 4-bit values, scales and zeros. Two planes of an
-        8-bit matrix become that matrix again in the kernel's 8-bit packing: one product where
-        torch's kernel takes two."""
+    def values(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The 4-bit values [rows, in_features] in 0..15 and their scales and zeros [rows,
+        in_features / group], out of the torch packing (the layout `_N_ALIGN` describes; its
+        padded rows included)."""
         k = self.in_features
         blocks = self.packed.view(-1, k, 32)
         q = torch.empty(blocks.shape[0], 64, k, dtype=torch.uint8)
         q[:, :32].copy_((blocks & 15).transpose(1, 2))
         q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
-        q = q.view(-1, k)
-        scale, zero = self.scales_zeros[..., 0].t(), self.scales_zeros[..., 1].t()
+        return q.view(-1, k), self.scales_zeros[..., 0].t(), self.scales_zeros[..., 1].t()
+
+    def keep_exact(self, integer: bool = False) -> None:
+        """Repack for a row-exact kernel (`exact`): ops/int4_rows.py's float one, or with
+        `integer` ops/int_rows.py's, out of the torch packing: the same 4-bit values, scales
+        and zeros. Two planes of an 8-bit matrix become that matrix again in the kernel's 8-bit
+        packing: one product where torch's kernel takes two."""
+        q, scale, zero = self.values()
         n = self.out_features  # not the torch packing's padded rows
+        kernel = IntRows if integer else RowsExact
         if self.split:  # `split_int8`: q = 16 (top - 8) + bottom, at the bottom plane's scale
             half = self.packed.shape[0] // 2
             values = 16 * (q[:n].to(torch.int16) - 8) + q[half : half + n]
-            self.exact = RowsExact.pack8(values.to(torch.int8), scale[half : half + n])
+            self.exact = kernel.pack8(values.to(torch.int8), scale[half : half + n])
         else:
-            self.exact = RowsExact.pack(q[:n], scale[:n], zero[:n])
+            self.exact = kernel.pack(q[:n], scale[:n], zero[:n])
 
     @property
     def nbytes(self) -> int:
@@ -185,14 +192,14 @@ class Int8Weight:
     dense: Weight | None = None
     """As Int4Weight's: the dequantized matrix kept for calls of many rows."""
     dense_rows: int = 0
-    exact: RowsExact | None = None
-    """As Int4Weight's: the same values multiplied by ops/int4_rows.py's kernel."""
+    exact: RowsExact | IntRows | None = None
+    """As Int4Weight's: the same values multiplied by a row-exact kernel."""
 
-    def keep_exact(self) -> None:
-        """Repack for ops/int4_rows.py's kernel (`exact`); W8A8 weights keep their integer
-        matmul, which is row-exact already."""
+    def keep_exact(self, integer: bool = False) -> None:
+        """Repack for a row-exact kernel (`exact`, as Int4Weight's); W8A8 weights keep their
+        integer matmul, which is row-exact already."""
         if not self.int8_activations:
-            self.exact = RowsExact.pack8(self.q, self.scales)
+            self.exact = (IntRows if integer else RowsExact).pack8(self.q, self.scales)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -43,7 +43,7 @@ from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
 from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
-from trio_llm.engine.ops import int4_rows, paged_decode
+from trio_llm.engine.ops import paged_decode, row_exact
 from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -195,7 +195,8 @@ class ModelRunner:
             quantized_free=self.own is not None
             and spec.dtype == torch.bfloat16
             and not any(getattr(w, "int8_activations", False) for w in self.own.matrices())
-            and self._row_exact_here(device, spec.dtype, int4_rows.default())
+            and device.type == "cpu"
+            and row_exact.invariance_free(quant.kernel_dtype(spec.dtype))
             and backend == "torch"
             and paged_decode.serves(spec.dtype, [shape[2] for shape in heads]),
             lora=lora is not None,
@@ -273,28 +274,20 @@ class ModelRunner:
             with torch.inference_mode():  # as every step runs
                 self.graphs.capture(self._logits_of_decodes)
 
-    @staticmethod
-    def _row_exact_here(device: torch.device, dtype: torch.dtype, wanted: bool) -> bool:
-        """Whether quantized weights may take the row-exact kernel: `wanted` for this CPU, and
-        activations it multiplies (bf16 inputs: a float16 model's quantized matmuls stay on
-        torch's kernels, whose scales are float16)."""
-        return wanted and device.type == "cpu" and quant.kernel_dtype(dtype) == torch.bfloat16
-
     def _row_exact_kernel(
         self, weights: Iterable[object], device: torch.device, dtype: torch.dtype
     ) -> None:
-        """Give quantized `weights` the row-exact kernel's packing (ops/int4_rows.py): for
-        every row with invariance on, where the kernel is fast; without invariance, for the
-        calls below the dense copies' crossover, where it beats torch's kernels from one row on
-        (`int4_rows.DEFAULT_PATHS`). Called before the copies' crossovers are timed, which then
-        time this kernel."""
-        wanted = int4_rows.available() if self.invariance.on else int4_rows.default()
-        if not self._row_exact_here(device, dtype, wanted):
+        """Give quantized `weights` a row-exact kernel's packing (ops/row_exact.py): for every
+        row with invariance on; without invariance, for the calls below the dense copies'
+        crossover, where the kernel beats torch's from one row on. Called before the copies'
+        crossovers are timed, which then time this kernel."""
+        which = row_exact.kind(self.invariance.on, quant.kernel_dtype(dtype))
+        if which is None or device.type != "cpu":
             return
         for weight in weights:
             if quant.is_quantized(weight):
-                weight.keep_exact()  # type: ignore[union-attr]
-        log.info("quantized weights on the row-exact kernel (%s)", int4_rows.path())
+                weight.keep_exact(integer=which == "integer")  # type: ignore[union-attr]
+        log.info("quantized weights on %s", row_exact.describe(which))
 
     def _logits_of_decodes(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata

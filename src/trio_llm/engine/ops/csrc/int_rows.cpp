@@ -1,0 +1,516 @@
+// Quantized weights by activations quantized to 8 bits per block of inputs, summed in integers:
+// the matmul that makes a quantized model batch-invariant on every CPU class at no price
+// (engine/ops/int_rows.py).
+//
+// Why integers: a float sum's value depends on its order, and the fastest kernel for one row
+// (AVX512-VNNI dot products over a vector of outputs) and for a prefill chunk (AMX tiles) sum
+// in different orders, so a float kernel must pick one order for every row count and pay for
+// it somewhere (engine/ops/int4_rows.py). An integer sum has one value in any order. Here a
+// row's inputs are quantized per block of 32 (16 for groups of 16) to int8 with a scale of the
+// block's own (max |x| / 127), each block's products are summed exactly in int32, and the
+// blocks join the output's float total in input order, with the same float operations on every
+// path. So every path (AMX tiles, AVX512-VNNI, scalar) gives the same bits, and a call may
+// take any of them for any of its rows: the lone row the one that is fastest for it, a prefill
+// chunk AMX. It is how llama.cpp multiplies its quantized blocks (Q8_1 activations).
+//
+// The weight: w = (q - 8) * scale + zero for 4 bits (q in 0..15), w = q * scale for 8 bits
+// (signed), scale and zero per output and group of inputs. The kernel reads unsigned bytes u
+// (q for 4 bits, q + 128 for 8) and an offset zero z' (zero - 8 scale; -128 scale), so that
+// w = u * scale + z'. A block's part of an output, with d the block's activation scale:
+//   total = fma(d * scale, float(sum(xq * u)), total); total = fma(z', d * float(sum(xq)), total)
+// The total is rounded once to the output's dtype.
+//
+// Layout (`IntRows.pack` in int_rows.py): outputs padded to strips of 32; 4 bits: for strip s
+// and octet i of inputs, [32 outputs][4] bytes whose byte b holds inputs 8 i + b (low nibble)
+// and 8 i + 4 + b (high nibble); 8 bits: for each quad i of inputs [32 outputs][4] bytes of
+// q + 128. Both unpack into VNNI's and AMX's layout, [quads][outputs][4] unsigned bytes, with
+// at most an `and` and a shift. Scales and offset zeros: [strips, K / group, 32] float32.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define TRIO_VNNI 1
+#endif
+#if defined(TRIO_VNNI) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include "amx_tiles.h"
+#define TRIO_AMX 1
+#endif
+
+namespace {
+
+constexpr int64_t kStrip = 32;     // outputs a strip
+constexpr int64_t kVnniRows = 6;   // rows a VNNI pass (4 accumulators a row, 24 in all)
+constexpr int64_t kTileRows = 16;  // rows an AMX tile
+
+inline float widen(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, sizeof out);
+  return out;
+}
+
+inline uint16_t round_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// `n` (at most 32) float totals rounded to bf16 at `out`: `round_bf16` on each.
+inline void store_bf16(const float* t, int64_t n, uint16_t* out) {
+#ifdef __AVX512BF16__
+  for (int64_t j = 0; j < n; j += 16) {
+    const int64_t lanes = std::min<int64_t>(16, n - j);
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, t + j));
+    _mm256_mask_storeu_epi16(out + j, mask, reinterpret_cast<const __m256i&>(v));
+  }
+#else
+  for (int64_t j = 0; j < n; ++j) out[j] = round_bf16(t[j]);
+#endif
+}
+
+// A block of bf16 inputs as float.
+inline void widen_block(const uint16_t* src, int64_t n, float* v) {
+#ifdef TRIO_VNNI
+  for (int64_t k = 0; k < n; k += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+    _mm512_storeu_ps(v + k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+#else
+  for (int64_t k = 0; k < n; ++k) v[k] = widen(src[k]);
+#endif
+}
+
+// The activations of a call, quantized: each row's blocks on their own, so a row's values do
+// not depend on the others in the call.
+struct Quantized {
+  std::vector<int8_t> q;    // [M][K]
+  std::vector<float> d;     // [M][blocks]: the block's scale
+  std::vector<float> xs;    // [M][blocks]: d * float(sum of the block's q)
+  std::vector<int32_t> s;   // [M][blocks]: sum of the block's q
+};
+
+// Block `v` (n values as float) into q: d = max|v| / 127, q = nearest-even(v * (127 / max|v|)).
+// The vector form below computes the same operations lane by lane (the same bits).
+inline void quantize_block(const float* v, int64_t n, int8_t* q, float* d, int32_t* s) {
+  float amax = 0.f;
+#ifdef TRIO_VNNI
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(v + k)));
+  amax = _mm512_reduce_max_ps(vmax);
+#else
+  for (int64_t k = 0; k < n; ++k) amax = std::max(amax, std::fabs(v[k]));
+#endif
+  if (amax == 0.f) {
+    std::memset(q, 0, n);
+    *d = 0.f;
+    *s = 0;
+    return;
+  }
+  const float inv = 127.f / amax;
+  int32_t sum = 0;
+#ifdef TRIO_VNNI
+  __m512i vsum = _mm512_setzero_si512();
+  for (int64_t k = 0; k < n; k += 16) {
+    const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + k), _mm512_set1_ps(inv)));
+    vsum = _mm512_add_epi32(vsum, r);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(r));
+  }
+  sum = _mm512_reduce_add_epi32(vsum);
+#else
+  for (int64_t k = 0; k < n; ++k) {
+    const int32_t r = static_cast<int32_t>(std::nearbyint(v[k] * inv));  // |r| <= 127
+    q[k] = static_cast<int8_t>(r);
+    sum += r;
+  }
+#endif
+  *d = amax / 127.f;
+  *s = sum;
+}
+
+template <class T>
+Quantized quantize(const T* x, int64_t M, int64_t K, int64_t block) {
+  const int64_t blocks = K / block;
+  Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * blocks),
+                std::vector<float>(M * blocks), std::vector<int32_t>(M * blocks)};
+  at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> v(block);
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const T* src = x + r * K + b * block;
+        const float* values = v.data();
+        if constexpr (std::is_same_v<T, uint16_t>) {
+          widen_block(src, block, v.data());
+        } else {
+          values = src;
+        }
+        const int64_t i = r * blocks + b;
+        quantize_block(values, block, out.q.data() + r * K + b * block, &out.d[i], &out.s[i]);
+        out.xs[i] = out.d[i] * static_cast<float>(out.s[i]);
+      }
+    }
+  });
+  return out;
+}
+
+// What every path shares: the call's shapes and where a strip's data lies.
+struct Call {
+  const Quantized* x;
+  int64_t M, K, block, group, blocks, groups;
+  bool eight;
+  const uint8_t* packed;
+  const float* scales;
+  const float* zeros;  // z' = zero - 8 scale (4 bits), -128 scale (8 bits)
+  const int64_t* group_at;  // [blocks]: where block b's scales lie in a strip's (g * 32)
+  int64_t strip_bytes() const { return K * kStrip / (eight ? 1 : 2); }
+  // Block b's scales and offset zeros in strip s: 32 each.
+  const float* scales_of(int64_t s, int64_t b) const {
+    return scales + s * groups * kStrip + group_at[b];
+  }
+  const float* zeros_of(int64_t s, int64_t b) const {
+    return zeros + s * groups * kStrip + group_at[b];
+  }
+};
+
+// One block's integer sums c[j] (32 outputs) joining row r's totals: the float operations every
+// path takes, in this order.
+inline void join_scalar(const Call& call, int64_t r, int64_t b, const float* sc, const float* zr,
+                        const int32_t* dot, float* total) {
+  const int64_t i = r * call.blocks + b;
+  const float d = call.x->d[i], xs = call.x->xs[i];
+  for (int64_t j = 0; j < kStrip; ++j) {
+    const float m = d * sc[j];
+    total[j] = std::fma(m, static_cast<float>(dot[j]), total[j]);
+    total[j] = std::fma(zr[j], xs, total[j]);
+  }
+}
+
+// Unsigned weight bytes of strip `strip`, inputs [4 quad, 4 quad + 4), outputs 0..31, as
+// [32][4]: the layout VNNI and AMX read.
+inline void unpack_quad_scalar(const Call& call, const uint8_t* strip, int64_t quad,
+                               uint8_t* out) {
+  if (call.eight) {
+    std::memcpy(out, strip + quad * 4 * kStrip, 4 * kStrip);
+    return;
+  }
+  const uint8_t* octet = strip + (quad / 2) * 4 * kStrip;
+  const int shift = (quad % 2) * 4;
+  for (int64_t e = 0; e < 4 * kStrip; ++e) out[e] = (octet[e] >> shift) & 15;
+}
+
+void strip_scalar(const Call& call, int64_t s, int64_t m0, int64_t rows, float* totals) {
+  const uint8_t* strip = call.packed + s * call.strip_bytes();
+  uint8_t w[4 * kStrip];
+  for (int64_t r = 0; r < rows; ++r) {
+    float* total = totals + r * kStrip;
+    std::fill(total, total + kStrip, 0.f);
+    const int8_t* xq = call.x->q.data() + (m0 + r) * call.K;
+    for (int64_t b = 0; b < call.blocks; ++b) {
+      int32_t dot[kStrip] = {};
+      for (int64_t quad = b * call.block / 4; quad < (b + 1) * call.block / 4; ++quad) {
+        unpack_quad_scalar(call, strip, quad, w);
+        for (int64_t j = 0; j < kStrip; ++j)
+          for (int e = 0; e < 4; ++e)
+            dot[j] += static_cast<int32_t>(w[4 * j + e]) * xq[4 * quad + e];
+      }
+      join_scalar(call, m0 + r, b, call.scales_of(s, b), call.zeros_of(s, b), dot, total);
+    }
+  }
+}
+
+#ifdef TRIO_VNNI
+// The join of `join_scalar`, 16 outputs a vector: the same operations, lane by lane.
+inline __m512 join16(__m512i dot, __m512 d, __m512 scale, __m512 xs, __m512 zero,
+                     __m512 total) {
+  total = _mm512_fmadd_ps(_mm512_mul_ps(d, scale), _mm512_cvtepi32_ps(dot), total);
+  return _mm512_fmadd_ps(zero, xs, total);
+}
+
+// Rows [m0, m0 + R) by one strip with `vpdpbusd`: the weights straight from the packing, so a
+// lone row reads each byte once and unpacks it with an `and` (and a shift).
+template <int R>
+void strip_vnni(const Call& call, int64_t s, int64_t m0, float* totals) {
+  const uint8_t* strip = call.packed + s * call.strip_bytes();
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  __m512 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
+  const int8_t* xq = call.x->q.data() + m0 * call.K;
+  for (int64_t b = 0; b < call.blocks; ++b) {
+    __m512i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    auto dot = [&](int64_t quad, __m512i w0, __m512i w1) {
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, xq + r * call.K + 4 * quad, sizeof four);
+        const __m512i a = _mm512_set1_epi32(four);
+        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, a);
+        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, a);
+      }
+    };
+    const int64_t first = b * call.block / 4, last = (b + 1) * call.block / 4;
+    if (call.eight) {
+      for (int64_t quad = first; quad < last; ++quad) {
+        const uint8_t* p = strip + quad * 4 * kStrip;
+        dot(quad, _mm512_loadu_si512(p), _mm512_loadu_si512(p + 64));
+      }
+    } else {
+      for (int64_t quad = first; quad < last; quad += 2) {
+        const uint8_t* p = strip + (quad / 2) * 4 * kStrip;
+        const __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_loadu_si512(p + 64);
+        dot(quad, _mm512_and_si512(v0, nibble), _mm512_and_si512(v1, nibble));
+        dot(quad + 1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), nibble),
+            _mm512_and_si512(_mm512_srli_epi16(v1, 4), nibble));
+      }
+    }
+    const float* sc = call.scales_of(s, b);
+    const float* zr = call.zeros_of(s, b);
+    const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
+    const __m512 z0 = _mm512_loadu_ps(zr), z1 = _mm512_loadu_ps(zr + 16);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * call.blocks + b;
+      const __m512 d = _mm512_set1_ps(call.x->d[i]), xs = _mm512_set1_ps(call.x->xs[i]);
+      total[r][0] = join16(acc[r][0], d, s0, xs, z0, total[r][0]);
+      total[r][1] = join16(acc[r][1], d, s1, xs, z1, total[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(totals + r * kStrip, total[r][0]);
+    _mm512_storeu_ps(totals + r * kStrip + 16, total[r][1]);
+  }
+}
+
+using VnniFn = void (*)(const Call&, int64_t, int64_t, float*);
+
+template <int... R>
+constexpr std::array<VnniFn, sizeof...(R)> vnni_table(std::integer_sequence<int, R...>) {
+  return {&strip_vnni<R + 1>...};
+}
+
+constexpr auto kVnniFns = vnni_table(std::make_integer_sequence<int, kVnniRows>{});
+#endif
+
+#ifdef TRIO_AMX
+using trio_amx::SavedTiles;
+using trio_amx::TileConfig;
+
+// Tiles 0..3: C (int32), row tile t's outputs 0..15 at 2 t, 16..31 at 2 t + 1; 4, 5: A (row
+// tile t's rows x one block of int8 inputs); 6, 7: B (the block's quads x 16 outputs x 4
+// unsigned bytes). `rows`: of the first row tile; a second, when `pair`, is a full 16.
+void configure(int rows, bool pair, int64_t block) {
+  TileConfig cfg;
+  const int tiles = pair ? 2 : 1;
+  for (int t = 0; t < tiles; ++t) {
+    const auto r = static_cast<uint8_t>(t == 0 ? rows : kTileRows);
+    cfg.colsb[2 * t] = cfg.colsb[2 * t + 1] = 64;
+    cfg.rows[2 * t] = cfg.rows[2 * t + 1] = r;
+    cfg.colsb[4 + t] = static_cast<uint16_t>(block);
+    cfg.rows[4 + t] = r;
+  }
+  cfg.colsb[6] = cfg.colsb[7] = 64;
+  cfg.rows[6] = cfg.rows[7] = static_cast<uint8_t>(block / 4);
+  _tile_loadconfig(&cfg);
+}
+
+// The strip's weights as unsigned bytes, [quads][32][4]: 8-bit weights are that already.
+const uint8_t* unpack_strip(const Call& call, const uint8_t* strip, std::vector<uint8_t>& buf) {
+  if (call.eight) return strip;
+  buf.resize(call.K * kStrip);
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  for (int64_t octet = 0; octet < call.K / 8; ++octet) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512i v = _mm512_loadu_si512(strip + octet * 4 * kStrip + 64 * h);
+      _mm512_storeu_si512(buf.data() + (2 * octet) * 4 * kStrip + 64 * h,
+                          _mm512_and_si512(v, nibble));
+      _mm512_storeu_si512(buf.data() + (2 * octet + 1) * 4 * kStrip + 64 * h,
+                          _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+    }
+  }
+  return buf.data();
+}
+
+// Rows [m0, m0 + rows) (at most 16, or 32 as two full row tiles when `pair`) by one strip of
+// unsigned weight bytes `w`: first every block's sums into `dots` ([blocks][32][32] int32),
+// two `tdpbsud` a row tile (four independent ones for a pair, which keeps AMX busy while each
+// finishes); then each row's blocks joined in order as `strip_vnni` joins them, its totals in
+// registers. Two passes, so that no vector load waits on the tile store just before it.
+void strip_amx(const Call& call, int64_t s, int64_t m0, int rows, bool pair, const uint8_t* w,
+               int32_t* dots, float* totals) {
+  const int8_t* xq = call.x->q.data() + m0 * call.K;
+  constexpr int64_t kDots = 2 * kTileRows * kStrip;  // a block's sums
+  for (int64_t b = 0; b < call.blocks; ++b) {
+    int32_t* dot = dots + b * kDots;
+    const uint8_t* wb = w + (b * call.block / 4) * 4 * kStrip;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(4, xq + b * call.block, call.K);
+    _tile_loadd(6, wb, 4 * kStrip);
+    _tile_loadd(7, wb + 64, 4 * kStrip);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if (pair) {
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_loadd(5, xq + kTileRows * call.K + b * call.block, call.K);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+      _tile_stored(2, dot + kTileRows * kStrip, 4 * kStrip);
+      _tile_stored(3, dot + kTileRows * kStrip + 16, 4 * kStrip);
+    }
+    _tile_stored(0, dot, 4 * kStrip);
+    _tile_stored(1, dot + 16, 4 * kStrip);
+  }
+  for (int r = 0; r < rows; ++r) {
+    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
+    const float* d = call.x->d.data() + (m0 + r) * call.blocks;
+    const float* xs = call.x->xs.data() + (m0 + r) * call.blocks;
+    for (int64_t b = 0; b < call.blocks; ++b) {
+      const int32_t* dot = dots + b * kDots + r * kStrip;
+      const float* sc = call.scales_of(s, b);
+      const float* zr = call.zeros_of(s, b);
+      const __m512 db = _mm512_set1_ps(d[b]), xb = _mm512_set1_ps(xs[b]);
+      t0 = join16(_mm512_load_si512(dot), db, _mm512_loadu_ps(sc), xb, _mm512_loadu_ps(zr), t0);
+      t1 = join16(_mm512_load_si512(dot + 16), db, _mm512_loadu_ps(sc + 16), xb,
+                  _mm512_loadu_ps(zr + 16), t1);
+    }
+    _mm512_storeu_ps(totals + r * kStrip, t0);
+    _mm512_storeu_ps(totals + r * kStrip + 16, t1);
+  }
+}
+#endif
+
+enum class Path { kGeneric, kVnni, kAmx };
+
+Path best_path(bool allow_amx, bool allow_vnni) {
+#ifdef TRIO_AMX
+  if (allow_amx && trio_amx::permitted()) return Path::kAmx;
+#endif
+#ifdef TRIO_VNNI
+  if (allow_vnni) return Path::kVnni;
+#endif
+  return Path::kGeneric;
+}
+
+}  // namespace
+
+// x [M, K] (bf16 or float32) by the packed weight: [M, N] in x's dtype. `amx_rows`: calls of at
+// least this many rows take AMX tiles where the CPU has them (fewer: VNNI); any choice gives
+// the same bits.
+torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                         const torch::Tensor& scales, const torch::Tensor& zeros, int64_t group,
+                         int64_t N, bool eight, int64_t amx_rows, bool allow_vnni) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
+                  (x.dtype() == torch::kBFloat16 || x.dtype() == torch::kFloat32),
+              "x: contiguous [M, K] bf16 or float32");
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t block = group % 32 == 0 ? 32 : 16;
+  TORCH_CHECK(group % 16 == 0 && K % group == 0 && K % 8 == 0, "group: a multiple of 16 dividing K");
+  const int64_t strips = packed.size(0), groups = K / group;
+  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.is_contiguous() &&
+                  packed.numel() == strips * K * kStrip / (eight ? 1 : 2) && N <= strips * kStrip,
+              "packed: [strips, K * 32 (8 bits) or K * 16 (4 bits)] uint8");
+  for (const auto* t : {&scales, &zeros})
+    TORCH_CHECK(t->dtype() == torch::kFloat32 && t->is_contiguous() &&
+                    t->numel() == strips * groups * kStrip,
+                "scales, zeros: contiguous [strips, K / group, 32] float32");
+  const Quantized xq =
+      x.dtype() == torch::kBFloat16
+          ? quantize(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, block)
+          : quantize(x.data_ptr<float>(), M, K, block);
+  std::vector<int64_t> group_at(K / block);
+  for (int64_t b = 0; b < K / block; ++b) group_at[b] = b * block / group * kStrip;
+  const Call call{&xq, M, K, block, group, K / block, groups, eight, packed.data_ptr<uint8_t>(),
+                  scales.data_ptr<float>(), zeros.data_ptr<float>(), group_at.data()};
+  const Path path = best_path(M >= amx_rows, allow_vnni);
+  auto out = torch::empty({M, N}, x.options());
+  const bool bf16 = x.dtype() == torch::kBFloat16;
+  at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> totals(2 * kTileRows * kStrip);
+    std::vector<uint8_t> buf;
+#ifdef TRIO_AMX
+    std::optional<SavedTiles> saved;
+    std::vector<int32_t> dots;
+    if (path == Path::kAmx) {
+      saved.emplace();
+      dots.resize(call.blocks * 2 * kTileRows * kStrip + 16);
+    }
+    int32_t* aligned = reinterpret_cast<int32_t*>(
+        (reinterpret_cast<uintptr_t>(dots.data()) + 63) & ~static_cast<uintptr_t>(63));
+    int configured = 0;
+#endif
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t width = std::min<int64_t>(kStrip, N - s * kStrip);
+      auto emit = [&](int64_t m, int64_t rows) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* t = totals.data() + r * kStrip;
+          if (bf16) {
+            auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + (m + r) * N;
+            store_bf16(t, width, o + s * kStrip);
+          } else {
+            std::memcpy(out.data_ptr<float>() + (m + r) * N + s * kStrip, t, width * 4);
+          }
+        }
+      };
+#ifdef TRIO_AMX
+      if (path == Path::kAmx) {
+        const uint8_t* w = unpack_strip(call, call.packed + s * call.strip_bytes(), buf);
+        for (int64_t m = 0; m < M;) {
+          const bool pair = M - m >= 2 * kTileRows;
+          const int rows = static_cast<int>(pair ? 2 * kTileRows : std::min(kTileRows, M - m));
+          const int shape = pair ? -1 : rows;
+          if (shape != configured) {
+            configure(pair ? kTileRows : rows, pair, block);
+            configured = shape;
+          }
+          strip_amx(call, s, m, rows, pair, w, aligned, totals.data());
+          emit(m, rows);
+          m += rows;
+        }
+        continue;
+      }
+#endif
+#ifdef TRIO_VNNI
+      if (path == Path::kVnni) {
+        for (int64_t m = 0; m < M; m += kVnniRows) {
+          const int64_t rows = std::min<int64_t>(kVnniRows, M - m);
+          kVnniFns[rows - 1](call, s, m, totals.data());
+          emit(m, rows);
+        }
+        continue;
+      }
+#endif
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, M - m);
+        strip_scalar(call, s, m, rows, totals.data());
+        emit(m, rows);
+      }
+    }
+  });
+  return out;
+}
+
+// Which instructions sum here at the most: "amx", "vnni" or "generic".
+std::string path(bool allow_amx, bool allow_vnni) {
+  switch (best_path(allow_amx, allow_vnni)) {
+    case Path::kAmx: return "amx";
+    case Path::kVnni: return "vnni";
+    default: return "generic";
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int_linear", &int_linear, "quantized weights by int8-quantized rows, integer sums");
+  m.def("path", &path, "the fastest path this machine has");
+}

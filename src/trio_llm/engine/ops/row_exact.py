@@ -1,0 +1,58 @@
+"""Which row-exact kernel a quantized matrix takes on this machine: the integer one
+(ops/int_rows.py) or the float one (ops/int4_rows.py), or neither (torch's kernels).
+
+Why a choice: both compute a row the same way at every row count, but each was measured fast
+on its own CPU class. The integer kernel's lone row takes 0.2-0.35x the float kernel's time on
+an AMX Xeon, where the float kernel's lone row loses to torch's int4 kernel; the float kernel's
+grouped sums are the measured default on AVX512-BF16 without AMX (an AMD EPYC), where the
+integer kernel is unmeasured. The integer kernel also multiplies float32 activations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from trio_llm.engine.ops import int4_rows, int_rows
+from trio_llm.engine.ops.int4_rows import RowsExact
+from trio_llm.engine.ops.int_rows import IntRows
+
+Kind = Literal["integer", "float"]
+
+
+def kind(invariant: bool, dtype: torch.dtype) -> Kind | None:
+    """The row-exact kernel for quantized matrices with activations of `dtype` (the kernel
+    dtype), `invariant` or not; None: torch's kernels. Without invariance a kernel is taken
+    only where it is the default's (it beats torch's for few rows; dense copies serve many)."""
+    if int_rows.available() and dtype in (torch.bfloat16, torch.float32):
+        return "integer"
+    if dtype != torch.bfloat16:
+        return None
+    wanted = int4_rows.available() if invariant else int4_rows.default()
+    return "float" if wanted else None
+
+
+def invariance_free(dtype: torch.dtype) -> bool:
+    """Whether `auto` may keep batch invariance on for quantized weights here: where the
+    default's kernel makes it cost little, measured. The float kernel on AVX512-BF16 without
+    AMX: decode steps 0.94-1.08x, a prefill 1.08-1.23x (an AMD EPYC,
+    bench/results/step_profile_invariant.md). Not the integer kernel on AMX: decode steps
+    0.78-1.05x, but a 1,000-token prefill 3.7x (an AMX Xeon, bench/results/
+    step_profile_int_rows.md), where without invariance oneDNN's AMX matmuls on dense copies
+    and SDPA's flash attention take the prompt, and with it this kernel (its AMX path stores
+    every block's sums) and the in-place attention kernel, a query at a time."""
+    return kind(False, dtype) == "float"
+
+
+def describe(which: Kind) -> str:
+    """The kernel and its path here, for the start-up log."""
+    if which == "integer":
+        return f"the integer row-exact kernel ({int_rows.path()})"
+    return f"the float row-exact kernel ({int4_rows.path()})"
+
+
+def build_key(exact: RowsExact | IntRows) -> str:
+    """The build of the kernel that multiplies `exact`: what a measurement of it depends on."""
+    kernel = int_rows.KERNEL if isinstance(exact, IntRows) else int4_rows.KERNEL
+    return kernel.build_key()
