@@ -4,8 +4,7 @@ and the float row-exact kernel (engine/ops/int4_rows.py, its fastest path here).
 
 Same 4-bit weights (groups of 32) for the default model's matmul shapes; bf16 activations;
 the median of --repeats calls after a warm-up; the variants take turns per call so that drift
-on a shared VM falls on each alike. The integer kernel is timed as the engine calls it (AMX
-tiles from `AMX_ROWS` rows where the CPU has them, VNNI below) and on VNNI alone.
+on a shared VM falls on each alike.
 
 Usage: python bench/weights/int_rows.py [--threads 2] [--repeats 30]
        [--out bench/results/int_rows.md]
@@ -44,12 +43,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if int_rows.path() is None:
         raise SystemExit("the kernel is not built here (no C++ compiler)")
-    names = ["oneDNN bf16", "torch int4", "float row-exact", "int", "int VNNI"]
+    names = ["oneDNN bf16", "torch int4", "float row-exact", "int"]
     lines = [
         *hostinfo.heading(
             "The integer row-exact kernel by rows per call",
-            f"Threads {args.threads}; integer kernel's path here: {int_rows.path()} (AMX from "
-            f"{int_rows.AMX_ROWS} rows); float row-exact kernel's: {int4_rows.path()}; load "
+            f"Threads {args.threads}; integer kernel's path here: {int_rows.path()}; float "
+            f"row-exact kernel's: {int4_rows.path()}; load "
             f"average at the start {' '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         ),
         "",
@@ -84,7 +83,6 @@ def main() -> None:
                 ),
                 "float row-exact": partial(exact.matmul, x),
                 "int": partial(integer.matmul, x),
-                "int VNNI": partial(integer.matmul, x, 1 << 30),
             }
             t = medians_us(fns, args.repeats)
             best = min(t["oneDNN bf16"], t["torch int4"])

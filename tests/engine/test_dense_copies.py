@@ -161,7 +161,7 @@ def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Pa
     ("float_path", "int_path", "exact"),
     [
         ("avx512_bf16", "vnni", RowsExact),  # AVX512-BF16 without AMX: the float kernel
-        ("amx", "amx", IntRows),  # AMX: the integer kernel
+        ("amx", "vnni", IntRows),  # AMX: the integer kernel
         ("amx", None, None),  # AMX without the integer kernel: torch's
     ],
 )
@@ -181,7 +181,9 @@ def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
     if int4_rows.KERNEL.extension() is None or int_rows.KERNEL.extension() is None:
         pytest.skip("the row-exact kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_amx=True, allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
+    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     timed: list[bool] = []
     real = dense_copies.crossover
 

@@ -1,5 +1,5 @@
-"""The integer row-exact matmul (engine/ops/int_rows.py): every path it has (AMX tiles,
-AVX512-VNNI, scalar) gives the same bits, so a row's result does not depend on how many rows
+"""The integer row-exact matmul (engine/ops/int_rows.py): every path it has (AVX512-VNNI,
+scalar) gives the same bits, so a row's result does not depend on how many rows
 share its call or which path the call took; and its value is the integer formula's, close to
 the dequantized weight's product."""
 
@@ -31,11 +31,8 @@ def test_the_kernel_builds_wherever_a_compiler_is() -> None:
     assert int_rows.KERNEL.extension() is not None
 
 
-PATHS = {
-    "amx": {"amx_rows": 1},  # AMX tiles from one row where the CPU has them (else VNNI)
-    "vnni": {"amx_rows": 1 << 30},  # VNNI where the CPU has it (else scalar)
-    "generic": {"amx_rows": 1 << 30, "allow_vnni": False},
-}
+PATHS = {"vnni": {}, "generic": {"allow_vnni": False}}
+"""The kernel's paths: VNNI where the CPU has it (else scalar), and scalar."""
 
 
 def weight_of(bits: str, n: int, k: int, gen: torch.Generator) -> Int4Weight | Int8Weight:
@@ -125,14 +122,15 @@ def test_an_8_bit_matrix_keeps_its_value() -> None:
 @pytest.mark.parametrize(
     ("float_path", "int_path", "invariant", "dtype", "kind"),
     [
-        ("amx", "amx", False, BF16, "integer"),  # AMX: the integer kernel, invariance or not
-        ("amx", "amx", True, torch.float32, "integer"),  # it takes float32 rows too
+        ("amx", "vnni", False, BF16, "integer"),  # AMX: the integer kernel, invariance or not
+        ("amx", "vnni", True, torch.float32, "integer"),  # it takes float32 rows too
         ("amx", None, True, BF16, "float"),  # no integer kernel: the float one for invariance
         ("amx", None, False, BF16, None),  # ... and torch's without (its lone row is slower)
         ("avx512_bf16", "vnni", False, BF16, "float"),  # AVX512-BF16 without AMX: measured
         ("avx512_bf16", "vnni", True, torch.float32, None),  # float32 rows: torch's kernels
         ("generic", "generic", True, BF16, None),  # AVX2: torch's
-        ("amx", "amx", False, torch.float16, None),  # float16 rows: neither
+        ("avx512_bf16", "generic", True, BF16, "float"),  # the integer kernel's scalar path
+        ("amx", "vnni", False, torch.float16, None),  # float16 rows: neither
     ],
 )
 def test_each_cpu_class_takes_the_kernel_measured_there(
@@ -144,19 +142,23 @@ def test_each_cpu_class_takes_the_kernel_measured_there(
     kind: str | None,
 ) -> None:
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_amx=True, allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
+    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     assert row_exact.kind(invariant, dtype) == kind
 
 
 @pytest.mark.parametrize(
     ("float_path", "int_path", "free"),
-    [("avx512_bf16", "vnni", True), ("amx", "amx", False), ("generic", "generic", False)],
+    [("avx512_bf16", "vnni", True), ("amx", "vnni", False), ("generic", "generic", False)],
 )
 def test_auto_keeps_invariance_only_where_its_price_was_measured_small(
     monkeypatch: pytest.MonkeyPatch, float_path: str, int_path: str, free: bool
 ) -> None:
     """On an AMX machine the integer kernel makes decode steps free with invariance but a
-    prefill 3.7x as long (bench/results/step_profile_int_rows.md): `auto` keeps it off there."""
+    prefill 3-3.7x as long (bench/results/step_profile_int_rows.md): `auto` keeps it off there."""
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_amx=True, allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
+    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     assert row_exact.invariance_free(BF16) is free

@@ -1,13 +1,13 @@
 """Quantized weights by activations quantized per block to int8, summed in integers: a C++
-kernel of our own (csrc/int_rows.cpp) that is batch-invariant on every path it takes.
+kernel of our own (csrc/int_rows.cpp) whose every row is the same bits at any row count.
 
 Why: a float kernel is row-exact only if every row count sums in one order, so it must pick
 one order for a lone decode row and a prefill chunk alike and be slow for one of them
-(ops/int4_rows.py; on an AMX machine its lone row cost 1.6-2x torch's int4 kernel). Integer
+(ops/int4_rows.py: on an AMX machine its lone row cost 1.6-2x torch's int4 kernel). Integer
 sums have no order. Each row's inputs are quantized per block of 32 to int8 by the block's own
-scale, as llama.cpp quantizes activations for its quantized dot products, so a call may sum
-with AMX tiles for a prefill chunk and with AVX512-VNNI for a decode row and give the same bits
-either way (tests/engine/test_int_rows.py checks the paths against each other bitwise).
+scale, as llama.cpp quantizes activations for its quantized dot products, and AVX512-VNNI sums
+a block's products exactly; the scalar path gives the same bits (tests/engine/test_int_rows.py
+compares them). A lone row reads each weight byte once and unpacks it with an `and`.
 """
 
 from __future__ import annotations
@@ -20,33 +20,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trio_llm.engine.ops.cpu import cpu_flags
 from trio_llm.engine.ops.native import Kernel
 
 KERNEL = Kernel("int_rows.cpp")
 STRIP = 32
 """Outputs a strip: the packing pads the outputs to a multiple."""
 ENV = "TRIO_LLM_INT_ROWS"
-AMX_ROWS = 8
-"""Calls of at least this many rows take AMX tiles where the CPU has them; fewer rows sum with
-VNNI, which reads each weight byte once without a tile's set-up (the same bits either way)."""
-FAST_PATHS = ("amx",)
-"""Where the kernel is the quantized matmul of a batch-invariant engine by default: measured on
-an AMX Xeon (bench/results/int_rows.md). Elsewhere its integer path may be as good; unmeasured,
-so ops/int4_rows.py's float kernel keeps those classes."""
+CLASS_FLAG = "amx_int8"
+"""The CPU class where the kernel is the quantized matmul of choice, by a flag only it has:
+measured on an AMX Xeon (bench/results/int_rows.md), where a lone row takes 0.2-0.35x the float
+row-exact kernel's time and 0.4-0.5x torch's int4 kernel's. It sums with VNNI there, as it
+would on an AMD EPYC, where the float kernel's grouped sums are the measured default and this
+one is not measured."""
 
 
-def path(allow_amx: bool = True, allow_vnni: bool = True) -> str | None:
-    """The fastest path here ("amx", "vnni", "generic"), or None where the kernel is not built
-    or `TRIO_LLM_INT_ROWS=0`."""
+def path(allow_vnni: bool = True) -> str | None:
+    """How the kernel sums here ("vnni", "generic"), or None where it is not built or
+    `TRIO_LLM_INT_ROWS=0`."""
     if os.environ.get(ENV, "1") == "0":
         return None
     ext = KERNEL.extension()
-    return None if ext is None else str(ext.path(allow_amx, allow_vnni))
+    return None if ext is None else str(ext.path(allow_vnni))
 
 
 def available() -> bool:
-    """Whether quantized matrices should take this kernel here (`FAST_PATHS`)."""
-    return path() in FAST_PATHS
+    """Whether quantized matrices should take this kernel here: VNNI on the class it was
+    measured on (`CLASS_FLAG`)."""
+    return path() == "vnni" and CLASS_FLAG in cpu_flags()
 
 
 @dataclass(slots=True, eq=False)
@@ -104,9 +105,9 @@ class IntRows:
             True,
         )
 
-    def matmul(self, x: Tensor, amx_rows: int = AMX_ROWS, allow_vnni: bool = True) -> Tensor:
-        """x [M, K] (bf16 or float32) by the matrix: [M, rows] in x's dtype. `amx_rows` and
-        `allow_vnni` choose a path (the same bits on every one: tests compare them)."""
+    def matmul(self, x: Tensor, allow_vnni: bool = True) -> Tensor:
+        """x [M, K] (bf16 or float32) by the matrix: [M, rows] in x's dtype. `allow_vnni`:
+        false takes the scalar path (the same bits: tests compare them)."""
         ext = KERNEL.extension()
         assert ext is not None, "IntRows.matmul called where the kernel is not built"
         return ext.int_linear(
@@ -117,7 +118,6 @@ class IntRows:
             self.group,
             self.rows,
             self.eight,
-            amx_rows,
             allow_vnni,
         )
 

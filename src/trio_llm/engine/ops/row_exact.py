@@ -2,10 +2,12 @@
 (ops/int_rows.py) or the float one (ops/int4_rows.py), or neither (torch's kernels).
 
 Why a choice: both compute a row the same way at every row count, but each was measured fast
-on its own CPU class. The integer kernel's lone row takes 0.2-0.35x the float kernel's time on
+on its own CPU class. The integer kernel's lone row takes 0.2-0.3x the float kernel's time on
 an AMX Xeon, where the float kernel's lone row loses to torch's int4 kernel; the float kernel's
 grouped sums are the measured default on AVX512-BF16 without AMX (an AMD EPYC), where the
-integer kernel is unmeasured. The integer kernel also multiplies float32 activations.
+integer kernel is unmeasured. The integer kernel also multiplies float32 activations; it
+rounds activations to 8 bits per block of 32 (perplexity of the default file +0.36% against
+llama.cpp's with every row on it, an AMX Xeon; the float kernel's +0.46%, an AMD EPYC).
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ def invariance_free(dtype: torch.dtype) -> bool:
     default's kernel makes it cost little, measured. The float kernel on AVX512-BF16 without
     AMX: decode steps 0.94-1.08x, a prefill 1.08-1.23x (an AMD EPYC,
     bench/results/step_profile_invariant.md). Not the integer kernel on AMX: decode steps
-    0.78-1.05x, but a 1,000-token prefill 3.7x (an AMX Xeon, bench/results/
+    0.92-0.99x, but a 1,000-token prefill 3-3.7x (an AMX Xeon, bench/results/
     step_profile_int_rows.md), where without invariance oneDNN's AMX matmuls on dense copies
-    and SDPA's flash attention take the prompt, and with it this kernel (its AMX path stores
-    every block's sums) and the in-place attention kernel, a query at a time."""
+    and SDPA's flash attention take the prompt, and with it this kernel on VNNI and the in-place
+    attention kernel, a query at a time."""
     return kind(False, dtype) == "float"
 
 

@@ -47,10 +47,6 @@
 #include <immintrin.h>
 #define TRIO_AVX512_BF16 1
 #endif
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-#include "amx_tiles.h"
-#define TRIO_AMX 1
-#endif
 
 namespace {
 
@@ -302,10 +298,16 @@ constexpr auto kGroupedFns =
 #endif
 
 
-#ifdef TRIO_AMX
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TRIO_AMX 1
 
-using trio_amx::SavedTiles;
-using trio_amx::TileConfig;
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
 
 // Tiles 0, 1: C for outputs 0..15 and 16..31; 2: A (R rows x 32 inputs); 3, 4: B.
 void configure(int rows) {
@@ -314,6 +316,26 @@ void configure(int rows) {
   cfg.rows[0] = cfg.rows[1] = cfg.rows[2] = static_cast<uint8_t>(rows);
   cfg.rows[3] = cfg.rows[4] = 16;
   _tile_loadconfig(&cfg);
+}
+
+// The tile configuration found on this thread, put back when the call ends: torch's own AMX
+// kernels (oneDNN's brgemm under SDPA's flash kernel) may keep theirs configured between
+// calls and skip configuring it again.
+class SavedTiles {
+ public:
+  SavedTiles() { _tile_storeconfig(&saved_); }
+  ~SavedTiles() {
+    if (saved_.palette == 0) _tile_release();
+    else _tile_loadconfig(&saved_);
+  }
+
+ private:
+  TileConfig saved_;
+};
+
+bool amx_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+  return ok;
 }
 
 void rows_by_strip_amx(const uint16_t* x, int64_t ldx, int rows, const uint16_t* buf, int64_t K,
@@ -352,7 +374,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
                           int64_t N, bool allow_amx) {
   bool use_amx = false;
 #ifdef TRIO_AMX
-  use_amx = allow_amx && x.size(1) % 32 == 0 && trio_amx::permitted();
+  use_amx = allow_amx && x.size(1) % 32 == 0 && amx_permitted();
 #endif
   TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
               "x: contiguous [M, K] bf16");
@@ -446,7 +468,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
 // Which instructions compute the sums here: "amx", "avx512_bf16" or "generic".
 std::string path(bool allow_amx) {
 #ifdef TRIO_AMX
-  if (allow_amx && trio_amx::permitted()) return "amx";
+  if (allow_amx && amx_permitted()) return "amx";
 #endif
 #ifdef TRIO_AVX512_BF16
   return "avx512_bf16";

@@ -1,17 +1,20 @@
 // Quantized weights by activations quantized to 8 bits per block of inputs, summed in integers:
-// the matmul that makes a quantized model batch-invariant on every CPU class at no price
+// a matmul whose every row is the same bits at any row count and on any path it takes
 // (engine/ops/int_rows.py).
 //
-// Why integers: a float sum's value depends on its order, and the fastest kernel for one row
-// (AVX512-VNNI dot products over a vector of outputs) and for a prefill chunk (AMX tiles) sum
-// in different orders, so a float kernel must pick one order for every row count and pay for
-// it somewhere (engine/ops/int4_rows.py). An integer sum has one value in any order. Here a
+// Why integers: a float sum's value depends on its order, so a float kernel is row-exact only
+// if it sums every row count in one order, and must then be slow for a lone decode row or for
+// a prefill chunk (engine/ops/int4_rows.py). An integer sum has one value in any order. Here a
 // row's inputs are quantized per block of 32 (16 for groups of 16) to int8 with a scale of the
 // block's own (max |x| / 127), each block's products are summed exactly in int32, and the
 // blocks join the output's float total in input order, with the same float operations on every
-// path. So every path (AMX tiles, AVX512-VNNI, scalar) gives the same bits, and a call may
-// take any of them for any of its rows: the lone row the one that is fastest for it, a prefill
-// chunk AMX. It is how llama.cpp multiplies its quantized blocks (Q8_1 activations).
+// path. So every path gives the same bits (AVX512-VNNI `vpdpbusd` over 16 outputs a vector, or
+// scalar code; tests compare them) and a row's result never depends on its call. It is how
+// llama.cpp multiplies its quantized blocks (Q8_1 activations).
+//
+// AMX tiles were tried and dropped: a block's int32 sums must leave the tile for their scales
+// every 32 inputs, and those tile stores and the scaling left AMX slower than VNNI at every
+// row count measured (1 to 512 rows, an AMX Xeon).
 //
 // The weight: w = (q - 8) * scale + zero for 4 bits (q in 0..15), w = q * scale for 8 bits
 // (signed), scale and zero per output and group of inputs. The kernel reads unsigned bytes u
@@ -23,7 +26,7 @@
 // Layout (`IntRows.pack` in int_rows.py): outputs padded to strips of 32; 4 bits: for strip s
 // and octet i of inputs, [32 outputs][4] bytes whose byte b holds inputs 8 i + b (low nibble)
 // and 8 i + 4 + b (high nibble); 8 bits: for each quad i of inputs [32 outputs][4] bytes of
-// q + 128. Both unpack into VNNI's and AMX's layout, [quads][outputs][4] unsigned bytes, with
+// q + 128. Both unpack into VNNI's layout, [quads][outputs][4] unsigned bytes, with
 // at most an `and` and a shift. Scales and offset zeros: [strips, K / group, 32] float32.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -33,7 +36,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,16 +44,12 @@
 #include <immintrin.h>
 #define TRIO_VNNI 1
 #endif
-#if defined(TRIO_VNNI) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
-#include "amx_tiles.h"
-#define TRIO_AMX 1
-#endif
 
 namespace {
 
 constexpr int64_t kStrip = 32;     // outputs a strip
 constexpr int64_t kVnniRows = 6;   // rows a VNNI pass (4 accumulators a row, 24 in all)
-constexpr int64_t kTileRows = 16;  // rows an AMX tile
+constexpr int64_t kScalarRows = 16;  // rows a scalar pass
 
 inline float widen(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
@@ -199,7 +197,7 @@ inline void join_scalar(const Call& call, int64_t r, int64_t b, const float* sc,
 }
 
 // Unsigned weight bytes of strip `strip`, inputs [4 quad, 4 quad + 4), outputs 0..31, as
-// [32][4]: the layout VNNI and AMX read.
+// [32][4]: the layout VNNI reads.
 inline void unpack_quad_scalar(const Call& call, const uint8_t* strip, int64_t quad,
                                uint8_t* out) {
   if (call.eight) {
@@ -302,121 +300,29 @@ constexpr std::array<VnniFn, sizeof...(R)> vnni_table(std::integer_sequence<int,
 constexpr auto kVnniFns = vnni_table(std::make_integer_sequence<int, kVnniRows>{});
 #endif
 
-#ifdef TRIO_AMX
-using trio_amx::SavedTiles;
-using trio_amx::TileConfig;
 
-// Tiles 0..3: C (int32), row tile t's outputs 0..15 at 2 t, 16..31 at 2 t + 1; 4, 5: A (row
-// tile t's rows x one block of int8 inputs); 6, 7: B (the block's quads x 16 outputs x 4
-// unsigned bytes). `rows`: of the first row tile; a second, when `pair`, is a full 16.
-void configure(int rows, bool pair, int64_t block) {
-  TileConfig cfg;
-  const int tiles = pair ? 2 : 1;
-  for (int t = 0; t < tiles; ++t) {
-    const auto r = static_cast<uint8_t>(t == 0 ? rows : kTileRows);
-    cfg.colsb[2 * t] = cfg.colsb[2 * t + 1] = 64;
-    cfg.rows[2 * t] = cfg.rows[2 * t + 1] = r;
-    cfg.colsb[4 + t] = static_cast<uint16_t>(block);
-    cfg.rows[4 + t] = r;
-  }
-  cfg.colsb[6] = cfg.colsb[7] = 64;
-  cfg.rows[6] = cfg.rows[7] = static_cast<uint8_t>(block / 4);
-  _tile_loadconfig(&cfg);
-}
-
-// The strip's weights as unsigned bytes, [quads][32][4]: 8-bit weights are that already.
-const uint8_t* unpack_strip(const Call& call, const uint8_t* strip, std::vector<uint8_t>& buf) {
-  if (call.eight) return strip;
-  buf.resize(call.K * kStrip);
-  const __m512i nibble = _mm512_set1_epi8(0x0f);
-  for (int64_t octet = 0; octet < call.K / 8; ++octet) {
-    for (int h = 0; h < 2; ++h) {
-      const __m512i v = _mm512_loadu_si512(strip + octet * 4 * kStrip + 64 * h);
-      _mm512_storeu_si512(buf.data() + (2 * octet) * 4 * kStrip + 64 * h,
-                          _mm512_and_si512(v, nibble));
-      _mm512_storeu_si512(buf.data() + (2 * octet + 1) * 4 * kStrip + 64 * h,
-                          _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
-    }
-  }
-  return buf.data();
-}
-
-// Rows [m0, m0 + rows) (at most 16, or 32 as two full row tiles when `pair`) by one strip of
-// unsigned weight bytes `w`: first every block's sums into `dots` ([blocks][32][32] int32),
-// two `tdpbsud` a row tile (four independent ones for a pair, which keeps AMX busy while each
-// finishes); then each row's blocks joined in order as `strip_vnni` joins them, its totals in
-// registers. Two passes, so that no vector load waits on the tile store just before it.
-void strip_amx(const Call& call, int64_t s, int64_t m0, int rows, bool pair, const uint8_t* w,
-               int32_t* dots, float* totals) {
-  const int8_t* xq = call.x->q.data() + m0 * call.K;
-  constexpr int64_t kDots = 2 * kTileRows * kStrip;  // a block's sums
-  for (int64_t b = 0; b < call.blocks; ++b) {
-    int32_t* dot = dots + b * kDots;
-    const uint8_t* wb = w + (b * call.block / 4) * 4 * kStrip;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_loadd(4, xq + b * call.block, call.K);
-    _tile_loadd(6, wb, 4 * kStrip);
-    _tile_loadd(7, wb + 64, 4 * kStrip);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbsud(1, 4, 7);
-    if (pair) {
-      _tile_zero(2);
-      _tile_zero(3);
-      _tile_loadd(5, xq + kTileRows * call.K + b * call.block, call.K);
-      _tile_dpbsud(2, 5, 6);
-      _tile_dpbsud(3, 5, 7);
-      _tile_stored(2, dot + kTileRows * kStrip, 4 * kStrip);
-      _tile_stored(3, dot + kTileRows * kStrip + 16, 4 * kStrip);
-    }
-    _tile_stored(0, dot, 4 * kStrip);
-    _tile_stored(1, dot + 16, 4 * kStrip);
-  }
-  for (int r = 0; r < rows; ++r) {
-    __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
-    const float* d = call.x->d.data() + (m0 + r) * call.blocks;
-    const float* xs = call.x->xs.data() + (m0 + r) * call.blocks;
-    for (int64_t b = 0; b < call.blocks; ++b) {
-      const int32_t* dot = dots + b * kDots + r * kStrip;
-      const float* sc = call.scales_of(s, b);
-      const float* zr = call.zeros_of(s, b);
-      const __m512 db = _mm512_set1_ps(d[b]), xb = _mm512_set1_ps(xs[b]);
-      t0 = join16(_mm512_load_si512(dot), db, _mm512_loadu_ps(sc), xb, _mm512_loadu_ps(zr), t0);
-      t1 = join16(_mm512_load_si512(dot + 16), db, _mm512_loadu_ps(sc + 16), xb,
-                  _mm512_loadu_ps(zr + 16), t1);
-    }
-    _mm512_storeu_ps(totals + r * kStrip, t0);
-    _mm512_storeu_ps(totals + r * kStrip + 16, t1);
-  }
-}
-#endif
-
-enum class Path { kGeneric, kVnni, kAmx };
-
-Path best_path(bool allow_amx, bool allow_vnni) {
-#ifdef TRIO_AMX
-  if (allow_amx && trio_amx::permitted()) return Path::kAmx;
-#endif
+bool vnni(bool allow_vnni) {
 #ifdef TRIO_VNNI
-  if (allow_vnni) return Path::kVnni;
+  return allow_vnni;
+#else
+  return false;
 #endif
-  return Path::kGeneric;
 }
 
 }  // namespace
 
-// x [M, K] (bf16 or float32) by the packed weight: [M, N] in x's dtype. `amx_rows`: calls of at
-// least this many rows take AMX tiles where the CPU has them (fewer: VNNI); any choice gives
-// the same bits.
+// x [M, K] (bf16 or float32) by the packed weight: [M, N] in x's dtype. `allow_vnni`: false
+// takes the scalar path where VNNI is built (the same bits: tests compare the two).
 torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
                          const torch::Tensor& scales, const torch::Tensor& zeros, int64_t group,
-                         int64_t N, bool eight, int64_t amx_rows, bool allow_vnni) {
+                         int64_t N, bool eight, bool allow_vnni) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
                   (x.dtype() == torch::kBFloat16 || x.dtype() == torch::kFloat32),
               "x: contiguous [M, K] bf16 or float32");
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t block = group % 32 == 0 ? 32 : 16;
-  TORCH_CHECK(group % 16 == 0 && K % group == 0 && K % 8 == 0, "group: a multiple of 16 dividing K");
+  TORCH_CHECK(group % 16 == 0 && K % group == 0 && K % 8 == 0,
+              "group: a multiple of 16 dividing K");
   const int64_t strips = packed.size(0), groups = K / group;
   TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.is_contiguous() &&
                   packed.numel() == strips * K * kStrip / (eight ? 1 : 2) && N <= strips * kStrip,
@@ -433,23 +339,11 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
   for (int64_t b = 0; b < K / block; ++b) group_at[b] = b * block / group * kStrip;
   const Call call{&xq, M, K, block, group, K / block, groups, eight, packed.data_ptr<uint8_t>(),
                   scales.data_ptr<float>(), zeros.data_ptr<float>(), group_at.data()};
-  const Path path = best_path(M >= amx_rows, allow_vnni);
+  const bool fast = vnni(allow_vnni);
   auto out = torch::empty({M, N}, x.options());
   const bool bf16 = x.dtype() == torch::kBFloat16;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> totals(2 * kTileRows * kStrip);
-    std::vector<uint8_t> buf;
-#ifdef TRIO_AMX
-    std::optional<SavedTiles> saved;
-    std::vector<int32_t> dots;
-    if (path == Path::kAmx) {
-      saved.emplace();
-      dots.resize(call.blocks * 2 * kTileRows * kStrip + 16);
-    }
-    int32_t* aligned = reinterpret_cast<int32_t*>(
-        (reinterpret_cast<uintptr_t>(dots.data()) + 63) & ~static_cast<uintptr_t>(63));
-    int configured = 0;
-#endif
+    std::vector<float> totals(kScalarRows * kStrip);
     for (int64_t s = begin; s < end; ++s) {
       const int64_t width = std::min<int64_t>(kStrip, N - s * kStrip);
       auto emit = [&](int64_t m, int64_t rows) {
@@ -463,26 +357,8 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
           }
         }
       };
-#ifdef TRIO_AMX
-      if (path == Path::kAmx) {
-        const uint8_t* w = unpack_strip(call, call.packed + s * call.strip_bytes(), buf);
-        for (int64_t m = 0; m < M;) {
-          const bool pair = M - m >= 2 * kTileRows;
-          const int rows = static_cast<int>(pair ? 2 * kTileRows : std::min(kTileRows, M - m));
-          const int shape = pair ? -1 : rows;
-          if (shape != configured) {
-            configure(pair ? kTileRows : rows, pair, block);
-            configured = shape;
-          }
-          strip_amx(call, s, m, rows, pair, w, aligned, totals.data());
-          emit(m, rows);
-          m += rows;
-        }
-        continue;
-      }
-#endif
 #ifdef TRIO_VNNI
-      if (path == Path::kVnni) {
+      if (fast) {
         for (int64_t m = 0; m < M; m += kVnniRows) {
           const int64_t rows = std::min<int64_t>(kVnniRows, M - m);
           kVnniFns[rows - 1](call, s, m, totals.data());
@@ -491,8 +367,8 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
         continue;
       }
 #endif
-      for (int64_t m = 0; m < M; m += kTileRows) {
-        const int64_t rows = std::min<int64_t>(kTileRows, M - m);
+      for (int64_t m = 0; m < M; m += kScalarRows) {
+        const int64_t rows = std::min<int64_t>(kScalarRows, M - m);
         strip_scalar(call, s, m, rows, totals.data());
         emit(m, rows);
       }
@@ -501,14 +377,8 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
-// Which instructions sum here at the most: "amx", "vnni" or "generic".
-std::string path(bool allow_amx, bool allow_vnni) {
-  switch (best_path(allow_amx, allow_vnni)) {
-    case Path::kAmx: return "amx";
-    case Path::kVnni: return "vnni";
-    default: return "generic";
-  }
-}
+// Which instructions sum here: "vnni" or "generic".
+std::string path(bool allow_vnni) { return vnni(allow_vnni) ? "vnni" : "generic"; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int_linear", &int_linear, "quantized weights by int8-quantized rows, integer sums");
