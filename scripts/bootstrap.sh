@@ -43,9 +43,9 @@ if [[ "${1:-}" == "--with-browser" ]]; then
     apt_once espeak-ng /usr/bin/espeak-ng "for the speech-to-text tests"
 fi
 
-# The CPU kernels of engine/ops/csrc (decode attention, the row-exact matmuls), compiled
-# for this machine's CPU once (a second run finds the builds); without a compiler the engine
-# keeps torch's ops.
+# The CPU kernels of engine/ops/csrc (decode attention, the row-exact matmuls, the fused
+# elementwise ops), compiled for this machine's CPU once (a second run finds the builds);
+# without a compiler the engine keeps torch's ops.
 build_kernels() {
     "$venv/bin/python" -m trio_llm.engine.ops.paged_decode >/dev/null 2>&1 \
         || echo "bootstrap: the CPU decode kernel did not build; decodes run on the torch path" >&2
@@ -53,6 +53,8 @@ build_kernels() {
         || echo "bootstrap: the row-exact 4-bit kernel did not build; torch's int4 serves" >&2
     "$venv/bin/python" -m trio_llm.engine.ops.int_rows >/dev/null 2>&1 \
         || echo "bootstrap: the integer row-exact kernel did not build; torch's int4 serves" >&2
+    "$venv/bin/python" -m trio_llm.engine.ops.fused >/dev/null 2>&1 \
+        || echo "bootstrap: the fused elementwise kernels did not build; torch's ops serve" >&2
 }
 
 # Re-install only when pyproject.toml changed since the last successful set-up.

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.ops import int4_rows, int_rows, paged_decode, threads
+from trio_llm.engine.ops import fused, int4_rows, int_rows, paged_decode, threads
 from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -52,10 +52,12 @@ class Variant:
     in_place: bool = True  # decodes on the in-place kernel (engine/ops/paged_decode.py)
     int4_rows: bool = True  # 4-bit weights on engine/ops/int4_rows.py's kernel where it is chosen
     int_rows: bool = True  # quantized weights on engine/ops/int_rows.py's where it is chosen
+    fused: bool = True  # the elementwise ops in engine/ops/fused.py's kernels where they run
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
-        `TRIO_LLM_INT_ROWS`)."""
+        `TRIO_LLM_INT_ROWS`), the fused ops at each step (`TRIO_LLM_FUSED`, set for its
+        turns)."""
         wanted = {int4_rows.ENV: self.int4_rows, int_rows.ENV: self.int_rows}
         before = {name: os.environ.get(name) for name in wanted}
         os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
@@ -74,9 +76,10 @@ class Variant:
         gather = "" if self.in_place else ", decodes gathered"
         torch4 = "" if self.int4_rows else ", torch's int4 kernel"
         integer = "" if self.int_rows else ", no integer kernel"
+        eager = "" if self.fused else ", eager elementwise ops"
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
-            f"{integer}"
+            f"{integer}{eager}"
         )
 
     def args(self, threads: int, kv_cache_memory: int) -> EngineArgs:
@@ -116,6 +119,8 @@ VARIANTS = {
     # Without engine/ops/int_rows.py (where it is chosen): the float row-exact kernel or torch's.
     "own-gguf-noint": Variant("own", "auto", "off", "auto", int_rows=False),
     "own-gguf-inv-noint": Variant("own", "auto", "on", "auto", int_rows=False),
+    # Without engine/ops/fused.py: the layer's elementwise work as eager torch ops.
+    "own-gguf-eager": Variant("own", "auto", "off", "auto", fused=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
 }
 DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]
@@ -190,6 +195,7 @@ def run_case(
     for round_ in range(rounds + 1):  # round 0 warms up
         for variant, core in cores.items():
             os.environ[paged_decode.ENV] = "1" if variant.in_place else "0"
+            os.environ[fused.ENV] = "1" if variant.fused else "0"
             for k in range(STEPS_PER_TURN):
                 splits[variant].take()
                 t0 = time.perf_counter()
@@ -238,6 +244,7 @@ def prefill_times(
     for round_ in range(rounds + 1):  # round 0 warms up
         for variant, core in cores.items():
             prompt = torch.randint(100, 40000, (context,), generator=g).tolist()
+            os.environ[fused.ENV] = "1" if variant.fused else "0"
             core.add_request(EngineCoreRequest(f"prefill-{round_}", prompt, params))
             t0 = time.perf_counter()
             while core.has_work():

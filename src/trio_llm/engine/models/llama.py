@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.attention import AttentionMetadata
+from trio_llm.engine.ops import fused
 from trio_llm.engine.ops.matmul import Matmul, Weight
 from trio_llm.engine.ops.threads import rowwise
 from trio_llm.engine.quant.weights import embedding, is_quantized
@@ -202,36 +203,32 @@ class LlamaForward:
         tokens = input_ids.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q_end, k_end = hq * d, (hq + hkv) * d
-        cos = self.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
-        sin = self.sin.index_select(0, positions).unsqueeze(1)
         x = embedding(input_ids, self.embed).to(self.norm.dtype)  # bf16 rows of float32 models
+        ops = _FusedOps(self, positions) if _fused(self, x) else _EagerOps(self, positions)
+        pending: Tensor | None = None  # the last layer's MLP output, added to x with the norm
         layers = zip(self.layers, self.windows, k_caches, v_caches, strict=True)
         for i, (layer, window, k_cache, v_cache) in enumerate(layers):
             t = i * len(LORA_PROJECTIONS)  # the layer's first LoRA target
-            h = _rms_norm(x, layer.input_norm, self.eps)
+            x, h = ops.add_norm(x, pending, layer.input_norm)
             qkv = linear(h, layer.qkv, layer.qkv_bias)
             if lora is not None:
                 lora.add(t + _QKV, h, qkv)
-            # Queries and keys rotated in one pass (half the ops of two; the same values).
-            qk = _rotate(qkv[:, :k_end].view(tokens, hq + hkv, d), cos, sin)
-            q, k = qk[:, :hq], qk[:, hq:]
+            q, k = ops.rotate(qkv, tokens, k_end)
             v = qkv[:, k_end:].view(tokens, hkv, d)
             o = attn.forward(q, k, v, k_cache, v_cache, self.scale, window=window)
             o = o.reshape(tokens, q_end)
             out = linear(o, layer.o, None)
             if lora is not None:
                 lora.add(t + _O, o, out)
-            x = x + out
-            h = _rms_norm(x, layer.post_norm, self.eps)
+            x, h = ops.add_norm(x, out, layer.post_norm)
             gate_up = linear(h, layer.gate_up, None)
             if lora is not None:
                 lora.add(t + _GATE_UP, h, gate_up)
-            act = self.activation(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
-            out = linear(act, layer.down, None)
+            act = ops.act(gate_up)
+            pending = linear(act, layer.down, None)
             if lora is not None:
-                lora.add(t + _DOWN, act, out)
-            x = x + out
-        return _rms_norm(x, self.norm, self.eps)
+                lora.add(t + _DOWN, act, pending)
+        return ops.add_norm(x, pending, self.norm)[1]
 
     def matrices(self) -> list[Weight]:
         """Every matrix a step multiplies by: each layer's four and the LM head."""
@@ -257,6 +254,73 @@ class LlamaForward:
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.linear(hidden, self.lm_head, None)
+
+
+def _fused(forward: LlamaForward, x: Tensor) -> bool:
+    """Whether this forward's elementwise ops run fused (ops/fused.py): CPU rows of a dtype it
+    takes, tables of the same dtype, and the plain silu (not `rowwise`'s, whose calls the
+    invariance plan shapes; the fused one is row by row already)."""
+    return (
+        fused.usable(x)
+        and forward.cos.dtype == x.dtype
+        and forward.norm.dtype == x.dtype
+        and all(
+            w.dtype == x.dtype
+            for layer in forward.layers
+            for w in (layer.input_norm, layer.post_norm)
+        )
+    )
+
+
+class _EagerOps:
+    """The layer's elementwise work as torch ops (transformers' own formulas)."""
+
+    def __init__(self, forward: LlamaForward, positions: Tensor) -> None:
+        self.forward = forward
+        self.cos = forward.cos.index_select(0, positions).unsqueeze(1)  # [T, 1, D]
+        self.sin = forward.sin.index_select(0, positions).unsqueeze(1)
+
+    def add_norm(self, x: Tensor, out: Tensor | None, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """x + out (when given) and its RMS norm scaled by `weight`."""
+        if out is not None:
+            x = x + out
+        return x, _rms_norm(x, weight, self.forward.eps)
+
+    def rotate(self, qkv: Tensor, tokens: int, k_end: int) -> tuple[Tensor, Tensor]:
+        """Queries and keys of `qkv` rotated, in one pass (half the ops of two; the same
+        values)."""
+        f = self.forward
+        qk = _rotate(
+            qkv[:, :k_end].view(tokens, f.num_heads + f.num_kv_heads, f.head_dim),
+            self.cos,
+            self.sin,
+        )
+        return qk[:, : f.num_heads], qk[:, f.num_heads :]
+
+    def act(self, gate_up: Tensor) -> Tensor:
+        n = self.forward.intermediate
+        return self.forward.activation(gate_up[:, :n]) * gate_up[:, n:]
+
+
+class _FusedOps:
+    """The same work in ops/fused.py's kernels: x updated in place, keys rotated in `qkv`."""
+
+    def __init__(self, forward: LlamaForward, positions: Tensor) -> None:
+        self.forward = forward
+        self.positions = positions.to(torch.int64).contiguous()
+
+    def add_norm(self, x: Tensor, out: Tensor | None, weight: Tensor) -> tuple[Tensor, Tensor]:
+        return x, fused.add_rms_norm(x, out, weight, self.forward.eps)
+
+    def rotate(self, qkv: Tensor, tokens: int, k_end: int) -> tuple[Tensor, Tensor]:
+        f = self.forward
+        hq, hkv, d = f.num_heads, f.num_kv_heads, f.head_dim
+        fused.rotate_(qkv, hq + hkv, d, f.cos, f.sin, self.positions)
+        q = qkv[:, : hq * d].view(tokens, hq, d)
+        return q, qkv[:, hq * d : k_end].view(tokens, hkv, d)
+
+    def act(self, gate_up: Tensor) -> Tensor:
+        return fused.silu_mul(gate_up)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -42,6 +42,11 @@ def _link_flags() -> list[str]:
     )
 
 
+def _headers() -> list[Path]:
+    """The headers the sources share (csrc/*.h): copied beside each build's source."""
+    return sorted(CSRC.glob("*.h"))
+
+
 class Kernel:
     """One C++ source of csrc/ and its build for this machine."""
 
@@ -50,11 +55,14 @@ class Kernel:
         self.stem = self.source.stem
 
     def build_key(self) -> str:
-        """What the build depends on: source, flags, torch, Python and this CPU's flags."""
+        """What the build depends on: source, the headers beside it, flags, torch, Python and
+        this CPU's flags."""
         digest = hashlib.sha256()
         flags = " ".join(FLAGS + _link_flags())
         for part in (self.source.read_bytes(), flags.encode(), torch.__version__.encode()):
             digest.update(part)
+        for header in _headers():
+            digest.update(header.read_bytes())
         digest.update(cpu_flags().encode())
         digest.update(sys.version.encode())
         return digest.hexdigest()[:16]
@@ -71,10 +79,10 @@ class Kernel:
         Two guards around torch's builder. Its own lock is a file that a builder killed
         mid-build (Ctrl-C, a test timeout) leaves behind, and every later engine then waits on
         it forever; so builders take an flock first (the kernel drops it with the process), and
-        under it any such file is a dead builder's and is removed. And the source is copied into
-        the build directory and compiled from there, so checkouts at different paths
-        (worktrees, CI's clean clone) that share the cache share one build instead of
-        rebuilding over each other's."""
+        under it any such file is a dead builder's and is removed. And the source (with the
+        headers the sources share) is copied into the build directory and compiled from there,
+        so checkouts at different paths (worktrees, CI's clean clone) that share the cache
+        share one build instead of rebuilding over each other's."""
         from torch.utils import cpp_extension
 
         directory = self.build_directory()
@@ -82,9 +90,11 @@ class Kernel:
             with open(directory / "build.flock", "w") as guard:
                 fcntl.flock(guard, fcntl.LOCK_EX)
                 (directory / "lock").unlink(missing_ok=True)
+                for original in (self.source, *_headers()):
+                    copy = directory / original.name
+                    if not copy.exists() or copy.read_bytes() != original.read_bytes():
+                        shutil.copyfile(original, copy)
                 source = directory / self.source.name
-                if not source.exists() or source.read_bytes() != self.source.read_bytes():
-                    shutil.copyfile(self.source, source)
                 return cpp_extension.load(
                     name=f"trio_llm_{self.stem}_{self.build_key()}",
                     sources=[str(source)],

@@ -1,0 +1,56 @@
+// Sixteen floats at a time with GCC's vector extensions (two AVX2 registers or one AVX-512,
+// whichever the machine has), shared by the kernels of csrc/: a fixed order of operations a
+// lane, so a row's result does not depend on which call computed it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Lanes load_lanes(const float* p) {
+  Lanes out;
+  std::memcpy(&out, p, sizeof out);
+  return out;
+}
+
+// Lanes' sum, the lanes halved into each other (GCC's vector extensions: two AVX2 registers or
+// one AVX-512, whichever the machine has). A compiler's own vectorized reduction sums the lanes
+// one by one, a chain of 16 dependent adds that cost more than the products.
+inline float lanes_sum(Lanes acc) {
+  acc += __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  acc += __builtin_shufflevector(acc, acc, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+  acc += __builtin_shufflevector(acc, acc, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+  acc += __builtin_shufflevector(acc, acc, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
+  return acc[0];
+}
+
+
+typedef int32_t LanesInt __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// exp of 16 floats at once (Cephes' expf: 2^n times a degree-6 polynomial of the rest, about one
+// unit in the last place), for arguments <= 0 (a softmax's); below -87 it gives 2^-126 against
+// e^x's smaller value, nothing a sum of at least one 1 can see. glibc's vector exp is not used
+// without -ffast-math, and its scalar expf took a fifth of a prefill's attention.
+inline Lanes exp_lanes(Lanes x) {
+  x = x < -87.0f ? Lanes{} - 87.0f : x;
+  const Lanes magic = Lanes{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const Lanes n = (x * 1.44269504088896341f + magic) - magic;
+  const Lanes r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  Lanes p = Lanes{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Lanes y = p * r * r + r + 1.0f;
+  const LanesInt bits = (__builtin_convertvector(n, LanesInt) + 127) << 23;
+  Lanes scale_by;
+  std::memcpy(&scale_by, &bits, sizeof scale_by);
+  return y * scale_by;
+}
+
+}  // namespace
