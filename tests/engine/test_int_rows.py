@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from trio_llm.engine.ops import int4_rows, int_rows, row_exact
+from trio_llm.engine.ops.int4_rows import RowsExact
 from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.quant import quantize_int4, quantize_int8
 from trio_llm.engine.quant.weights import Int4Weight, Int8Weight, split_int8
@@ -56,7 +57,7 @@ def test_every_path_and_row_count_gives_the_same_bits(
 ) -> None:
     gen = torch.Generator().manual_seed(n + k)
     weight = weight_of(bits, n, k, gen)
-    weight.keep_exact(integer=True)
+    weight.keep_exact(IntRows)
     e = weight.exact
     assert isinstance(e, IntRows)
     x = (torch.randn(70, k, generator=gen) * torch.rand(70, 1, generator=gen) * 4).to(dtype)
@@ -93,7 +94,7 @@ def test_the_value_is_the_integer_formula_and_near_the_dequantized_product() -> 
     weight = quantize_int4(torch.randn(160, 256, generator=gen), BF16, group=64)
     x = torch.randn(9, 256, generator=gen).to(BF16)
     q, scale, zero = weight.values()
-    weight.keep_exact(integer=True)
+    weight.keep_exact(IntRows)
     out = weight.matmul(x, None)
     assert out.shape == (9, 160) and out.dtype == BF16
     exact = reference(x, q[:160], scale[:160].float(), zero[:160].float())
@@ -111,7 +112,7 @@ def test_an_8_bit_matrix_keeps_its_value() -> None:
     weight = split_int8(q, torch.rand(100, 4, generator=gen) / 100, BF16)
     x = torch.randn(7, 128, generator=gen).to(BF16)
     before = weight.matmul(x, None)
-    weight.keep_exact(integer=True)
+    weight.keep_exact(IntRows)
     assert isinstance(weight.exact, IntRows) and weight.exact.eight
     after = weight.matmul(x, None)
     torch.testing.assert_close(
@@ -120,16 +121,16 @@ def test_an_8_bit_matrix_keeps_its_value() -> None:
 
 
 @pytest.mark.parametrize(
-    ("float_path", "int_path", "invariant", "dtype", "kind"),
+    ("float_path", "int_path", "invariant", "dtype", "kernel"),
     [
-        ("amx", "vnni", False, BF16, "integer"),  # AMX: the integer kernel, invariance or not
-        ("amx", "vnni", True, torch.float32, "integer"),  # it takes float32 rows too
-        ("amx", None, True, BF16, "float"),  # no integer kernel: the float one for invariance
+        ("amx", "vnni", False, BF16, IntRows),  # AMX: the integer kernel, invariance or not
+        ("amx", "vnni", True, torch.float32, IntRows),  # it takes float32 rows too
+        ("amx", None, True, BF16, RowsExact),  # no integer kernel: the float one for invariance
         ("amx", None, False, BF16, None),  # ... and torch's without (its lone row is slower)
-        ("avx512_bf16", "vnni", False, BF16, "float"),  # AVX512-BF16 without AMX: measured
+        ("avx512_bf16", "vnni", False, BF16, RowsExact),  # AVX512-BF16 without AMX: measured
         ("avx512_bf16", "vnni", True, torch.float32, None),  # float32 rows: torch's kernels
         ("generic", "generic", True, BF16, None),  # AVX2: torch's
-        ("avx512_bf16", "generic", True, BF16, "float"),  # the integer kernel's scalar path
+        ("avx512_bf16", "generic", True, BF16, RowsExact),  # the integer kernel's scalar path
         ("amx", "vnni", False, torch.float16, None),  # float16 rows: neither
     ],
 )
@@ -139,13 +140,13 @@ def test_each_cpu_class_takes_the_kernel_measured_there(
     int_path: str | None,
     invariant: bool,
     dtype: torch.dtype,
-    kind: str | None,
+    kernel: type | None,
 ) -> None:
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
     amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
     monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
-    assert row_exact.kind(invariant, dtype) == kind
+    assert row_exact.kernel(invariant, dtype) is kernel
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 
-from trio_llm.engine.ops import row_exact
 from trio_llm.engine.ops.machine_record import MachineRecord, machine_key
 from trio_llm.engine.ops.matmul import Weight, multiply, pack
 from trio_llm.engine.quant import Int8Weight, QuantizedWeight, is_quantized
@@ -132,8 +131,8 @@ def keep(
         kinds = sorted(
             {(type(w).__name__, getattr(w, "group", None), w.exact is not None) for w, _ in pairs}
         )
-        for exact in {type(w.exact): w.exact for w, _ in pairs if w.exact is not None}.values():
-            kinds.append((type(exact).__name__, row_exact.build_key(exact)))  # this build's
+        for packing in {type(w.exact) for w, _ in pairs if w.exact is not None}:
+            kinds.append((packing.__name__, packing.build_key()))  # timed against this build
         key = machine_key("dense crossover", PROBE_ROWS, shape, len(pairs), str(dtype), kinds)
         crossovers[shape], known = record.recall_or_measure(key, measure)
         recalled += known

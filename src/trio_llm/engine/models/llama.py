@@ -151,6 +151,13 @@ class LlamaForward:
         self.cos, self.sin = _rotary_table(
             decoder.rotary_emb, max_positions, self.norm, weights.dtype
         )
+        self.one_dtype = self.cos.dtype == self.norm.dtype and all(
+            w.dtype == self.norm.dtype
+            for layer in self.layers
+            for w in (layer.input_norm, layer.post_norm)
+        )
+        """Whether the rows (in the final norm's dtype), the norms and the rotary tables share
+        one dtype: what the fused elementwise kernels (ops/fused.py) take."""
         self.use(linear or Matmul())
 
     def use(self, linear: Matmul) -> None:
@@ -204,7 +211,8 @@ class LlamaForward:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         q_end, k_end = hq * d, (hq + hkv) * d
         x = embedding(input_ids, self.embed).to(self.norm.dtype)  # bf16 rows of float32 models
-        ops = _FusedOps(self, positions) if _fused(self, x) else _EagerOps(self, positions)
+        fuse = self.one_dtype and fused.usable(x)
+        ops = _FusedOps(self, positions) if fuse else _EagerOps(self, positions)
         pending: Tensor | None = None  # the last layer's MLP output, added to x with the norm
         layers = zip(self.layers, self.windows, k_caches, v_caches, strict=True)
         for i, (layer, window, k_cache, v_cache) in enumerate(layers):
@@ -254,22 +262,6 @@ class LlamaForward:
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.linear(hidden, self.lm_head, None)
-
-
-def _fused(forward: LlamaForward, x: Tensor) -> bool:
-    """Whether this forward's elementwise ops run fused (ops/fused.py): CPU rows of a dtype it
-    takes, tables of the same dtype, and the plain silu (not `rowwise`'s, whose calls the
-    invariance plan shapes; the fused one is row by row already)."""
-    return (
-        fused.usable(x)
-        and forward.cos.dtype == x.dtype
-        and forward.norm.dtype == x.dtype
-        and all(
-            w.dtype == x.dtype
-            for layer in forward.layers
-            for w in (layer.input_norm, layer.post_norm)
-        )
-    )
 
 
 class _EagerOps:

@@ -84,7 +84,7 @@ class RowsExact:
         strips = q.shape[0] // STRIP
         pairs = q.view(strips, STRIP, k // 2, 2)
         packed = (pairs[..., 0] | (pairs[..., 1] << 4)).transpose(1, 2).contiguous()
-        return cls(packed, _per_strip(scale, pad), _per_strip(zero, pad), group, n)
+        return cls(packed, per_strip(scale, pad), per_strip(zero, pad), group, n)
 
     @classmethod
     def pack8(cls, q: Tensor, scale: Tensor) -> RowsExact:
@@ -98,9 +98,19 @@ class RowsExact:
         q = F.pad(q, (0, 0, 0, pad))
         strips = q.shape[0] // STRIP
         packed = q.view(strips, STRIP, k // 2, 2).transpose(1, 2).reshape(strips, k // 2, -1)
-        scales = _per_strip(scale, pad)
+        scales = per_strip(scale, pad)
         packed = packed.contiguous().view(torch.uint8)
         return cls(packed, scales, torch.zeros_like(scales), group, n)
+
+    @staticmethod
+    def describe() -> str:
+        """The kernel and its path here, for the start-up log."""
+        return f"the float row-exact kernel ({path()})"
+
+    @staticmethod
+    def build_key() -> str:
+        """The kernel's build: what a measurement of it depends on."""
+        return KERNEL.build_key()
 
     def matmul(self, x: Tensor) -> Tensor:
         """x [M, K] bf16 by the matrix: [M, rows] bf16."""
@@ -111,9 +121,10 @@ class RowsExact:
         )
 
 
-def _per_strip(values: Tensor, pad: int) -> Tensor:
-    """[N, groups] -> [strips, groups, 32] bf16, the outputs padded with zeros."""
-    values = F.pad(values.to(torch.bfloat16), (0, 0, 0, pad))
+def per_strip(values: Tensor, pad: int, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """[N, groups] -> [strips, groups, 32] of `dtype`, the outputs padded with zeros: the
+    layout of both row-exact kernels' scales."""
+    values = F.pad(values.to(dtype), (0, 0, 0, pad))
     return values.view(-1, STRIP, values.shape[1]).transpose(1, 2).contiguous()
 
 

@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.ops.cpu import cpu_flags
+from trio_llm.engine.ops.int4_rows import STRIP, per_strip
 from trio_llm.engine.ops.native import Kernel
 
 KERNEL = Kernel("int_rows.cpp")
-STRIP = 32
-"""Outputs a strip: the packing pads the outputs to a multiple."""
 ENV = "TRIO_LLM_INT_ROWS"
 CLASS_FLAG = "amx_int8"
 """The CPU class where the kernel is the quantized matmul of choice, by a flag only it has:
@@ -80,8 +79,8 @@ class IntRows:
         scale = scale.float()
         return cls(
             packed.reshape(strips, -1).contiguous(),
-            _per_strip(scale, pad),
-            _per_strip(zero.float() - 8 * scale, pad),
+            per_strip(scale, pad, torch.float32),
+            per_strip(zero.float() - 8 * scale, pad, torch.float32),
             k // scale.shape[1],
             n,
             False,
@@ -98,12 +97,22 @@ class IntRows:
         packed = u.view(strips, STRIP, k // 4, 4).transpose(1, 2).reshape(strips, -1)
         return cls(
             packed.contiguous(),
-            _per_strip(scale, pad),
-            _per_strip(-128 * scale, pad),
+            per_strip(scale, pad, torch.float32),
+            per_strip(-128 * scale, pad, torch.float32),
             k // scale.shape[1],
             n,
             True,
         )
+
+    @staticmethod
+    def describe() -> str:
+        """The kernel and its path here, for the start-up log."""
+        return f"the integer row-exact kernel ({path()})"
+
+    @staticmethod
+    def build_key() -> str:
+        """The kernel's build: what a measurement of it depends on."""
+        return KERNEL.build_key()
 
     def matmul(self, x: Tensor, allow_vnni: bool = True) -> Tensor:
         """x [M, K] (bf16 or float32) by the matrix: [M, rows] in x's dtype. `allow_vnni`:
@@ -120,12 +129,6 @@ class IntRows:
             self.eight,
             allow_vnni,
         )
-
-
-def _per_strip(values: Tensor, pad: int) -> Tensor:
-    """[N, groups] -> [strips, groups, 32] float32, the outputs padded with zeros."""
-    values = F.pad(values.float(), (0, 0, 0, pad))
-    return values.view(-1, STRIP, values.shape[1]).transpose(1, 2).contiguous()
 
 
 if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start

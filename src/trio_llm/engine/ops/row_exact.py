@@ -12,27 +12,26 @@ llama.cpp's with every row on it, an AMX Xeon; the float kernel's +0.46%, an AMD
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from trio_llm.engine.ops import int4_rows, int_rows
 from trio_llm.engine.ops.int4_rows import RowsExact
 from trio_llm.engine.ops.int_rows import IntRows
 
-Kind = Literal["integer", "float"]
+Packing = type[RowsExact] | type[IntRows]
+"""A row-exact kernel, named by the packing its weights take."""
 
 
-def kind(invariant: bool, dtype: torch.dtype) -> Kind | None:
+def kernel(invariant: bool, dtype: torch.dtype) -> Packing | None:
     """The row-exact kernel for quantized matrices with activations of `dtype` (the kernel
     dtype), `invariant` or not; None: torch's kernels. Without invariance a kernel is taken
     only where it is the default's (it beats torch's for few rows; dense copies serve many)."""
     if int_rows.available() and dtype in (torch.bfloat16, torch.float32):
-        return "integer"
+        return IntRows
     if dtype != torch.bfloat16:
         return None
     wanted = int4_rows.available() if invariant else int4_rows.default()
-    return "float" if wanted else None
+    return RowsExact if wanted else None
 
 
 def invariance_free(dtype: torch.dtype) -> bool:
@@ -44,17 +43,4 @@ def invariance_free(dtype: torch.dtype) -> bool:
     step_profile_int_rows.md), where without invariance oneDNN's AMX matmuls on dense copies
     and SDPA's flash attention take the prompt, and with it this kernel on VNNI and the in-place
     attention kernel, a query at a time."""
-    return kind(False, dtype) == "float"
-
-
-def describe(which: Kind) -> str:
-    """The kernel and its path here, for the start-up log."""
-    if which == "integer":
-        return f"the integer row-exact kernel ({int_rows.path()})"
-    return f"the float row-exact kernel ({int4_rows.path()})"
-
-
-def build_key(exact: RowsExact | IntRows) -> str:
-    """The build of the kernel that multiplies `exact`: what a measurement of it depends on."""
-    kernel = int_rows.KERNEL if isinstance(exact, IntRows) else int4_rows.KERNEL
-    return kernel.build_key()
+    return kernel(False, dtype) is RowsExact

@@ -88,20 +88,19 @@ class Int4Weight:
         q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
         return q.view(-1, k), self.scales_zeros[..., 0].t(), self.scales_zeros[..., 1].t()
 
-    def keep_exact(self, integer: bool = False) -> None:
-        """Repack for a row-exact kernel (`exact`): ops/int4_rows.py's float one, or with
-        `integer` ops/int_rows.py's, out of the torch packing: the same 4-bit values, scales
-        and zeros. Two planes of an 8-bit matrix become that matrix again in the kernel's 8-bit
-        packing: one product where torch's kernel takes two."""
+    def keep_exact(self, packing: type[RowsExact] | type[IntRows] = RowsExact) -> None:
+        """Repack for a row-exact kernel (`exact`), ops/int4_rows.py's float one or
+        ops/int_rows.py's integer one by `packing`, out of the torch packing: the same 4-bit
+        values, scales and zeros. Two planes of an 8-bit matrix become that matrix again in the
+        kernel's 8-bit packing: one product where torch's kernel takes two."""
         q, scale, zero = self.values()
         n = self.out_features  # not the torch packing's padded rows
-        kernel = IntRows if integer else RowsExact
         if self.split:  # `split_int8`: q = 16 (top - 8) + bottom, at the bottom plane's scale
             half = self.packed.shape[0] // 2
             values = 16 * (q[:n].to(torch.int16) - 8) + q[half : half + n]
-            self.exact = kernel.pack8(values.to(torch.int8), scale[half : half + n])
+            self.exact = packing.pack8(values.to(torch.int8), scale[half : half + n])
         else:
-            self.exact = kernel.pack(q[:n], scale[:n], zero[:n])
+            self.exact = packing.pack(q[:n], scale[:n], zero[:n])
 
     @property
     def nbytes(self) -> int:
@@ -195,11 +194,11 @@ class Int8Weight:
     exact: RowsExact | IntRows | None = None
     """As Int4Weight's: the same values multiplied by a row-exact kernel."""
 
-    def keep_exact(self, integer: bool = False) -> None:
+    def keep_exact(self, packing: type[RowsExact] | type[IntRows] = RowsExact) -> None:
         """Repack for a row-exact kernel (`exact`, as Int4Weight's); W8A8 weights keep their
         integer matmul, which is row-exact already."""
         if not self.int8_activations:
-            self.exact = (IntRows if integer else RowsExact).pack8(self.q, self.scales)
+            self.exact = packing.pack8(self.q, self.scales)
 
     @property
     def shape(self) -> tuple[int, int]:

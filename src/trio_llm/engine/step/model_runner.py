@@ -281,13 +281,13 @@ class ModelRunner:
         row with invariance on; without invariance, for the calls below the dense copies'
         crossover, where the kernel beats torch's from one row on. Called before the copies'
         crossovers are timed, which then time this kernel."""
-        which = row_exact.kind(self.invariance.on, quant.kernel_dtype(dtype))
-        if which is None or device.type != "cpu":
+        packing = row_exact.kernel(self.invariance.on, quant.kernel_dtype(dtype))
+        if packing is None or device.type != "cpu":
             return
         for weight in weights:
             if quant.is_quantized(weight):
-                weight.keep_exact(integer=which == "integer")  # type: ignore[union-attr]
-        log.info("quantized weights on %s", row_exact.describe(which))
+                weight.keep_exact(packing)  # type: ignore[union-attr]
+        log.info("quantized weights on %s", packing.describe())
 
     def _logits_of_decodes(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata

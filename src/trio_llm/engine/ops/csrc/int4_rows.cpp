@@ -43,6 +43,8 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define TRIO_AVX512_BF16 1
@@ -53,21 +55,6 @@ namespace {
 constexpr int64_t kStrip = 32;       // outputs a strip
 constexpr int64_t kRows = 12;        // rows a pass over a strip (24 float32 accumulators)
 constexpr int64_t kGroupedRows = 6;  // the grouped pass: 12 group and 12 total accumulators
-
-inline uint16_t round_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even, as vcvtne2ps2bf16 does
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float widen(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float out;
-  std::memcpy(&out, &wide, sizeof out);
-  return out;
-}
 
 #ifdef TRIO_AVX512_BF16
 inline __m512 widen16(const uint16_t* bits) {

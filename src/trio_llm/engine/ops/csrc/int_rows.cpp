@@ -40,6 +40,8 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define TRIO_VNNI 1
@@ -50,21 +52,6 @@ namespace {
 constexpr int64_t kStrip = 32;     // outputs a strip
 constexpr int64_t kVnniRows = 6;   // rows a VNNI pass (4 accumulators a row, 24 in all)
 constexpr int64_t kScalarRows = 16;  // rows a scalar pass
-
-inline float widen(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float out;
-  std::memcpy(&out, &wide, sizeof out);
-  return out;
-}
-
-inline uint16_t round_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 // `n` (at most 32) float totals rounded to bf16 at `out`: `round_bf16` on each.
 inline void store_bf16(const float* t, int64_t n, uint16_t* out) {
@@ -98,12 +85,11 @@ struct Quantized {
   std::vector<int8_t> q;    // [M][K]
   std::vector<float> d;     // [M][blocks]: the block's scale
   std::vector<float> xs;    // [M][blocks]: d * float(sum of the block's q)
-  std::vector<int32_t> s;   // [M][blocks]: sum of the block's q
 };
 
-// Block `v` (n values as float) into q: d = max|v| / 127, q = nearest-even(v * (127 / max|v|)).
-// The vector form below computes the same operations lane by lane (the same bits).
-inline void quantize_block(const float* v, int64_t n, int8_t* q, float* d, int32_t* s) {
+// Block `v` (n values as float) into q: d = max|v| / 127, q = nearest-even(v * (127 / max|v|)),
+// xs = d * float(sum of q). The vector form computes the same operations lane by lane.
+inline void quantize_block(const float* v, int64_t n, int8_t* q, float* d, float* xs) {
   float amax = 0.f;
 #ifdef TRIO_VNNI
   __m512 vmax = _mm512_setzero_ps();
@@ -114,8 +100,7 @@ inline void quantize_block(const float* v, int64_t n, int8_t* q, float* d, int32
 #endif
   if (amax == 0.f) {
     std::memset(q, 0, n);
-    *d = 0.f;
-    *s = 0;
+    *d = *xs = 0.f;
     return;
   }
   const float inv = 127.f / amax;
@@ -136,14 +121,14 @@ inline void quantize_block(const float* v, int64_t n, int8_t* q, float* d, int32
   }
 #endif
   *d = amax / 127.f;
-  *s = sum;
+  *xs = *d * static_cast<float>(sum);
 }
 
 template <class T>
 Quantized quantize(const T* x, int64_t M, int64_t K, int64_t block) {
   const int64_t blocks = K / block;
   Quantized out{std::vector<int8_t>(M * K), std::vector<float>(M * blocks),
-                std::vector<float>(M * blocks), std::vector<int32_t>(M * blocks)};
+                std::vector<float>(M * blocks)};
   at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> v(block);
     for (int64_t r = begin; r < end; ++r) {
@@ -156,8 +141,7 @@ Quantized quantize(const T* x, int64_t M, int64_t K, int64_t block) {
           values = src;
         }
         const int64_t i = r * blocks + b;
-        quantize_block(values, block, out.q.data() + r * K + b * block, &out.d[i], &out.s[i]);
-        out.xs[i] = out.d[i] * static_cast<float>(out.s[i]);
+        quantize_block(values, block, out.q.data() + r * K + b * block, &out.d[i], &out.xs[i]);
       }
     }
   });

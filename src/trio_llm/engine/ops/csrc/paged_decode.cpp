@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
 #include "lanes.h"
 
 namespace {
@@ -30,10 +31,7 @@ inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const c10::BFloat16* p, int64_t i) {
   uint16_t bits;
   std::memcpy(&bits, p + i, sizeof bits);
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float out;
-  std::memcpy(&out, &wide, sizeof out);
-  return out;
+  return widen(bits);
 }
 
 inline float load(const c10::Half* p, int64_t i) { return static_cast<float>(p[i]); }
