@@ -1,7 +1,8 @@
-"""The row-exact 4-bit kernel (engine/ops/int4_rows.py) against the two kernels a quantized
-weight otherwise takes, by rows per call: torch's int4 kernel (row-exact, what `--batch-
-invariant on` used for every row before) and oneDNN's bf16 matmul on a dense copy (what
-calls of many rows take with invariance off; not row-exact against the int4 kernel).
+"""The row-exact kernels against the two kernels a quantized weight otherwise takes, by rows per
+call: the float one (engine/ops/int4_rows.py) and the integer one (engine/ops/int_rows.py,
+"int", where it is built) beside torch's int4 kernel (row-exact, what `--batch-invariant on`
+used for every row before) and oneDNN's bf16 matmul on a dense copy (what calls of many rows
+take with invariance off; not row-exact against the int4 kernel).
 
 Same 4-bit weights (groups of 32) for the default model's matmul shapes; bf16 activations;
 the median of --repeats calls after a warm-up; the variants take turns per call so that drift
@@ -26,7 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trio_llm.engine.ops import int4_rows
+from trio_llm.engine.ops import int4_rows, int_rows
+from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.quant import quantize_int4
 
 BENCH = Path(__file__).resolve().parents[1]
@@ -61,24 +63,29 @@ def main() -> None:
     if ext is None:
         raise SystemExit("the kernel is not built here (no C++ compiler)")
     paths = {"own": True} if int4_rows.path(True) != "amx" else {"own AMX": True, "own AVX": False}
-    names = ["oneDNN bf16", "torch int4", *paths]
+    integer = int_rows.path() is not None
+    names = ["oneDNN bf16", "torch int4", *paths, *(["int"] if integer else [])]
+    extra = " | int / best other" if integer else ""
     lines = [
         *hostinfo.heading(
             "The row-exact 4-bit kernel by rows per call",
-            f"Threads {args.threads}; kernel path here: {int4_rows.path()}; load average at the "
+            f"Threads {args.threads}; kernel path here: {int4_rows.path()}; integer kernel's: "
+            f"{int_rows.path() or 'not built'}; load average at the "
             f"start {' '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         ),
         "",
-        f"Microseconds per call, median of {args.repeats}; the last column: the kernel against "
-        "the faster of torch's int4 kernel and oneDNN bf16 (below 1: faster).",
+        f"Microseconds per call, median of {args.repeats}; the ratio columns: a row-exact kernel "
+        "against the faster of torch's int4 kernel and oneDNN bf16 (below 1: faster).",
         "",
-        "| shape | rows | " + " | ".join(names) + " | own / best other |",
-        "|---|---|" + "---|" * (len(names) + 1),
+        "| shape | rows | " + " | ".join(names) + " | own / best other" + extra + " |",
+        "|---|---|" + "---|" * (len(names) + 1 + integer),
     ]
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k) * 0.05
         int4 = quantize_int4(w, torch.bfloat16)
         dense = int4.dequantize()
+        q, scale, zero = int4.values()
+        packed_int = IntRows.pack(q[:n], scale[:n], zero[:n]) if integer else None
         int4.keep_exact()
         e = int4.exact
         assert e is not None
@@ -98,13 +105,16 @@ def main() -> None:
                 fns[label] = partial(
                     ext.int4_linear, x, e.packed, e.scales, e.zeros, e.group, e.rows, amx
                 )
+            if packed_int is not None:
+                fns["int"] = partial(packed_int.matmul, x)
             t = medians_us(fns, args.repeats)
-            own = t[next(iter(paths))]
-            ratio = own / min(t["oneDNN bf16"], t["torch int4"])
+            best = min(t["oneDNN bf16"], t["torch int4"])
+            ratios = [t[next(iter(paths))] / best, *([t["int"] / best] if integer else [])]
             lines.append(
                 f"| {name} | {rows} | "
                 + " | ".join(f"{t[c]:.0f}" for c in names)
-                + f" | {ratio:.2f} |"
+                + "".join(f" | {r:.2f}" for r in ratios)
+                + " |"
             )
             print(lines[-1], flush=True)
     args.out.write_text("\n".join(lines) + "\n")
