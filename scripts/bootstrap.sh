@@ -49,6 +49,8 @@ fi
 build_kernels() {
     "$venv/bin/python" -m trio_llm.engine.ops.paged_decode >/dev/null 2>&1 \
         || echo "bootstrap: the CPU decode kernel did not build; decodes run on the torch path" >&2
+    "$venv/bin/python" -m trio_llm.engine.ops.paged_amx >/dev/null 2>&1 \
+        || echo "bootstrap: the AMX attention kernel did not build; the float kernel serves" >&2
     "$venv/bin/python" -m trio_llm.engine.ops.int4_rows >/dev/null 2>&1 \
         || echo "bootstrap: the row-exact 4-bit kernel did not build; torch's int4 serves" >&2
     "$venv/bin/python" -m trio_llm.engine.ops.int_rows >/dev/null 2>&1 \

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.ops import fused, int4_rows, int_rows, paged_decode, threads
+from trio_llm.engine.ops import fused, int4_rows, int_rows, paged_amx, paged_decode, threads
 from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -53,6 +53,7 @@ class Variant:
     int4_rows: bool = True  # 4-bit weights on engine/ops/int4_rows.py's kernel where it is chosen
     int_rows: bool = True  # quantized weights on engine/ops/int_rows.py's where it is chosen
     fused: bool = True  # the elementwise ops in engine/ops/fused.py's kernels where they run
+    amx: bool = True  # invariance's attention on engine/ops/paged_amx.py's kernel where it runs
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
@@ -77,6 +78,7 @@ class Variant:
         torch4 = "" if self.int4_rows else ", torch's int4 kernel"
         integer = "" if self.int_rows else ", no integer kernel"
         eager = "" if self.fused else ", eager elementwise ops"
+        eager += "" if self.amx else ", float attention kernel"
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
             f"{integer}{eager}"
@@ -121,6 +123,8 @@ VARIANTS = {
     "own-gguf-inv-noint": Variant("own", "auto", "on", "auto", int_rows=False),
     # Without engine/ops/fused.py: the layer's elementwise work as eager torch ops.
     "own-gguf-eager": Variant("own", "auto", "off", "auto", fused=False),
+    # Invariance on with its attention on the float kernel instead of AMX tiles (where they run).
+    "own-gguf-inv-noamx": Variant("own", "auto", "on", "auto", amx=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
 }
 DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]
@@ -196,6 +200,7 @@ def run_case(
         for variant, core in cores.items():
             os.environ[paged_decode.ENV] = "1" if variant.in_place else "0"
             os.environ[fused.ENV] = "1" if variant.fused else "0"
+            os.environ[paged_amx.ENV] = "1" if variant.amx else "0"
             for k in range(STEPS_PER_TURN):
                 splits[variant].take()
                 t0 = time.perf_counter()
@@ -245,6 +250,7 @@ def prefill_times(
         for variant, core in cores.items():
             prompt = torch.randint(100, 40000, (context,), generator=g).tolist()
             os.environ[fused.ENV] = "1" if variant.fused else "0"
+            os.environ[paged_amx.ENV] = "1" if variant.amx else "0"
             core.add_request(EngineCoreRequest(f"prefill-{round_}", prompt, params))
             t0 = time.perf_counter()
             while core.has_work():

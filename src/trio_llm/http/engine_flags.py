@@ -62,6 +62,13 @@ def add_engine_flags(add: AddFlag) -> None:
         help="sequences the engine runs at once (default %(default)s)",
     )
     add(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        help="tokens one engine step may compute, prompt chunks and decodes together: "
+        "larger steps prefill faster, smaller ones hold running streams less long "
+        "(default: the device's, 512 on a CPU, 8192 on CUDA)",
+    )
+    add(
         "--kv-cache-memory",
         default=engine.kv_cache_memory,
         help="KV cache size, e.g. 512MiB or 2GiB (default %(default)s)",
@@ -214,6 +221,7 @@ def model_specs_from(args: argparse.Namespace) -> tuple[ModelSpec, ...]:
         max_model_len=args.max_model_len,
         chat_template=args.chat_template,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory,
         num_threads=args.num_threads,
         stream_interval=args.stream_interval,

@@ -39,7 +39,7 @@ from trio_llm.engine.attention.torch_plans import (
     plan_prefill,
     queries_as_decodes,
 )
-from trio_llm.engine.ops import paged_decode
+from trio_llm.engine.ops import paged_amx, paged_decode
 from trio_llm.engine.ops.threads import rowwise
 
 
@@ -100,10 +100,14 @@ class TorchAttentionMetadata:
         in_place = paged_decode.supports(cache)
         if bucket and in_place:
             # Invariance on the in-place kernel: every query, decode or prefill, is one of its
-            # decodes (`queries_as_decodes`), so the whole step is `decode`.
+            # decodes (`queries_as_decodes`), so the whole step is `decode`; on AMX tiles where
+            # they run (a prefill's queries are a matrix product there).
             q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
             meta.num_decodes = len(q_lens)
-            meta.decode = DecodePlan.build(q_tables, q_lens, cache, window=window, in_place=True)
+            amx = not window and paged_amx.serves(cache)
+            meta.decode = DecodePlan.build(
+                q_tables, q_lens, cache, window=window, in_place=True, amx=amx
+            )
             return meta
         if nd and bucket:
             lengths = -(-lens[:nd] // bucket) * bucket
@@ -163,7 +167,9 @@ class TorchAttentionMetadata:
 
         def decodes(qd: Tensor) -> Tensor:
             if plans.decode is not None:
-                return decode_on_plan(qd, k_cache, v_cache, plans.decode, scale, softcap)
+                return decode_on_plan(
+                    qd, k_cache, v_cache, plans.decode, scale, softcap, sliding=bool(window)
+                )
             out = qd.new_empty(qd.shape)
             for rows, plan in plans.decode_groups:
                 out[rows] = decode_on_plan(
@@ -203,16 +209,23 @@ def decode_on_plan(
     softcap: float | None = None,
     *,
     entrywise: bool = False,
+    sliding: bool = False,
 ) -> Tensor:
     """One query per sequence, [B, Hq, D], over each sequence's blocks: read where they lie by
     the in-place kernel when the plan is for it, else gathered and handed to SDPA.
-    `entrywise`: see `sdpa`."""
+    `entrywise`: see `sdpa`. `sliding`: the layer has a sliding window, whether or not it
+    reaches past this step's contexts: such a layer keeps the float kernel, so that which
+    kernel computes it never depends on the batch's longest context."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if plan.length == 0:
         return q.new_zeros(q.shape)
     if plan.in_place is not None:
         paged = plan.in_place
+        if paged.amx and not softcap and not sliding:
+            return paged_amx.paged_attention(
+                q, k_cache, v_cache, paged.block_tables, paged.context_lens, scale
+            )
         return paged_decode.paged_decode(
             q,
             k_cache,

@@ -29,6 +29,9 @@ class InPlace:
     """[B] int64."""
     window: int
     """A sliding-window layer's window (0: none)."""
+    amx: bool = False
+    """Run on the AMX kernel (ops/paged_amx.py) instead of the float one, where the layer does
+    not soft-cap its scores: every query of the step is one of its rows (batch invariance)."""
 
 
 @dataclass(slots=True)
@@ -62,13 +65,15 @@ class DecodePlan:
         length: int | None = None,
         window: int = 0,
         in_place: bool = False,
+        amx: bool = False,
     ) -> DecodePlan:
         """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device.
         `length`: attend over this many positions (masking those past each context) rather
         than over the longest context, and always through a mask. `window` > 0: each query
         sees only the last `window` positions (a sliding-window layer); without a fixed
         `length`, only the blocks that hold them are gathered. `in_place` (without a fixed
-        `length`): a plan for the in-place kernel, which needs no gather."""
+        `length`): a plan for the in-place kernel, which needs no gather; `amx`: on the AMX
+        one."""
         device = cache.device
         if in_place and length is None:
             nothing = torch.empty(0, dtype=torch.int64, device=device)
@@ -82,6 +87,7 @@ class DecodePlan:
                     as_tensor(block_tables.astype(np.int64, copy=False), device),
                     as_tensor(context_lens.astype(np.int64, copy=False), device),
                     window,
+                    amx,
                 ),
             )
         block_size = cache.shape[1]

@@ -43,7 +43,7 @@ from trio_llm.engine.models.attention_layers import AttentionLayer
 from trio_llm.engine.models.generic import GenericForward
 from trio_llm.engine.models.llama import LlamaForward
 from trio_llm.engine.models.weight_sets import WeightSets
-from trio_llm.engine.ops import paged_decode, row_exact
+from trio_llm.engine.ops import paged_amx, paged_decode, row_exact
 from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.plans import invariance, invariant_modules
 from trio_llm.engine.step.cuda_graphs import MAX_CAPTURE_SIZE, DecodeGraphs, capture_sizes
@@ -165,6 +165,7 @@ class ModelRunner:
         self.v_caches = [torch.zeros(s, dtype=spec.dtype, device=device) for s in shapes]
         if device.type == "cpu" and backend == "torch":
             paged_decode.prepare()  # its decodes' kernel, built now rather than in a request's step
+            paged_amx.prepare()
         self.own: LlamaForward | None = None
         """The engine's own forward, when it computes this model (`choice`)."""
         self.forward: LlamaForward | GenericForward

@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx.h"
 #include "bf16.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -284,18 +285,7 @@ constexpr auto kGroupedFns =
     grouped_table<Source>(std::make_integer_sequence<int, kGroupedRows>{});
 #endif
 
-
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define TRIO_AMX 1
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
+#ifdef TRIO_AMX
 // Tiles 0, 1: C for outputs 0..15 and 16..31; 2: A (R rows x 32 inputs); 3, 4: B.
 void configure(int rows) {
   TileConfig cfg;
@@ -303,26 +293,6 @@ void configure(int rows) {
   cfg.rows[0] = cfg.rows[1] = cfg.rows[2] = static_cast<uint8_t>(rows);
   cfg.rows[3] = cfg.rows[4] = 16;
   _tile_loadconfig(&cfg);
-}
-
-// The tile configuration found on this thread, put back when the call ends: torch's own AMX
-// kernels (oneDNN's brgemm under SDPA's flash kernel) may keep theirs configured between
-// calls and skip configuring it again.
-class SavedTiles {
- public:
-  SavedTiles() { _tile_storeconfig(&saved_); }
-  ~SavedTiles() {
-    if (saved_.palette == 0) _tile_release();
-    else _tile_loadconfig(&saved_);
-  }
-
- private:
-  TileConfig saved_;
-};
-
-bool amx_permitted() {
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-  return ok;
 }
 
 void rows_by_strip_amx(const uint16_t* x, int64_t ldx, int rows, const uint16_t* buf, int64_t K,

@@ -23,6 +23,7 @@
 
 #include "bf16.h"
 #include "lanes.h"
+#include "paged.h"
 
 namespace {
 
@@ -153,11 +154,6 @@ ValueRun value_run_for(int64_t dim, std::integer_sequence<int, L...>) {
   return out;
 }
 
-struct Shape {
-  int64_t batch, heads, dim, block_size, kv_heads, group, table_width;
-  int64_t token_stride, block_stride;  // one slot and one block of a layer's cache
-};
-
 constexpr int64_t kAhead = 4;
 constexpr int64_t kTile = 16;   // queries of one sequence a task shares its key chunks among
 constexpr int64_t kChunk = 64;  // keys (and values) converted to float32 at a time
@@ -280,43 +276,18 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
   }
 }
 
-// Tiles of the batch: runs of consecutive rows with the same block table (one sequence's
-// queries, as batch invariance lays a prefill out), cut at kTile rows.
-std::vector<std::pair<int64_t, int64_t>> tiles(const int64_t* tables, int64_t batch,
-                                               int64_t width) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (int64_t b = 0; b < batch;) {
-    int64_t e = b + 1;
-    while (e < batch && e - b < kTile &&
-           std::memcmp(tables + e * width, tables + b * width, width * sizeof(int64_t)) == 0)
-      ++e;
-    out.emplace_back(b, e);
-    b = e;
-  }
-  return out;
-}
-
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
             double softcap, int64_t window, at::Tensor& out) {
-  Shape s;
-  s.batch = q.size(0);
-  s.heads = q.size(1);
-  s.dim = q.size(2);
-  s.block_size = k_cache.size(1);
-  s.kv_heads = k_cache.size(2);
-  s.group = s.heads / s.kv_heads;
-  s.table_width = block_tables.size(1);
-  s.token_stride = s.kv_heads * s.dim;
-  s.block_stride = s.block_size * s.token_stride;
+  const Shape s(q, k_cache, block_tables);
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
-  const auto runs = tiles(tables, s.batch, s.table_width);
+  const auto runs = runs_of(tables, s.batch, s.table_width, kTile);
   const int64_t count = static_cast<int64_t>(runs.size());
   // Fewer tiles than threads: each tile's KV heads split between tasks.
   const int64_t threads = at::get_num_threads();

@@ -1,0 +1,444 @@
+// Attention over the paged KV cache in place on AMX tiles, for bf16 caches: the queries of a
+// step (decodes, and prefill queries laid out as decodes of their own positions) scored and
+// summed by `tdpbf16ps`, a flash-attention loop over 64-key chunks of each sequence.
+//
+// Why a second kernel beside paged_decode.cpp: that one widens every key and value to float32
+// and sums in vector lanes, which is right for a decode's one query a head but leaves a prefill
+// at the speed of vector FMAs: a 2,000-token prompt spent half its time in SDPA's flash kernel,
+// and with batch invariance (every query a decode) a third in the float kernel. AMX tiles do
+// the products 16 rows at a time; what is left is the softmax in lanes.
+//
+// Why it keeps batch invariance: a row of an AMX product depends on its own A row and the B
+// tile alone (the instruction's order of sums is fixed per element), so a query's scores are
+// the same bits in a tile of 1 row or of 16. The keys come in chunks of 64 aligned to position
+// 0 of the sequence, each chunk folded into the running softmax (max, sum, values) by the same
+// operations for every row, and positions at or past a row's context length count for exactly
+// nothing (their probability is 0, not a tiny number). So a query's result depends on its own
+// context alone: a decode, a prefill chunk of any size and any batch give the same bits, and
+// decodes and prefill queries may share this kernel under invariance. The probabilities are
+// rounded to bf16 for the values' product, and the softmax's sum is taken over the rounded
+// values, so the weights that are summed are the weights that are normalized.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "amx.h"
+#include "bf16.h"
+#include "lanes.h"
+#include "paged.h"
+
+namespace {
+
+constexpr int64_t kKeys = 64;     // keys a chunk: one softmax update per row per chunk
+constexpr int64_t kRows = 16;     // rows of a tile (query heads of a tile's queries)
+constexpr int64_t kRun = 16;      // queries of one sequence sharing the chunks they read
+constexpr int64_t kMaxDim = 256;  // head sizes: multiples of 32 up to this
+
+#ifdef TRIO_AMX
+
+// Every tile 16 rows of 64 bytes: 0-3 accumulators (scores of 16 keys, or values of 16 head
+// dimensions), 4 an A tile (queries, or probabilities), 5-7 B tiles (keys, or values): tiles
+// are not renamed, so a load into a tile waits for the product that reads it, and three B
+// tiles let three loads run ahead of their products.
+void configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = kRows;
+  _tile_loadconfig(&cfg);
+}
+
+// A 16 x 16 matrix of 32-bit elements transposed in registers (rows in, columns out): four
+// rounds of unpacks and lane shuffles.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+
+// One chunk of a sequence's keys and values for one KV head, packed as AMX's B tiles want them.
+// Keys: for key block kb (16 keys) and input chunk dk (32 dimensions), row i holds the pair of
+// dimensions (2i, 2i + 1) of each of the 16 keys. Values: for key half kh (32 keys) and output
+// block db (16 dimensions), row i holds the pair of keys (2i, 2i + 1) of each dimension.
+// Positions at or past `end` are zeros, so that a probability of 0 times them is 0.
+void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const int64_t* table,
+                int64_t g, int64_t c, int64_t end, uint32_t* kp, uint16_t* vp) {
+  const int64_t dim = s.dim, dks = dim / 32, dbs = dim / 16;
+  const int64_t valid = std::min(kKeys, end - c);
+  const uint16_t* krow[kKeys];
+  const uint16_t* vrow[kKeys];
+  alignas(64) static thread_local uint16_t zeros[kMaxDim] = {};
+  for (int64_t n = 0; n < kKeys; ++n) {
+    if (n < valid) {
+      const int64_t pos = c + n;
+      const int64_t at = table[pos / s.block_size] * s.block_stride +
+                         (pos % s.block_size) * s.token_stride + g * dim;
+      krow[n] = kc + at;
+      vrow[n] = vc + at;
+    } else {
+      krow[n] = vrow[n] = zeros;
+    }
+  }
+  for (int64_t kb = 0; kb < kKeys / 16; ++kb) {
+    for (int64_t dk = 0; dk < dks; ++dk) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(krow[kb * 16 + i] + dk * 32);
+      transpose16(r);
+      uint32_t* out = kp + (kb * dks + dk) * 256;
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(out + i * 16, r[i]);
+    }
+  }
+  // Output block j of a pair of value rows a, b: [a(16j) b(16j) a(16j+1) b(16j+1) ...] from
+  // a's and b's 32 dimensions at a time (`permutex2var` takes a from lanes 0-31, b from 32-63).
+  __m512i zip[2];
+  for (int j = 0; j < 2; ++j) {
+    alignas(64) uint16_t idx[32];
+    for (int i = 0; i < 16; ++i) idx[2 * i] = 16 * j + i, idx[2 * i + 1] = 32 + 16 * j + i;
+    zip[j] = _mm512_load_si512(idx);
+  }
+  for (int64_t n = 0; n < kKeys; n += 2) {
+    const int64_t kh = n / 32, i = (n % 32) / 2;
+    for (int64_t d0 = 0; d0 < dim; d0 += 32) {
+      const __m512i a = _mm512_loadu_si512(vrow[n] + d0);
+      const __m512i b = _mm512_loadu_si512(vrow[n + 1] + d0);
+      for (int j = 0; j < 2; ++j) {
+        const int64_t db = d0 / 16 + j;
+        _mm512_storeu_si512(vp + ((kh * dbs + db) * 16 + i) * 32,
+                            _mm512_permutex2var_epi16(a, zip[j], b));
+      }
+    }
+  }
+}
+
+// The per-row state of a tile: the running max, the running sum of the (rounded) probabilities
+// and the float32 value sums, and the row's query and context length.
+struct Tile {
+  int64_t rows = 0;
+  const uint16_t* q[kRows] = {};
+  uint16_t* out[kRows] = {};
+  int64_t len[kRows] = {};
+  float m[kRows], l[kRows], alpha[kRows];
+  alignas(64) uint16_t qbuf[kRows * kMaxDim];
+  alignas(64) float acc[kRows * kMaxDim];
+  // One chunk's scores, probabilities (bf16) and values' sums.
+  alignas(64) float scores[kRows * kKeys];
+  alignas(64) uint16_t probs[kRows * kKeys];
+  alignas(64) float values[kRows * kMaxDim];
+};
+
+inline Lanes vmax(Lanes a, Lanes b) { return a > b ? a : b; }
+
+inline float hmax(Lanes a) {
+  a = vmax(a, __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  a = vmax(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));
+  a = vmax(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));
+  a = vmax(a, __builtin_shufflevector(a, a, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
+  return a[0];
+}
+
+typedef int32_t LanesI __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef uint32_t LanesU __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// Lanes rounded to bf16 (nearest even; no NaN reaches here): the bf16 bits in the low half of
+// each lane, and the rounded value as a float.
+inline LanesU round_lanes(Lanes x, Lanes& rounded) {
+  LanesU bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  std::memcpy(&rounded, &bits, sizeof rounded);
+  return bits >> 16;
+}
+
+// A chunk of keys folded into a tile's rows in three passes, each over every tile of a task
+// before the next (`run_head`): an AMX tile load of data that vector stores just wrote waits
+// for them to reach the cache, and the other tiles' work fills that wait.
+
+// Scores by AMX: tiles 0-3 take key blocks 0-3, each summed over the input chunks in order.
+void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
+  const int64_t dim = s.dim, dks = dim / 32;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t dk = 0; dk < dks; ++dk) {
+    _tile_loadd(4, t.qbuf + dk * 32, dim * 2);
+    _tile_loadd(5, kp + (0 * dks + dk) * 256, 64);
+    _tile_loadd(6, kp + (1 * dks + dk) * 256, 64);
+    _tile_loadd(7, kp + (2 * dks + dk) * 256, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, kp + (3 * dks + dk) * 256, 64);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, t.scores + 0, kKeys * 4);
+  _tile_stored(1, t.scores + 16, kKeys * 4);
+  _tile_stored(2, t.scores + 32, kKeys * 4);
+  _tile_stored(3, t.scores + 48, kKeys * 4);
+}
+
+// 2^x of 16 floats (x <= 0): 2^round(x) times a degree-4 polynomial of the rest (Taylor's,
+// relative error under 5e-5), enough for probabilities rounded to bf16 (2^-9) at half the
+// operations of `exp_lanes`; below 2^-126 it gives 2^-126, which no sum that holds a 1 sees.
+inline Lanes exp2_lanes(Lanes x) {
+  x = x < -126.0f ? Lanes{} - 126.0f : x;
+  const Lanes magic = Lanes{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const Lanes shifted = x + magic;
+  const Lanes n = shifted - magic;
+  const Lanes f = x - n;
+  Lanes p = Lanes{} + 9.6181291e-3f;
+  p = p * f + 5.5504109e-2f;
+  p = p * f + 2.4022651e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.0f;
+  LanesI bits, whole;
+  std::memcpy(&bits, &p, sizeof bits);
+  std::memcpy(&whole, &shifted, sizeof whole);
+  bits += (whole - 0x4b400000) << 23;  // n, read from the rounded sum's low bits
+  Lanes out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// The softmax update in lanes, row by row: the new running max, the factor the old sums take
+// (`alpha`), the probabilities rounded to bf16 and their sum, all in base 2 (`scale` is the
+// scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
+// a row's context length get probability 0; a chunk wholly past it leaves the row as it was.
+void softmax_of(Tile& t, int64_t c, float scale) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  LanesI index;
+  for (int j = 0; j < 16; ++j) index[j] = j;
+  for (int64_t r = 0; r < kRows; ++r) {
+    uint16_t* pr = t.probs + r * kKeys;
+    const int64_t valid = r < t.rows ? std::clamp<int64_t>(t.len[r] - c, 0, kKeys) : 0;
+    t.alpha[r] = 1.0f;
+    if (valid == 0) {
+      std::memset(pr, 0, kKeys * 2);
+      continue;
+    }
+    const bool whole = valid == kKeys;
+    Lanes x[4];
+    LanesI keep[4];
+    for (int i = 0; i < 4; ++i) {
+      x[i] = load_lanes(t.scores + r * kKeys + i * 16) * scale;
+      if (!whole) {
+        keep[i] = (index + i * 16) < static_cast<int32_t>(valid);
+        x[i] = keep[i] ? x[i] : Lanes{} + ninf;
+      }
+    }
+    const float top = std::max(t.m[r], hmax(vmax(vmax(x[0], x[1]), vmax(x[2], x[3]))));
+    t.alpha[r] = t.m[r] == ninf ? 0.0f : exp2_lanes(Lanes{} + (t.m[r] - top))[0];
+    t.m[r] = top;
+    Lanes total{};
+    for (int i = 0; i < 4; ++i) {
+      Lanes e = exp2_lanes(x[i] - top), rounded;
+      if (!whole) e = keep[i] ? e : Lanes{};
+      const LanesU bits = round_lanes(e, rounded);
+      total += rounded;
+      __m512i wide;
+      std::memcpy(&wide, &bits, sizeof wide);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + i * 16), _mm512_cvtepi32_epi16(wide));
+    }
+    t.l[r] = t.l[r] * t.alpha[r] + lanes_sum(total);
+  }
+}
+
+// The probabilities times the values by AMX (tiles 0-3 take four output blocks at a time, each
+// summed over the key halves in order).
+void values_of(Tile& t, const Shape& s, const uint16_t* vp) {
+  const int64_t dim = s.dim, dbs = dim / 16;
+  for (int64_t db0 = 0; db0 < dbs; db0 += 4) {
+    const int64_t nb = std::min<int64_t>(4, dbs - db0);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kh = 0; kh < 2; ++kh) {
+      _tile_loadd(4, t.probs + kh * 32, kKeys * 2);
+      const uint16_t* vb = vp + (kh * dbs + db0) * 512;
+      _tile_loadd(5, vb, 64);
+      if (nb > 1) _tile_loadd(6, vb + 512, 64);
+      if (nb > 2) _tile_loadd(7, vb + 1024, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      if (nb > 1) _tile_dpbf16ps(1, 4, 6);
+      if (nb > 2) _tile_dpbf16ps(2, 4, 7);
+      if (nb > 3) { _tile_loadd(5, vb + 1536, 64); _tile_dpbf16ps(3, 4, 5); }
+    }
+    float* vo = t.values + db0 * 16;
+    _tile_stored(0, vo, dim * 4);
+    if (nb > 1) _tile_stored(1, vo + 16, dim * 4);
+    if (nb > 2) _tile_stored(2, vo + 32, dim * 4);
+    if (nb > 3) _tile_stored(3, vo + 48, dim * 4);
+  }
+}
+
+// The chunk's values' sums added to the rows' running sums, after `alpha`.
+void accumulate(Tile& t, const Shape& s, int64_t c) {
+  const int64_t dim = s.dim;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    if (t.len[r] - c <= 0) continue;
+    float* a = t.acc + r * dim;
+    const float* v = t.values + r * dim;
+    const Lanes al = Lanes{} + t.alpha[r];
+    for (int64_t d = 0; d < dim; d += 16) {
+      const Lanes sum = load_lanes(a + d) * al + load_lanes(v + d);
+      std::memcpy(a + d, &sum, sizeof sum);
+    }
+  }
+}
+
+struct Work {
+  std::vector<uint32_t> kp;
+  std::vector<uint16_t> vp;
+  std::vector<Tile> tiles;
+};
+
+// One run of queries and one KV head: its rows (query, head) in tiles of 16, the chunks of the
+// run's keys read once for all of them.
+void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t* qp,
+              const uint16_t* kc, const uint16_t* vc, const int64_t* tables, const int64_t* lens,
+              float scale, uint16_t* op, Work& w) {
+  const int64_t dim = s.dim, group = s.group;
+  const int64_t rows = (b1 - b0) * group, ntiles = (rows + kRows - 1) / kRows;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (static_cast<int64_t>(w.tiles.size()) < ntiles) w.tiles.resize(ntiles);
+  int64_t hi = 0;
+  for (int64_t i = 0; i < ntiles; ++i) {
+    Tile& t = w.tiles[i];
+    t.rows = std::min(kRows, rows - i * kRows);
+    for (int64_t r = 0; r < kRows; ++r) t.m[r] = ninf, t.l[r] = 0.0f;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const int64_t row = i * kRows + r, b = b0 + row / group, h = g * group + row % group;
+      t.q[r] = qp + (b * s.heads + h) * dim;
+      t.out[r] = op + (b * s.heads + h) * dim;
+      t.len[r] = lens[b];
+      hi = std::max(hi, lens[b]);
+      std::memcpy(t.qbuf + r * dim, t.q[r], dim * 2);
+      std::memset(t.acc + r * dim, 0, dim * 4);
+    }
+  }
+  const int64_t* table = tables + b0 * s.table_width;
+  // Each pass reads what another wrote a pass or more before (chunks packed one ahead, in two
+  // buffers; a chunk's values added to the sums after the next chunk's scores).
+  const float base2 = scale * 1.44269504088896341f;
+  const int64_t kn = kKeys * kMaxDim / 2;
+  if (hi > 0) pack_chunk(kc, vc, s, table, g, 0, hi, w.kp.data(), w.vp.data());
+  for (int64_t c = 0, n = 0; c < hi; c += kKeys, ++n) {
+    const uint32_t* kp = w.kp.data() + (n % 2) * kn;
+    const uint16_t* vp = w.vp.data() + (n % 2) * 2 * kn;
+    for (int64_t i = 0; i < ntiles; ++i) scores_of(w.tiles[i], s, kp);
+    if (c > 0)
+      for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, c - kKeys);
+    for (int64_t i = 0; i < ntiles; ++i) softmax_of(w.tiles[i], c, base2);
+    if (c + kKeys < hi)
+      pack_chunk(kc, vc, s, table, g, c + kKeys, hi, w.kp.data() + ((n + 1) % 2) * kn,
+                 w.vp.data() + ((n + 1) % 2) * 2 * kn);
+    for (int64_t i = 0; i < ntiles; ++i) values_of(w.tiles[i], s, vp);
+  }
+  if (hi > 0)
+    for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, (hi - 1) / kKeys * kKeys);
+  for (int64_t i = 0; i < ntiles; ++i) {
+    const Tile& t = w.tiles[i];
+    for (int64_t r = 0; r < t.rows; ++r) {
+      if (t.len[r] <= 0) {
+        std::memset(t.out[r], 0, dim * 2);
+        continue;
+      }
+      const float inv = 1.0f / t.l[r];
+      for (int64_t d = 0; d < dim; ++d) t.out[r][d] = round_bf16(t.acc[r * dim + d] * inv);
+    }
+  }
+}
+
+#endif  // TRIO_AMX
+
+}  // namespace
+
+// Whether this build and this process can run AMX tiles (the kernel then serves).
+bool available() {
+#ifdef TRIO_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
+// q [B, Hq, D] bf16; k_cache, v_cache [blocks, block_size, Hkv, D] bf16; block_tables [B, W]
+// int64; context_lens [B] int64 (the query's own position included). Returns [B, Hq, D].
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& block_tables,
+                           const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(available(), "paged_attention: no AMX tiles in this build or process");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes());
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(2) % 32 == 0 && q.size(2) <= kMaxDim,
+              "the head size must be a multiple of 32 up to ", kMaxDim);
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong);
+  TORCH_CHECK(block_tables.is_contiguous() && context_lens.is_contiguous());
+  TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0));
+  at::Tensor out = at::empty_like(q);
+#ifdef TRIO_AMX
+  const Shape s(q, k_cache, block_tables);
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
+  const auto* kc = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
+  const auto* vc = reinterpret_cast<const uint16_t*>(v_cache.data_ptr());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const auto runs = runs_of(tables, q.size(0), s.table_width, kRun);
+  const int64_t tasks = static_cast<int64_t>(runs.size()) * s.kv_heads;
+  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
+  // Causal runs differ in cost (a later run reads more keys): tasks are handed out one by one.
+#pragma omp parallel num_threads(threads)
+  {
+    SavedTiles saved;
+    configure();
+    Work w;
+    w.kp.resize(2 * kKeys * kMaxDim / 2);  // two chunks: one being read, the next packed
+    w.vp.resize(2 * kKeys * kMaxDim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const auto [b0, b1] = runs[task / s.kv_heads];
+      run_head(s, b0, b1, task % s.kv_heads, qp, kc, vc, tables, lens,
+               static_cast<float>(scale), op, w);
+    }
+  }
+#endif
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("available", &available, "whether AMX tiles can run here");
+  m.def("paged_attention", &paged_attention,
+        "attention of each query over its sequence's paged cache, on AMX tiles");
+}

@@ -1,0 +1,113 @@
+"""The AMX attention kernel (engine/ops/paged_amx.py): each query over its own paged context,
+equal to the reference within bf16's rounding, and the property batch invariance leans on: a
+query's row is the same bits as a decode alone, in a prefill of any chunking, in a batch of
+other sequences, and on any number of threads. It runs only where AMX's bf16 tiles do (an Intel
+Xeon of the AMX class); elsewhere there is nothing to test, as the engine never chooses it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from trio_llm.engine.attention.torch_plans import queries_as_decodes
+from trio_llm.engine.ops import paged_amx
+from trio_llm.kernels import decode_attention_ref
+
+pytestmark = pytest.mark.skipif(
+    paged_amx.extension() is None, reason="the AMX attention kernel needs AMX's bf16 tiles"
+)
+
+
+def paged(
+    lens: list[int], heads: int, kv_heads: int, dim: int, block: int = 16, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """bf16 caches with each sequence's blocks scattered in a shuffled order, tables, lengths
+    and one query per sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-n // block) for n in lens)
+    num_blocks = len(lens) * width + 3
+    tables = torch.randperm(num_blocks, generator=gen)[: len(lens) * width].view(len(lens), width)
+    shape = (num_blocks, block, kv_heads, dim)
+    k_cache = torch.randn(shape, generator=gen).bfloat16()
+    v_cache = torch.randn(shape, generator=gen).bfloat16()
+    q = torch.randn(len(lens), heads, dim, generator=gen).bfloat16()
+    return q, k_cache, v_cache, tables.contiguous(), torch.tensor(lens, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block"),
+    [(9, 3, 64, 16), (8, 8, 128, 16), (16, 2, 64, 32), (4, 1, 256, 16), (6, 2, 96, 8)],
+)
+def test_it_equals_the_reference_within_bf16_rounding(
+    heads: int, kv_heads: int, dim: int, block: int
+) -> None:
+    lens = [1, 15, 16, 17, 63, 64, 65, 100, 300]
+    q, k_cache, v_cache, tables, context = paged(lens, heads, kv_heads, dim, block)
+    scale = dim**-0.5
+    out = paged_amx.paged_attention(q, k_cache, v_cache, tables, context, scale)
+    want = decode_attention_ref(q.float(), k_cache.float(), v_cache.float(), tables, context, scale)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_row_of_no_context_gets_zeros_and_no_nan_leaks_from_the_cache() -> None:
+    """Positions past a context are never read as a value: the cache beyond it may hold NaN."""
+    q, k_cache, v_cache, tables, _ = paged([40, 40], 4, 2, 64)
+    k_cache[tables[0, 1], 10:] = float("nan")  # positions 26.. of sequence 0
+    v_cache[tables[0, 1], 10:] = float("nan")
+    out = paged_amx.paged_attention(q, k_cache, v_cache, tables, torch.tensor([20, 0]), 0.1)
+    assert torch.isfinite(out[0].float()).all() and out[0].abs().sum() > 0
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_a_prefill_is_the_same_bits_in_any_chunking_and_as_decodes_alone() -> None:
+    """The prompt's queries laid out as decodes (as the engine lays them out under batch
+    invariance): whole, in chunks of odd sizes, and each query alone."""
+    n, heads, kv_heads, dim = 200, 9, 3, 64
+    _, k_cache, v_cache, tables, _ = paged([n], heads, kv_heads, dim)
+    q = torch.randn(n, heads, dim, generator=torch.Generator().manual_seed(5)).bfloat16()
+    q_tables, q_lens = queries_as_decodes(
+        tables.numpy(), torch.tensor([0, n]).numpy(), torch.tensor([n]).numpy()
+    )
+    q_tables, q_lens = torch.from_numpy(q_tables), torch.from_numpy(q_lens)
+    whole = paged_amx.paged_attention(q, k_cache, v_cache, q_tables, q_lens, 0.125)
+    cuts = [0, 1, 37, 64, 65, 130, 200]
+    chunked = torch.cat(
+        [
+            paged_amx.paged_attention(q[a:b], k_cache, v_cache, q_tables[a:b], q_lens[a:b], 0.125)
+            for a, b in itertools.pairwise(cuts)
+        ]
+    )
+    assert torch.equal(chunked, whole)
+    for i in (0, 15, 16, 63, 64, 127, 199):
+        alone = paged_amx.paged_attention(
+            q[i : i + 1], k_cache, v_cache, q_tables[i : i + 1], q_lens[i : i + 1], 0.125
+        )
+        assert torch.equal(alone, whole[i : i + 1]), i
+    # The causal reference: query i over positions 0..i.
+    want = decode_attention_ref(
+        q.float(), k_cache.float(), v_cache.float(), q_tables, q_lens, 0.125
+    )
+    torch.testing.assert_close(whole.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_row_is_the_same_alone_in_any_batch_and_on_any_threads() -> None:
+    lens = [
+        int(n) for n in torch.randint(1, 400, (32,), generator=torch.Generator().manual_seed(1))
+    ]
+    q, k_cache, v_cache, tables, context = paged(lens, 9, 3, 64)
+    batched = paged_amx.paged_attention(q, k_cache, v_cache, tables, context, 0.125)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = paged_amx.paged_attention(q, k_cache, v_cache, tables, context, 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, batched)
+    for b in (0, 7, 31):
+        alone = paged_amx.paged_attention(
+            q[b : b + 1], k_cache, v_cache, tables[b : b + 1], context[b : b + 1], 0.125
+        )
+        assert torch.equal(alone, batched[b : b + 1]), b
