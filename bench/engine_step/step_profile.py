@@ -53,7 +53,7 @@ class Variant:
     int4_rows: bool = True  # 4-bit weights on engine/ops/int4_rows.py's kernel where it is chosen
     int_rows: bool = True  # quantized weights on engine/ops/int_rows.py's where it is chosen
     fused: bool = True  # the elementwise ops in engine/ops/fused.py's kernels where they run
-    amx: bool = True  # invariance's attention on engine/ops/paged_amx.py's kernel where it runs
+    amx: bool = True  # attention on engine/ops/paged_amx.py's kernel where it runs
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
@@ -78,7 +78,7 @@ class Variant:
         torch4 = "" if self.int4_rows else ", torch's int4 kernel"
         integer = "" if self.int_rows else ", no integer kernel"
         eager = "" if self.fused else ", eager elementwise ops"
-        eager += "" if self.amx else ", float attention kernel"
+        eager += "" if self.amx else ", attention without AMX"
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
             f"{integer}{eager}"
@@ -123,7 +123,8 @@ VARIANTS = {
     "own-gguf-inv-noint": Variant("own", "auto", "on", "auto", int_rows=False),
     # Without engine/ops/fused.py: the layer's elementwise work as eager torch ops.
     "own-gguf-eager": Variant("own", "auto", "off", "auto", fused=False),
-    # Invariance on with its attention on the float kernel instead of AMX tiles (where they run).
+    # The attention on the float kernel and SDPA instead of AMX tiles (where they run).
+    "own-gguf-noamx": Variant("own", "auto", "off", "auto", amx=False),
     "own-gguf-inv-noamx": Variant("own", "auto", "on", "auto", amx=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
 }

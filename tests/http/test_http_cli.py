@@ -17,6 +17,7 @@ from trio_llm.http.server import hypercorn_config
 def test_defaults() -> None:
     config = parse_serve_args([], {})
     assert config.engine.model == DEFAULT_MODEL
+    assert config.engine.step_token_budget("cpu") == 512
     assert (config.host, config.port, config.api_key) == ("127.0.0.1", 8000, None)
     assert config.allowed_origins == ()
     assert config.max_queued_requests is None
@@ -37,6 +38,7 @@ def test_every_flag() -> None:
             "--keyfile", "k.pem",
             "--max-model-len", "256",
             "--max-num-seqs", "4",
+            "--max-num-batched-tokens", "1024",
             "--kv-cache-memory", "64MiB",
             "--dtype", "float32",
             "--device", "cpu",
@@ -64,6 +66,7 @@ def test_every_flag() -> None:
         4,
     )
     assert (e.kv_cache_memory, e.dtype, e.device) == ("64MiB", "float32", "cpu")
+    assert e.step_token_budget("cpu") == 1024
     assert (e.num_threads, e.stream_interval, e.single_token_dtype) == (2, 4, "float16")
     assert (e.batch_invariant, e.model_impl, e.enforce_eager) == ("on", "transformers", True)
     assert (config.host, config.port, config.api_key) == ("0.0.0.0", 9000, "k")
@@ -101,6 +104,7 @@ def test_environment_supplies_defaults_and_flags_win() -> None:
     [
         (["--port", "x"], {}),
         (["--max-num-seqs", "0"], {}),
+        (["--max-num-batched-tokens", "0"], {}),
         (["--stream-interval", "0"], {}),
         (["--single-token-dtype", "float64"], {}),
         (["--batch-invariant", "sometimes"], {}),

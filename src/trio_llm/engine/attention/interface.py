@@ -54,6 +54,10 @@ class StepLayout:
     masked), so that its attention depends neither on the batch nor on the path that computes
     it (batch invariance, engine/plans/invariance.py; torch backend only, the Triton kernels ignore
     it and the engine does not run them with invariance on)."""
+    plain_attention: bool = False
+    """Every layer of the model attends over its whole context with plain scores (no sliding
+    window, no soft-cap): the torch backend may then run every query of the step as a decode
+    of its own position on one kernel (AMX tiles)."""
 
 
 class AttentionMetadata(Protocol):

@@ -98,13 +98,17 @@ class TorchAttentionMetadata:
         )
         tables, lens = layout.block_tables, layout.context_lens
         in_place = paged_decode.supports(cache)
-        if bucket and in_place:
-            # Invariance on the in-place kernel: every query, decode or prefill, is one of its
-            # decodes (`queries_as_decodes`), so the whole step is `decode`; on AMX tiles where
-            # they run (a prefill's queries are a matrix product there).
+        amx = not window and paged_amx.serves(cache)
+        if (bucket and in_place) or (amx and layout.plain_attention):
+            # Every query, decode or prefill, as a decode of its own position
+            # (`queries_as_decodes`), so the whole step is `decode`: with invariance, on the
+            # in-place kernel, which computes a query from its own context alone; and on AMX
+            # tiles wherever they run (a layer with a window or a soft-cap keeps the float
+            # kernel), invariance or not: the tiles take a prefill's queries faster than SDPA
+            # does (0.77-0.95x its time, bench/results/step_profile_amx_attention.md) and
+            # batched decodes faster than the float kernel.
             q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
             meta.num_decodes = len(q_lens)
-            amx = not window and paged_amx.serves(cache)
             meta.decode = DecodePlan.build(
                 q_tables, q_lens, cache, window=window, in_place=True, amx=amx
             )

@@ -166,6 +166,9 @@ class ModelRunner:
         if device.type == "cpu" and backend == "torch":
             paged_decode.prepare()  # its decodes' kernel, built now rather than in a request's step
             paged_amx.prepare()
+        self._plain_attention = all(
+            layer.window is None and layer.softcap is None for layer in layers
+        )
         self.own: LlamaForward | None = None
         """The engine's own forward, when it computes this model (`choice`)."""
         self.forward: LlamaForward | GenericForward
@@ -410,6 +413,7 @@ class ModelRunner:
                     context_lens=ends,
                     slot_mapping=slots,
                     key_bucket=invariance.KEY_BUCKET if self.invariance.on else 0,
+                    plain_attention=self._plain_attention,
                 ),
                 self.k_caches[0],
                 stage,

@@ -38,9 +38,9 @@
 
 namespace {
 
-constexpr int64_t kKeys = 64;     // keys a chunk: one softmax update per row per chunk
+constexpr int64_t kKeys = 128;    // keys a chunk: one softmax update per row per chunk
 constexpr int64_t kRows = 16;     // rows of a tile (query heads of a tile's queries)
-constexpr int64_t kRun = 16;      // queries of one sequence sharing the chunks they read
+constexpr int64_t kRun = 64;      // queries of one sequence sharing the chunks they read, at most
 constexpr int64_t kMaxDim = 256;  // head sizes: multiples of 32 up to this
 
 #ifdef TRIO_AMX
@@ -181,28 +181,31 @@ inline LanesU round_lanes(Lanes x, Lanes& rounded) {
 // before the next (`run_head`): an AMX tile load of data that vector stores just wrote waits
 // for them to reach the cache, and the other tiles' work fills that wait.
 
-// Scores by AMX: tiles 0-3 take key blocks 0-3, each summed over the input chunks in order.
+// Scores by AMX: tiles 0-3 take four key blocks of 16 at a time, each summed over the input
+// chunks in order.
 void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
   const int64_t dim = s.dim, dks = dim / 32;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t dk = 0; dk < dks; ++dk) {
-    _tile_loadd(4, t.qbuf + dk * 32, dim * 2);
-    _tile_loadd(5, kp + (0 * dks + dk) * 256, 64);
-    _tile_loadd(6, kp + (1 * dks + dk) * 256, 64);
-    _tile_loadd(7, kp + (2 * dks + dk) * 256, 64);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, kp + (3 * dks + dk) * 256, 64);
-    _tile_dpbf16ps(3, 4, 5);
+  for (int64_t kb = 0; kb < kKeys / 16; kb += 4) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t dk = 0; dk < dks; ++dk) {
+      _tile_loadd(4, t.qbuf + dk * 32, dim * 2);
+      _tile_loadd(5, kp + ((kb + 0) * dks + dk) * 256, 64);
+      _tile_loadd(6, kp + ((kb + 1) * dks + dk) * 256, 64);
+      _tile_loadd(7, kp + ((kb + 2) * dks + dk) * 256, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, kp + ((kb + 3) * dks + dk) * 256, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, t.scores + kb * 16, kKeys * 4);
+    _tile_stored(1, t.scores + kb * 16 + 16, kKeys * 4);
+    _tile_stored(2, t.scores + kb * 16 + 32, kKeys * 4);
+    _tile_stored(3, t.scores + kb * 16 + 48, kKeys * 4);
   }
-  _tile_stored(0, t.scores + 0, kKeys * 4);
-  _tile_stored(1, t.scores + 16, kKeys * 4);
-  _tile_stored(2, t.scores + 32, kKeys * 4);
-  _tile_stored(3, t.scores + 48, kKeys * 4);
 }
 
 // 2^x of 16 floats (x <= 0): 2^round(x) times a degree-4 polynomial of the rest (Taylor's,
@@ -245,20 +248,23 @@ void softmax_of(Tile& t, int64_t c, float scale) {
       continue;
     }
     const bool whole = valid == kKeys;
-    Lanes x[4];
-    LanesI keep[4];
-    for (int i = 0; i < 4; ++i) {
+    constexpr int kVecs = kKeys / 16;
+    Lanes x[kVecs];
+    LanesI keep[kVecs];
+    Lanes top_lanes = Lanes{} + ninf;
+    for (int i = 0; i < kVecs; ++i) {
       x[i] = load_lanes(t.scores + r * kKeys + i * 16) * scale;
       if (!whole) {
         keep[i] = (index + i * 16) < static_cast<int32_t>(valid);
         x[i] = keep[i] ? x[i] : Lanes{} + ninf;
       }
+      top_lanes = vmax(top_lanes, x[i]);
     }
-    const float top = std::max(t.m[r], hmax(vmax(vmax(x[0], x[1]), vmax(x[2], x[3]))));
+    const float top = std::max(t.m[r], hmax(top_lanes));
     t.alpha[r] = t.m[r] == ninf ? 0.0f : exp2_lanes(Lanes{} + (t.m[r] - top))[0];
     t.m[r] = top;
     Lanes total{};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kVecs; ++i) {
       Lanes e = exp2_lanes(x[i] - top), rounded;
       if (!whole) e = keep[i] ? e : Lanes{};
       const LanesU bits = round_lanes(e, rounded);
@@ -281,7 +287,7 @@ void values_of(Tile& t, const Shape& s, const uint16_t* vp) {
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int64_t kh = 0; kh < 2; ++kh) {
+    for (int64_t kh = 0; kh < kKeys / 32; ++kh) {
       _tile_loadd(4, t.probs + kh * 32, kKeys * 2);
       const uint16_t* vb = vp + (kh * dbs + db0) * 512;
       _tile_loadd(5, vb, 64);
@@ -415,9 +421,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
-  const auto runs = runs_of(tables, q.size(0), s.table_width, kRun);
+  // Long runs read each chunk of keys for more queries; short ones make enough tasks for the
+  // threads when there are few queries (how queries are grouped changes no row's arithmetic).
+  const int64_t threads_wanted = at::get_num_threads();
+  auto runs = runs_of(tables, s.batch, s.table_width, kRun);
+  if (static_cast<int64_t>(runs.size()) * s.kv_heads < 8 * threads_wanted)
+    runs = runs_of(tables, s.batch, s.table_width, kRun / 4);
   const int64_t tasks = static_cast<int64_t>(runs.size()) * s.kv_heads;
-  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
+  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, tasks));
   // Causal runs differ in cost (a later run reads more keys): tasks are handed out one by one.
 #pragma omp parallel num_threads(threads)
   {
