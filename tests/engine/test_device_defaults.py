@@ -13,7 +13,7 @@ GIB = 1 << 30
 
 def test_a_cpu_keeps_its_fixed_defaults() -> None:
     args = EngineArgs()
-    assert args.step_token_budget("cpu") == 512
+    assert args.step_token_budget("cpu") == 2048
     assert args.kv_cache_bytes("cpu") == CPU_KV_CACHE_BYTES == GIB
     assert loader.free_device_memory("cpu") is None
 
@@ -34,7 +34,7 @@ def test_a_gpu_takes_a_share_of_its_free_memory_and_a_larger_step(
     assert args.kv_cache_bytes("cuda:1", free) == int(0.8 * 100 * GIB)
     assert EngineArgs(kv_cache_fraction=0.5).kv_cache_bytes("cuda", free) == 50 * GIB
     assert args.step_token_budget("cuda") == DEVICE_DEFAULTS["cuda"].max_num_batched_tokens
-    assert args.step_token_budget("cuda") >= 8 * args.step_token_budget("cpu")
+    assert args.step_token_budget("cuda") >= 4 * args.step_token_budget("cpu")
 
 
 def test_what_is_asked_for_wins_on_every_device() -> None:

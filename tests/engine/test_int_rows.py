@@ -156,8 +156,9 @@ def test_each_cpu_class_takes_the_kernel_measured_there(
 def test_auto_keeps_invariance_only_where_its_price_was_measured_small(
     monkeypatch: pytest.MonkeyPatch, float_path: str, int_path: str, free: bool
 ) -> None:
-    """On an AMX machine the integer kernel makes decode steps free with invariance but a
-    prefill 3-3.7x as long (bench/results/step_profile_int_rows.md): `auto` keeps it off there."""
+    """On an AMX machine the integer kernel makes decode steps nearly free with invariance but a
+    prefill 1.5-1.7x as long (bench/results/step_profile_amx_attention.md): `auto` keeps it off
+    there."""
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
     amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())

@@ -17,7 +17,7 @@ from trio_llm.http.server import hypercorn_config
 def test_defaults() -> None:
     config = parse_serve_args([], {})
     assert config.engine.model == DEFAULT_MODEL
-    assert config.engine.step_token_budget("cpu") == 512
+    assert config.engine.step_token_budget("cpu") == 2048
     assert (config.host, config.port, config.api_key) == ("127.0.0.1", 8000, None)
     assert config.allowed_origins == ()
     assert config.max_queued_requests is None

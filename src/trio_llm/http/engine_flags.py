@@ -66,7 +66,7 @@ def add_engine_flags(add: AddFlag) -> None:
         type=positive_int,
         help="tokens one engine step may compute, prompt chunks and decodes together: "
         "larger steps prefill faster, smaller ones hold running streams less long "
-        "(default: the device's, 512 on a CPU, 8192 on CUDA)",
+        "(default: the device's, 2048 on a CPU, 8192 on CUDA)",
     )
     add(
         "--kv-cache-memory",
