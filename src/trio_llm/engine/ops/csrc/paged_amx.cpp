@@ -106,6 +106,19 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
       krow[n] = vrow[n] = zeros;
     }
   }
+  // The chunk after this one, asked for now: a sequence's blocks lie anywhere in the cache, and
+  // the hardware prefetcher loses the stream at every block boundary (a decode's attention is
+  // bound by reading the cache).
+  const int64_t ahead = std::min(kKeys, end - c - kKeys);
+  for (int64_t n = 0; n < ahead; ++n) {
+    const int64_t pos = c + kKeys + n;
+    const int64_t at = table[pos / s.block_size] * s.block_stride +
+                       (pos % s.block_size) * s.token_stride + g * dim;
+    for (int64_t b = 0; b < dim * 2; b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(kc + at) + b);
+      __builtin_prefetch(reinterpret_cast<const char*>(vc + at) + b);
+    }
+  }
   for (int64_t kb = 0; kb < kKeys / 16; ++kb) {
     for (int64_t dk = 0; dk < dks; ++dk) {
       __m512i r[16];
