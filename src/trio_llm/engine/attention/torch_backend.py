@@ -110,7 +110,7 @@ class TorchAttentionMetadata:
             q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
             meta.num_decodes = len(q_lens)
             meta.decode = DecodePlan.build(
-                q_tables, q_lens, cache, window=window, in_place=True, amx=amx
+                q_tables, q_lens, cache, window=window, in_place=True, amx=amx, split=bool(bucket)
             )
             return meta
         if nd and bucket:
@@ -228,7 +228,13 @@ def decode_on_plan(
         paged = plan.in_place
         if paged.amx and not softcap and not sliding:
             return paged_amx.paged_attention(
-                q, k_cache, v_cache, paged.block_tables, paged.context_lens, scale
+                q,
+                k_cache,
+                v_cache,
+                paged.block_tables,
+                paged.context_lens,
+                scale,
+                split=paged.split,
             )
         return paged_decode.paged_decode(
             q,

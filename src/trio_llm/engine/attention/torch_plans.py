@@ -31,7 +31,11 @@ class InPlace:
     """A sliding-window layer's window (0: none)."""
     amx: bool = False
     """Run on the AMX kernel (ops/paged_amx.py) instead of the float one, where the layer does
-    not soft-cap its scores: every query of the step is one of its rows (batch invariance)."""
+    not soft-cap its scores or slide a window: every query of the step is one of its rows."""
+    split: bool = False
+    """On the AMX kernel, the probabilities in two bf16 parts (batch invariance: its quantized
+    matmuls round activations to int8 already, and the attention keeps the float kernel's
+    precision rather than SDPA's)."""
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class DecodePlan:
         window: int = 0,
         in_place: bool = False,
         amx: bool = False,
+        split: bool = False,
     ) -> DecodePlan:
         """`cache`: one layer's K (or V) cache; every layer's has its shape, dtype and device.
         `length`: attend over this many positions (masking those past each context) rather
@@ -73,7 +78,7 @@ class DecodePlan:
         sees only the last `window` positions (a sliding-window layer); without a fixed
         `length`, only the blocks that hold them are gathered. `in_place` (without a fixed
         `length`): a plan for the in-place kernel, which needs no gather; `amx`: on the AMX
-        one."""
+        one, `split` as `InPlace` says."""
         device = cache.device
         if in_place and length is None:
             nothing = torch.empty(0, dtype=torch.int64, device=device)
@@ -88,6 +93,7 @@ class DecodePlan:
                     as_tensor(context_lens.astype(np.int64, copy=False), device),
                     window,
                     amx,
+                    split,
                 ),
             )
         block_size = cache.shape[1]

@@ -15,9 +15,12 @@
 // operations for every row, and positions at or past a row's context length count for exactly
 // nothing (their probability is 0, not a tiny number). So a query's result depends on its own
 // context alone: a decode, a prefill chunk of any size and any batch give the same bits, and
-// decodes and prefill queries may share this kernel under invariance. The probabilities are
-// rounded to bf16 for the values' product, and the softmax's sum is taken over the rounded
-// values, so the weights that are summed are the weights that are normalized.
+// decodes and prefill queries may share this kernel under invariance. The probabilities enter
+// the values' product rounded to bf16, as SDPA's flash kernel takes them, or, asked (`split`,
+// as batch invariance asks, whose quantized matmuls already round activations to int8), as two
+// bf16 parts, the rounded value and what the rounding left: 16 bits where one bf16 keeps 8.
+// The softmax's sum is taken over the same parts, so the weights that are summed are the
+// weights that are normalized.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -162,7 +165,8 @@ struct Tile {
   alignas(64) float acc[kRows * kMaxDim];
   // One chunk's scores, probabilities (bf16) and values' sums.
   alignas(64) float scores[kRows * kKeys];
-  alignas(64) uint16_t probs[kRows * kKeys];
+  alignas(64) uint16_t probs[kRows * kKeys];     // each probability rounded to bf16
+  alignas(64) uint16_t residues[kRows * kKeys];  // and what that rounding left, in bf16
   alignas(64) float values[kRows * kMaxDim];
 };
 
@@ -221,16 +225,18 @@ void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
   }
 }
 
-// 2^x of 16 floats (x <= 0): 2^round(x) times a degree-4 polynomial of the rest (Taylor's,
-// relative error under 5e-5), enough for probabilities rounded to bf16 (2^-9) at half the
-// operations of `exp_lanes`; below 2^-126 it gives 2^-126, which no sum that holds a 1 sees.
+// 2^x of 16 floats (x <= 0): 2^round(x) times a degree-6 polynomial of the rest (Taylor's,
+// relative error under 1e-7, as float32's own rounding), with fewer operations than
+// `exp_lanes`; below 2^-126 it gives 2^-126, which no sum that holds a 1 sees.
 inline Lanes exp2_lanes(Lanes x) {
   x = x < -126.0f ? Lanes{} - 126.0f : x;
   const Lanes magic = Lanes{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const Lanes shifted = x + magic;
   const Lanes n = shifted - magic;
   const Lanes f = x - n;
-  Lanes p = Lanes{} + 9.6181291e-3f;
+  Lanes p = Lanes{} + 1.5403530e-4f;
+  p = p * f + 1.3333558e-3f;
+  p = p * f + 9.6181291e-3f;
   p = p * f + 5.5504109e-2f;
   p = p * f + 2.4022651e-1f;
   p = p * f + 6.9314718e-1f;
@@ -248,16 +254,18 @@ inline Lanes exp2_lanes(Lanes x) {
 // (`alpha`), the probabilities rounded to bf16 and their sum, all in base 2 (`scale` is the
 // scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
 // a row's context length get probability 0; a chunk wholly past it leaves the row as it was.
-void softmax_of(Tile& t, int64_t c, float scale) {
+void softmax_of(Tile& t, int64_t c, float scale, bool split) {
   const float ninf = -std::numeric_limits<float>::infinity();
   LanesI index;
   for (int j = 0; j < 16; ++j) index[j] = j;
   for (int64_t r = 0; r < kRows; ++r) {
     uint16_t* pr = t.probs + r * kKeys;
+    uint16_t* rr = t.residues + r * kKeys;
     const int64_t valid = r < t.rows ? std::clamp<int64_t>(t.len[r] - c, 0, kKeys) : 0;
     t.alpha[r] = 1.0f;
     if (valid == 0) {
       std::memset(pr, 0, kKeys * 2);
+      if (split) std::memset(rr, 0, kKeys * 2);
       continue;
     }
     const bool whole = valid == kKeys;
@@ -281,10 +289,18 @@ void softmax_of(Tile& t, int64_t c, float scale) {
       Lanes e = exp2_lanes(x[i] - top), rounded;
       if (!whole) e = keep[i] ? e : Lanes{};
       const LanesU bits = round_lanes(e, rounded);
-      total += rounded;
       __m512i wide;
       std::memcpy(&wide, &bits, sizeof wide);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + i * 16), _mm512_cvtepi32_epi16(wide));
+      if (!split) {
+        total += rounded;
+        continue;
+      }
+      Lanes rest;
+      const LanesU rest_bits = round_lanes(e - rounded, rest);
+      total += rounded + rest;
+      std::memcpy(&wide, &rest_bits, sizeof wide);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rr + i * 16), _mm512_cvtepi32_epi16(wide));
     }
     t.l[r] = t.l[r] * t.alpha[r] + lanes_sum(total);
   }
@@ -292,24 +308,36 @@ void softmax_of(Tile& t, int64_t c, float scale) {
 
 // The probabilities times the values by AMX (tiles 0-3 take four output blocks at a time, each
 // summed over the key halves in order).
-void values_of(Tile& t, const Shape& s, const uint16_t* vp) {
+void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
   const int64_t dim = s.dim, dbs = dim / 16;
+  const int parts = split ? 2 : 1;
+  const uint16_t* weights[2] = {t.probs, t.residues};
   for (int64_t db0 = 0; db0 < dbs; db0 += 4) {
     const int64_t nb = std::min<int64_t>(4, dbs - db0);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+    // Each key quarter twice: the rounded probabilities, then their residues (so the
+    // weights carry 16 bits, not bf16's 8; the values are bf16 as the cache holds them).
     for (int64_t kh = 0; kh < kKeys / 32; ++kh) {
-      _tile_loadd(4, t.probs + kh * 32, kKeys * 2);
       const uint16_t* vb = vp + (kh * dbs + db0) * 512;
       _tile_loadd(5, vb, 64);
       if (nb > 1) _tile_loadd(6, vb + 512, 64);
       if (nb > 2) _tile_loadd(7, vb + 1024, 64);
-      _tile_dpbf16ps(0, 4, 5);
-      if (nb > 1) _tile_dpbf16ps(1, 4, 6);
-      if (nb > 2) _tile_dpbf16ps(2, 4, 7);
-      if (nb > 3) { _tile_loadd(5, vb + 1536, 64); _tile_dpbf16ps(3, 4, 5); }
+      for (int part = 0; part < parts; ++part) {
+        _tile_loadd(4, weights[part] + kh * 32, kKeys * 2);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nb > 1) _tile_dpbf16ps(1, 4, 6);
+        if (nb > 2) _tile_dpbf16ps(2, 4, 7);
+      }
+      if (nb > 3) {
+        _tile_loadd(5, vb + 1536, 64);
+        for (int part = 0; part < parts; ++part) {
+          _tile_loadd(4, weights[part] + kh * 32, kKeys * 2);
+          _tile_dpbf16ps(3, 4, 5);
+        }
+      }
     }
     float* vo = t.values + db0 * 16;
     _tile_stored(0, vo, dim * 4);
@@ -344,7 +372,7 @@ struct Work {
 // run's keys read once for all of them.
 void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t* qp,
               const uint16_t* kc, const uint16_t* vc, const int64_t* tables, const int64_t* lens,
-              float scale, uint16_t* op, Work& w) {
+              float scale, bool split, uint16_t* op, Work& w) {
   const int64_t dim = s.dim, group = s.group;
   const int64_t rows = (b1 - b0) * group, ntiles = (rows + kRows - 1) / kRows;
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -376,11 +404,11 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
     for (int64_t i = 0; i < ntiles; ++i) scores_of(w.tiles[i], s, kp);
     if (c > 0)
       for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, c - kKeys);
-    for (int64_t i = 0; i < ntiles; ++i) softmax_of(w.tiles[i], c, base2);
+    for (int64_t i = 0; i < ntiles; ++i) softmax_of(w.tiles[i], c, base2, split);
     if (c + kKeys < hi)
       pack_chunk(kc, vc, s, table, g, c + kKeys, hi, w.kp.data() + ((n + 1) % 2) * kn,
                  w.vp.data() + ((n + 1) % 2) * 2 * kn);
-    for (int64_t i = 0; i < ntiles; ++i) values_of(w.tiles[i], s, vp);
+    for (int64_t i = 0; i < ntiles; ++i) values_of(w.tiles[i], s, vp, split);
   }
   if (hi > 0)
     for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, (hi - 1) / kKeys * kKeys);
@@ -411,10 +439,12 @@ bool available() {
 }
 
 // q [B, Hq, D] bf16; k_cache, v_cache [blocks, block_size, Hkv, D] bf16; block_tables [B, W]
-// int64; context_lens [B] int64 (the query's own position included). Returns [B, Hq, D].
+// int64; context_lens [B] int64 (the query's own position included); split: the probabilities
+// in two bf16 parts (16 bits), else one (8 bits, as SDPA's flash kernel takes them, and faster:
+// the two parts cost a prefill chunk a quarter more). Returns [B, Hq, D].
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
-                           const at::Tensor& context_lens, double scale) {
+                           const at::Tensor& context_lens, double scale, bool split) {
   TORCH_CHECK(available(), "paged_attention: no AMX tiles in this build or process");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes());
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
@@ -454,7 +484,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
     for (int64_t task = 0; task < tasks; ++task) {
       const auto [b0, b1] = runs[task / s.kv_heads];
       run_head(s, b0, b1, task % s.kv_heads, qp, kc, vc, tables, lens,
-               static_cast<float>(scale), op, w);
+               static_cast<float>(scale), split, op, w);
     }
   }
 #endif
