@@ -9,14 +9,15 @@
 #
 # Usage: bash bench/serving/interleaved.sh [ROUNDS]     (peers from bench/serving/setup_peers.sh
 #        and ../shared/peers/vllm_cpu_setup.sh, in $PEERS, default ../peers; TRIO_ALT_ENV="N=v"
-#        adds trio-llm under that environment to each round; LOAD="serve.py flags" replaces the
+#        adds trio-llm under that environment to each round, TRIO_ALT_ARGS="flags" with those
+#        flags too; LOAD="serve.py flags" replaces the
 #        load, e.g. the long-context row: LOAD="--concurrency 8 --input-len 1700 --output-len
 #        128 --num-prompts 8" (about 2,000 prompt tokens), with TRIO_ARGS="--max-model-len 4096"
 #        as vLLM's is)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 rounds="${1:-2}"
@@ -58,10 +59,10 @@ for round in $(seq "$rounds"); do
         --max-num-seqs 64 ${TRIO_ARGS:-}
     # TRIO_ALT_ENV="NAME=value ...": trio-llm once more per round with that environment (an A/B
     # of a setting that only an environment variable reaches, e.g. OMP_WAIT_POLICY).
-    if [[ -n "${TRIO_ALT_ENV:-}" ]]; then
+    if [[ -n "${TRIO_ALT_ENV:-}${TRIO_ALT_ARGS:-}" ]]; then
         # shellcheck disable=SC2086
-        serve_and_load trio-llm-alt "$round" env $TRIO_ALT_ENV $py -m trio_llm serve --port $port \
-            --log-level warning --max-num-seqs 64
+        serve_and_load trio-llm-alt "$round" env ${TRIO_ALT_ENV:-} $py -m trio_llm serve --port $port \
+            --log-level warning --max-num-seqs 64 ${TRIO_ALT_ARGS:-}
     fi
     serve_and_load vllm "$round" env VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 \
         VLLM_CPU_OMP_THREADS_BIND=0-1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \

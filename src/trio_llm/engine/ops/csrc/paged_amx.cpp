@@ -181,17 +181,20 @@ inline float hmax(Lanes a) {
 }
 
 typedef int32_t LanesI __attribute__((vector_size(kLanes * sizeof(int32_t))));
-typedef uint32_t LanesU __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 
-// Lanes rounded to bf16 (nearest even; no NaN reaches here): the bf16 bits in the low half of
-// each lane, and the rounded value as a float.
-inline LanesU round_lanes(Lanes x, Lanes& rounded) {
-  LanesU bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  std::memcpy(&rounded, &bits, sizeof rounded);
-  return bits >> 16;
+// Lanes rounded to bf16 by `vcvtneps2bf16` (nearest even, as AMX reads bf16: a denormal is
+// zero), and those bf16 widened back to floats.
+inline __m256i bf16_bits(Lanes x) {
+  __m512 v;
+  std::memcpy(&v, &x, sizeof v);
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+}
+
+inline Lanes widen_bits(__m256i bits) {
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16);
+  Lanes out;
+  std::memcpy(&out, &wide, sizeof out);
+  return out;
 }
 
 // A chunk of keys folded into a tile's rows in three passes, each over every tile of a task
@@ -225,18 +228,25 @@ void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
   }
 }
 
-// 2^x of 16 floats (x <= 0): 2^round(x) times a degree-6 polynomial of the rest (Taylor's,
-// relative error under 1e-7, as float32's own rounding), with fewer operations than
-// `exp_lanes`; below 2^-126 it gives 2^-126, which no sum that holds a 1 sees.
+// 2^x of 16 floats (x <= 0): 2^round(x) times a polynomial of the rest (Taylor's, relative
+// error under 5e-5 at degree 4, enough for weights rounded to bf16, under 1e-7 at degree 6, as
+// float32's own rounding), with fewer operations than `exp_lanes`; below 2^-126 it gives
+// 2^-126, which no sum that holds a 1 sees.
+template <int Degree>
 inline Lanes exp2_lanes(Lanes x) {
   x = x < -126.0f ? Lanes{} - 126.0f : x;
   const Lanes magic = Lanes{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const Lanes shifted = x + magic;
   const Lanes n = shifted - magic;
   const Lanes f = x - n;
-  Lanes p = Lanes{} + 1.5403530e-4f;
-  p = p * f + 1.3333558e-3f;
-  p = p * f + 9.6181291e-3f;
+  Lanes p;
+  if constexpr (Degree >= 6) {
+    p = Lanes{} + 1.5403530e-4f;
+    p = p * f + 1.3333558e-3f;
+    p = p * f + 9.6181291e-3f;
+  } else {
+    p = Lanes{} + 9.6181291e-3f;
+  }
   p = p * f + 5.5504109e-2f;
   p = p * f + 2.4022651e-1f;
   p = p * f + 6.9314718e-1f;
@@ -254,7 +264,9 @@ inline Lanes exp2_lanes(Lanes x) {
 // (`alpha`), the probabilities rounded to bf16 and their sum, all in base 2 (`scale` is the
 // scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
 // a row's context length get probability 0; a chunk wholly past it leaves the row as it was.
-void softmax_of(Tile& t, int64_t c, float scale, bool split) {
+template <bool Split>
+void softmax_of(Tile& t, int64_t c, float scale) {
+  constexpr int kDegree = Split ? 6 : 4;
   const float ninf = -std::numeric_limits<float>::infinity();
   LanesI index;
   for (int j = 0; j < 16; ++j) index[j] = j;
@@ -265,7 +277,7 @@ void softmax_of(Tile& t, int64_t c, float scale, bool split) {
     t.alpha[r] = 1.0f;
     if (valid == 0) {
       std::memset(pr, 0, kKeys * 2);
-      if (split) std::memset(rr, 0, kKeys * 2);
+      if (Split) std::memset(rr, 0, kKeys * 2);
       continue;
     }
     const bool whole = valid == kKeys;
@@ -282,25 +294,21 @@ void softmax_of(Tile& t, int64_t c, float scale, bool split) {
       top_lanes = vmax(top_lanes, x[i]);
     }
     const float top = std::max(t.m[r], hmax(top_lanes));
-    t.alpha[r] = t.m[r] == ninf ? 0.0f : exp2_lanes(Lanes{} + (t.m[r] - top))[0];
+    t.alpha[r] = t.m[r] == ninf ? 0.0f : exp2_lanes<kDegree>(Lanes{} + (t.m[r] - top))[0];
     t.m[r] = top;
     Lanes total{};
     for (int i = 0; i < kVecs; ++i) {
-      Lanes e = exp2_lanes(x[i] - top), rounded;
+      Lanes e = exp2_lanes<kDegree>(x[i] - top);
       if (!whole) e = keep[i] ? e : Lanes{};
-      const LanesU bits = round_lanes(e, rounded);
-      __m512i wide;
-      std::memcpy(&wide, &bits, sizeof wide);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + i * 16), _mm512_cvtepi32_epi16(wide));
-      if (!split) {
-        total += rounded;
-        continue;
+      const __m256i bits = bf16_bits(e);
+      const Lanes rounded = widen_bits(bits);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + i * 16), bits);
+      total += rounded;
+      if constexpr (Split) {
+        const __m256i rest = bf16_bits(e - rounded);
+        total += widen_bits(rest);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(rr + i * 16), rest);
       }
-      Lanes rest;
-      const LanesU rest_bits = round_lanes(e - rounded, rest);
-      total += rounded + rest;
-      std::memcpy(&wide, &rest_bits, sizeof wide);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rr + i * 16), _mm512_cvtepi32_epi16(wide));
     }
     t.l[r] = t.l[r] * t.alpha[r] + lanes_sum(total);
   }
@@ -404,7 +412,10 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
     for (int64_t i = 0; i < ntiles; ++i) scores_of(w.tiles[i], s, kp);
     if (c > 0)
       for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, c - kKeys);
-    for (int64_t i = 0; i < ntiles; ++i) softmax_of(w.tiles[i], c, base2, split);
+    for (int64_t i = 0; i < ntiles; ++i) {
+      if (split) softmax_of<true>(w.tiles[i], c, base2);
+      else softmax_of<false>(w.tiles[i], c, base2);
+    }
     if (c + kKeys < hi)
       pack_chunk(kc, vc, s, table, g, c + kKeys, hi, w.kp.data() + ((n + 1) % 2) * kn,
                  w.vp.data() + ((n + 1) % 2) * 2 * kn);
