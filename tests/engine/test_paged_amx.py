@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
+from trio_llm.engine.attention.interface import StepLayout
+from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.attention.torch_plans import queries_as_decodes
 from trio_llm.engine.ops import paged_amx
 from trio_llm.kernels import decode_attention_ref
@@ -149,3 +152,51 @@ def test_a_row_is_the_same_alone_in_any_batch_and_on_any_threads(split: bool) ->
             split=split,
         )
         assert torch.equal(alone, batched[b : b + 1]), b
+
+
+@pytest.mark.parametrize("num_decodes", [1, 3])
+@pytest.mark.parametrize("bucket", [0, 64])
+def test_a_mixed_step_equals_the_reference_on_the_backend(num_decodes: int, bucket: int) -> None:
+    """The torch backend's step on a bf16 cache, plain layers: decodes beside a prompt chunk
+    that follows earlier positions of its sequence. Every way the step is laid out (a lone
+    decode on the float kernel beside the prompt on tiles, everything on tiles, invariance's
+    split probabilities) gives each query its causal attention."""
+    heads, kv_heads, dim, block = 9, 3, 64, 16
+    decode_lens = [37, 130, 250][:num_decodes]
+    prompt_start, prompt_rows = 100, 70  # the chunk's queries are positions 100..169
+    lens = [*decode_lens, prompt_start + prompt_rows]
+    _, k_cache, v_cache, tables, _ = paged(lens, heads, kv_heads, dim, block)
+    gen = torch.Generator().manual_seed(3)
+    rows = num_decodes + prompt_rows
+    q = torch.randn(rows, heads, dim, generator=gen).bfloat16()
+    k_new = torch.randn(rows, kv_heads, dim, generator=gen).bfloat16()
+    v_new = torch.randn(rows, kv_heads, dim, generator=gen).bfloat16()
+    positions = [n - 1 for n in decode_lens] + list(range(prompt_start, prompt_start + prompt_rows))
+    owners = list(range(num_decodes)) + [num_decodes] * prompt_rows
+    slots = np.array(
+        [int(tables[b, p // block]) * block + p % block for b, p in zip(owners, positions)]
+    )
+    layout = StepLayout(
+        num_decodes=num_decodes,
+        block_tables=tables.numpy(),
+        cu_seqlens_q=np.array([*range(num_decodes + 1), rows]),
+        context_lens=np.array(lens),
+        slot_mapping=slots,
+        key_bucket=bucket,
+        plain_attention=True,
+    )
+    meta = TorchAttentionMetadata.build(layout, k_cache)
+    out = meta.forward(q, k_new, v_new, k_cache, v_cache, 0.125)
+    # The reference: each query as a decode over its own context, from the cache just written.
+    q_tables, q_lens = queries_as_decodes(tables.numpy(), layout.cu_seqlens_q, layout.context_lens)
+    want = decode_attention_ref(
+        q.float(),
+        k_cache.float(),
+        v_cache.float(),
+        torch.from_numpy(q_tables),
+        torch.from_numpy(q_lens),
+        0.125,
+    )
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    lone = num_decodes == 1 and not bucket
+    assert (meta.prefills_as_decodes is not None) == lone
