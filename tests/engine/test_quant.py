@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as Q
 
 from trio_llm.engine.models import gguf_weights
 from trio_llm.engine.models.llama import LlamaForward
+from trio_llm.engine.ops import row_exact
 from trio_llm.engine.quant import (
     Int4Weight,
     Int8Weight,
@@ -24,7 +25,7 @@ from trio_llm.engine.quant import (
     quantize_int4,
     quantize_int8,
 )
-from trio_llm.engine.quant.weights import split_int8
+from trio_llm.engine.quant.weights import W8A8_FEW_ROWS, split_int8
 
 BF16 = torch.bfloat16
 
@@ -291,3 +292,26 @@ def test_int8_activations_are_row_exact_and_close_to_the_weight_only_kernel() ->
     assert torch.equal(w8a8.matmul(x, None), alone)
     reference = weight_only.matmul(x, None).float()
     assert (alone.float() - reference).abs().max() < 0.02 * reference.abs().max()
+
+
+def test_w8a8_calls_of_few_rows_take_the_row_exact_kernel_only_without_invariance() -> None:
+    """Without invariance a W8A8 call of fewer than W8A8_FEW_ROWS rows runs on the row-exact
+    kernel's packing (torch._int_mm's set-up dominates there), close to the integer matmul;
+    with invariance (`dense=False`) every call keeps the integer matmul, row-exact at any
+    size."""
+    packing = row_exact.kernel(False, BF16) or row_exact.kernel(True, BF16)
+    if packing is None:
+        pytest.skip("no row-exact kernel on this CPU class")
+    torch.manual_seed(2)
+    weight = quantize_int8(torch.randn(192, 576) * 0.05, BF16, int8_activations=True)
+    x = torch.randn(W8A8_FEW_ROWS, 576).to(BF16)
+    integer = weight.matmul(x, None)
+    weight.keep_few_rows(packing)
+    assert weight.exact is not None
+    few = dispatching(torch.nn.functional.linear)(x[:4], weight, None)
+    assert torch.equal(few, weight.exact.matmul(x[:4]))
+    assert (few.float() - integer[:4].float()).abs().max() < 0.02 * integer.abs().max().float()
+    # At W8A8_FEW_ROWS rows, and with invariance at any size: the integer matmul.
+    assert torch.equal(dispatching(torch.nn.functional.linear)(x, weight, None), integer)
+    exact_hook = dispatching(torch.nn.functional.linear, dense=False)
+    assert torch.equal(exact_hook(x[:4], weight, None), integer[:4])

@@ -192,12 +192,22 @@ class Int8Weight:
     """As Int4Weight's: the dequantized matrix kept for calls of many rows."""
     dense_rows: int = 0
     exact: RowsExact | IntRows | None = None
-    """As Int4Weight's: the same values multiplied by a row-exact kernel."""
+    """As Int4Weight's: the same values multiplied by a row-exact kernel. W8A8 weights: set
+    only without invariance (`keep_few_rows`), for calls of fewer than `W8A8_FEW_ROWS` rows."""
 
     def keep_exact(self, packing: type[RowsExact] | type[IntRows] = RowsExact) -> None:
         """Repack for a row-exact kernel (`exact`, as Int4Weight's); W8A8 weights keep their
         integer matmul, which is row-exact already."""
         if not self.int8_activations:
+            self.exact = packing.pack8(self.q, self.scales)
+
+    def keep_few_rows(self, packing: type[RowsExact] | type[IntRows]) -> None:
+        """W8A8 without invariance: a row-exact kernel's packing for calls of few rows, where
+        `torch._int_mm`'s set-up dominates (one row of 576 x 1536: 71 us against the integer
+        kernel's 8, on an AMX Xeon). Its activations are int8 per block of 32, not per row, so
+        a row's result then depends on how many rows share its call, as the dense copies make
+        it for the other formats."""
+        if self.int8_activations:
             self.exact = packing.pack8(self.q, self.scales)
 
     @property
@@ -265,6 +275,11 @@ def split_int8(q: Tensor, scale: Tensor, dtype: torch.dtype) -> Int4Weight:
 
 QuantizedWeight = Int4Weight | Int8Weight
 
+W8A8_FEW_ROWS = 32
+"""W8A8 calls of fewer rows take the row-exact kernel's packing where one is kept: on an AMX
+Xeon its integer kernel took 0.11-0.58x `torch._int_mm`'s time from 1 to 16 rows, 0.65-1.05x at
+32."""
+
 
 def kernel_dtype(activations: torch.dtype) -> torch.dtype:
     """The dtype quantized weights multiply in for activations of `activations`: their own
@@ -294,7 +309,12 @@ def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
             return inner(x, weight, bias)
         if x.dtype != weight.dtype:  # float32 activations (`kernel_dtype`)
             return linear(x.to(weight.dtype), weight, bias).to(x.dtype)
-        if dense and not (isinstance(weight, Int8Weight) and weight.int8_activations):
+        if isinstance(weight, Int8Weight) and weight.int8_activations:
+            if dense and weight.exact is not None and x.shape[0] < W8A8_FEW_ROWS:
+                out = weight.exact.matmul(x)
+                return out if bias is None else out + bias
+            return weight.matmul(x, bias)
+        if dense:
             rows = x.shape[0]
             if weight.dense is not None:
                 if rows >= weight.dense_rows:

@@ -291,6 +291,8 @@ class ModelRunner:
         for weight in weights:
             if quant.is_quantized(weight):
                 weight.keep_exact(packing)  # type: ignore[union-attr]
+                if not self.invariance.on and isinstance(weight, quant.Int8Weight):
+                    weight.keep_few_rows(packing)
         log.info("quantized weights on %s", packing.describe())
 
     def _logits_of_decodes(
