@@ -474,7 +474,7 @@ def test_the_own_forward_s_weights_are_counted_on_any_plan(
     ("float_path", "int_path", "on", "exact"),
     [
         ("avx512_bf16", "vnni", True, True),  # the float kernel: invariance nearly free
-        ("amx", "vnni", False, True),  # the integer kernel, for few rows (prefill 1.5-1.7x with it)
+        ("amx", "vnni", False, True),  # the integer kernel, for few rows (prefill 1.7-2.2x with it)
         ("amx", None, False, False),  # no integer kernel: torch's
     ],
 )

@@ -157,7 +157,7 @@ def test_auto_keeps_invariance_only_where_its_price_was_measured_small(
     monkeypatch: pytest.MonkeyPatch, float_path: str, int_path: str, free: bool
 ) -> None:
     """On an AMX machine the integer kernel makes decode steps nearly free with invariance but a
-    prefill 1.5-1.7x as long (bench/results/step_profile_amx_attention.md): `auto` keeps it off
+    prefill 1.7-2.2x as long (bench/results/step_profile_amx_attention.md): `auto` keeps it off
     there."""
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)

@@ -39,8 +39,8 @@ def invariance_free(dtype: torch.dtype) -> bool:
     default's kernel makes it cost little, measured. The float kernel on AVX512-BF16 without
     AMX: decode steps 0.94-1.08x, a prefill 1.08-1.23x (an AMD EPYC,
     bench/results/step_profile_invariant.md). Not the integer kernel on AMX: decode steps
-    1.02-1.08x, but a 1,000-token prefill 1.5-1.7x (an AMX Xeon, bench/results/
+    0.95-1.03x, but a 1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon, bench/results/
     step_profile_amx_attention.md; 3-3.7x before the attention ran on AMX tiles), and served
-    under load 0.85-0.9x the tok/s: without invariance oneDNN's AMX matmuls on dense copies take
+    under load 0.86-0.93x the tok/s: without invariance oneDNN's AMX matmuls on dense copies take
     a prompt's rows, with it this kernel on VNNI (half a prefill's time)."""
     return kernel(False, dtype) is RowsExact

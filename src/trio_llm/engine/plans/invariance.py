@@ -285,8 +285,8 @@ def decide(
             fastest(dtype, device),
             False,
             "quantized weights would keep every prefill chunk on the row-exact quantized "
-            "kernels (on an AMX Xeon a 1,000-token prefill 1.5-1.7x as long, served tok/s "
-            "0.85-0.9x under load; decode steps cost nothing there); --batch-invariant on "
+            "kernels (on an AMX Xeon a prompt 1.7-2.2x as long, served tok/s "
+            "0.86-0.93x under load; decode steps cost nothing there); --batch-invariant on "
             "does that",
         )
     reason = unavailable_reason(
