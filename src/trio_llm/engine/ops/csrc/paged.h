@@ -20,6 +20,12 @@ struct Shape {
       : batch(q.size(0)), heads(q.size(1)), dim(q.size(2)), block_size(cache.size(1)),
         kv_heads(cache.size(2)), group(heads / kv_heads), table_width(block_tables.size(1)),
         token_stride(kv_heads * dim), block_stride(block_size * token_stride) {}
+
+  // Where position `pos` of the sequence with block table `table` lies in a layer's cache
+  // (elements from its start; add a KV head's offset for its part of the row).
+  int64_t slot(const int64_t* table, int64_t pos) const {
+    return table[pos / block_size] * block_stride + (pos % block_size) * token_stride;
+  }
 };
 
 // Consecutive rows with the same block table (one sequence's queries, as batch invariance lays

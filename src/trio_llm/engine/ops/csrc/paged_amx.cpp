@@ -1,6 +1,6 @@
 // Attention over the paged KV cache in place on AMX tiles, for bf16 caches: the queries of a
 // step (decodes, and prefill queries laid out as decodes of their own positions) scored and
-// summed by `tdpbf16ps`, a flash-attention loop over 64-key chunks of each sequence.
+// summed by `tdpbf16ps`, a flash-attention loop over 128-key chunks of each sequence.
 //
 // Why a second kernel beside paged_decode.cpp: that one widens every key and value to float32
 // and sums in vector lanes, which is right for a decode's one query a head but leaves a prefill
@@ -10,7 +10,7 @@
 //
 // Why it keeps batch invariance: a row of an AMX product depends on its own A row and the B
 // tile alone (the instruction's order of sums is fixed per element), so a query's scores are
-// the same bits in a tile of 1 row or of 16. The keys come in chunks of 64 aligned to position
+// the same bits in a tile of 1 row or of 16. The keys come in chunks of 128 aligned to position
 // 0 of the sequence, each chunk folded into the running softmax (max, sum, values) by the same
 // operations for every row, and positions at or past a row's context length count for exactly
 // nothing (their probability is 0, not a tiny number). So a query's result depends on its own
@@ -100,9 +100,7 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
   alignas(64) static thread_local uint16_t zeros[kMaxDim] = {};
   for (int64_t n = 0; n < kKeys; ++n) {
     if (n < valid) {
-      const int64_t pos = c + n;
-      const int64_t at = table[pos / s.block_size] * s.block_stride +
-                         (pos % s.block_size) * s.token_stride + g * dim;
+      const int64_t at = s.slot(table, c + n) + g * dim;
       krow[n] = kc + at;
       vrow[n] = vc + at;
     } else {
@@ -114,9 +112,7 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
   // bound by reading the cache).
   const int64_t ahead = std::min(kKeys, end - c - kKeys);
   for (int64_t n = 0; n < ahead; ++n) {
-    const int64_t pos = c + kKeys + n;
-    const int64_t at = table[pos / s.block_size] * s.block_stride +
-                       (pos % s.block_size) * s.token_stride + g * dim;
+    const int64_t at = s.slot(table, c + kKeys + n) + g * dim;
     for (int64_t b = 0; b < dim * 2; b += 64) {
       __builtin_prefetch(reinterpret_cast<const char*>(kc + at) + b);
       __builtin_prefetch(reinterpret_cast<const char*>(vc + at) + b);
@@ -154,10 +150,9 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
 }
 
 // The per-row state of a tile: the running max, the running sum of the (rounded) probabilities
-// and the float32 value sums, and the row's query and context length.
+// and the float32 value sums, and the row's output and context length.
 struct Tile {
   int64_t rows = 0;
-  const uint16_t* q[kRows] = {};
   uint16_t* out[kRows] = {};
   int64_t len[kRows] = {};
   float m[kRows], l[kRows], alpha[kRows];
@@ -179,8 +174,6 @@ inline float hmax(Lanes a) {
   a = vmax(a, __builtin_shufflevector(a, a, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));
   return a[0];
 }
-
-typedef int32_t LanesI __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 // Lanes rounded to bf16 by `vcvtneps2bf16` (nearest even, as AMX reads bf16: a denormal is
 // zero), and those bf16 widened back to floats.
@@ -251,7 +244,7 @@ inline Lanes exp2_lanes(Lanes x) {
   p = p * f + 2.4022651e-1f;
   p = p * f + 6.9314718e-1f;
   p = p * f + 1.0f;
-  LanesI bits, whole;
+  LanesInt bits, whole;
   std::memcpy(&bits, &p, sizeof bits);
   std::memcpy(&whole, &shifted, sizeof whole);
   bits += (whole - 0x4b400000) << 23;  // n, read from the rounded sum's low bits
@@ -268,7 +261,7 @@ template <bool Split>
 void softmax_of(Tile& t, int64_t c, float scale) {
   constexpr int kDegree = Split ? 6 : 4;
   const float ninf = -std::numeric_limits<float>::infinity();
-  LanesI index;
+  LanesInt index;
   for (int j = 0; j < 16; ++j) index[j] = j;
   for (int64_t r = 0; r < kRows; ++r) {
     uint16_t* pr = t.probs + r * kKeys;
@@ -283,7 +276,7 @@ void softmax_of(Tile& t, int64_t c, float scale) {
     const bool whole = valid == kKeys;
     constexpr int kVecs = kKeys / 16;
     Lanes x[kVecs];
-    LanesI keep[kVecs];
+    LanesInt keep[kVecs];
     Lanes top_lanes = Lanes{} + ninf;
     for (int i = 0; i < kVecs; ++i) {
       x[i] = load_lanes(t.scores + r * kKeys + i * 16) * scale;
@@ -370,9 +363,11 @@ void accumulate(Tile& t, const Shape& s, int64_t c) {
   }
 }
 
+// A thread's buffers, kept across calls: allocating and zeroing them per call cost a lone
+// decode more than its arithmetic (256 KiB a thread a layer).
 struct Work {
-  std::vector<uint32_t> kp;
-  std::vector<uint16_t> vp;
+  std::vector<uint32_t> kp = std::vector<uint32_t>(2 * kKeys * kMaxDim / 2);  // two chunks:
+  std::vector<uint16_t> vp = std::vector<uint16_t>(2 * kKeys * kMaxDim);      // read, packed
   std::vector<Tile> tiles;
 };
 
@@ -392,11 +387,10 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
     for (int64_t r = 0; r < kRows; ++r) t.m[r] = ninf, t.l[r] = 0.0f;
     for (int64_t r = 0; r < t.rows; ++r) {
       const int64_t row = i * kRows + r, b = b0 + row / group, h = g * group + row % group;
-      t.q[r] = qp + (b * s.heads + h) * dim;
       t.out[r] = op + (b * s.heads + h) * dim;
       t.len[r] = lens[b];
       hi = std::max(hi, lens[b]);
-      std::memcpy(t.qbuf + r * dim, t.q[r], dim * 2);
+      std::memcpy(t.qbuf + r * dim, qp + (b * s.heads + h) * dim, dim * 2);
       std::memset(t.acc + r * dim, 0, dim * 4);
     }
   }
@@ -488,9 +482,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   {
     SavedTiles saved;
     configure();
-    Work w;
-    w.kp.resize(2 * kKeys * kMaxDim / 2);  // two chunks: one being read, the next packed
-    w.vp.resize(2 * kKeys * kMaxDim);
+    static thread_local Work w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const auto [b0, b1] = runs[task / s.kv_heads];

@@ -164,7 +164,7 @@ template <typename T>
 inline void prefetch_row(const T* cache, const Shape& s, const int64_t* table, int64_t pos,
                          int64_t offset, int64_t used) {
   const char* p = reinterpret_cast<const char*>(
-      cache + table[pos / s.block_size] * s.block_stride + (pos % s.block_size) * s.token_stride +
+      cache + s.slot(table, pos) +
       offset);
   for (int64_t b = 0; b < used * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
 }
@@ -177,8 +177,7 @@ void chunk_to_float(const T* cache, const Shape& s, const int64_t* table, int64_
   for (int64_t t = 0; t < m; ++t) {
     const int64_t pos = c + t;
     if (pos + kAhead < end) prefetch_row(cache, s, table, pos + kAhead, offset, used);
-    to_float(cache + table[pos / s.block_size] * s.block_stride +
-                 (pos % s.block_size) * s.token_stride + offset,
+    to_float(cache + s.slot(table, pos) + offset,
              out + t * used, used);
   }
 }
