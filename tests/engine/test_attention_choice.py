@@ -1,8 +1,8 @@
 """Which attention kernel the torch backend plans a CPU step on, with the machine faked (the
 AMX kernel's presence is a property of the CPU class): every query on AMX tiles where they run
-and the model's layers attend plainly, a lone decode on the float kernel beside a prompt
-without invariance, and SDPA with the float kernel elsewhere. Only the plans are checked, so
-this runs on every class; tests/engine/test_paged_amx.py runs the kernel where it exists."""
+and the model's layers attend plainly, and SDPA with the float kernel elsewhere. Only the plans
+are checked, so this runs on every class; tests/engine/test_paged_amx.py runs the kernel where
+it exists."""
 
 from __future__ import annotations
 
@@ -55,25 +55,14 @@ def no_amx(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("amx_here")
-def test_with_amx_every_query_is_a_decode_on_the_tiles(cache: torch.Tensor) -> None:
-    meta = TorchAttentionMetadata.build(layout(4, 30), cache)
-    assert meta.num_decodes == 34 and meta.decode is not None
+@pytest.mark.parametrize("decodes", [1, 4])
+def test_with_amx_every_query_is_a_decode_on_the_tiles(cache: torch.Tensor, decodes: int) -> None:
+    meta = TorchAttentionMetadata.build(layout(decodes, 30), cache)
+    assert meta.num_decodes == decodes + 30 and meta.decode is not None
     assert meta.decode.in_place is not None and meta.decode.in_place.amx
     assert not meta.decode.in_place.split and not meta.prefills
-
-
-@pytest.mark.usefixtures("amx_here")
-def test_a_lone_decode_keeps_the_float_kernel_beside_a_prompt_on_the_tiles(
-    cache: torch.Tensor,
-) -> None:
-    meta = TorchAttentionMetadata.build(layout(1, 30), cache)
-    assert meta.num_decodes == 1 and meta.decode is not None
-    assert meta.decode.in_place is not None and not meta.decode.in_place.amx
-    assert meta.prefills_as_decodes is not None
-    tiles = meta.prefills_as_decodes.in_place
-    assert tiles is not None and tiles.amx
-    # The prompt's queries at positions 0..29: context lengths 1..30.
-    assert tiles.context_lens.tolist() == list(range(1, 31))
+    # The prompt's queries at positions 0..29: context lengths 1..30, after the decodes' 40.
+    assert meta.decode.in_place.context_lens.tolist() == [40] * decodes + list(range(1, 31))
 
 
 @pytest.mark.usefixtures("amx_here")
@@ -84,7 +73,7 @@ def test_invariance_puts_every_query_on_the_tiles_with_split_probabilities(
         meta = TorchAttentionMetadata.build(layout(decodes, 30, bucket=64), cache)
         assert meta.decode is not None and meta.decode.in_place is not None
         assert meta.decode.in_place.amx and meta.decode.in_place.split
-        assert meta.num_decodes == decodes + 30 and meta.prefills_as_decodes is None
+        assert meta.num_decodes == decodes + 30
 
 
 @pytest.mark.usefixtures("amx_here")
@@ -100,7 +89,7 @@ def test_layers_with_windows_or_soft_caps_keep_sdpa_without_invariance(
 @pytest.mark.usefixtures("no_amx")
 def test_without_amx_prompts_take_sdpa_and_decodes_the_float_kernel(cache: torch.Tensor) -> None:
     meta = TorchAttentionMetadata.build(layout(4, 30), cache)
-    assert meta.num_decodes == 4 and meta.prefills and meta.prefills_as_decodes is None
+    assert meta.num_decodes == 4 and meta.prefills
     assert meta.decode is not None and meta.decode.in_place is not None
     assert not meta.decode.in_place.amx
     invariant = TorchAttentionMetadata.build(layout(4, 30, bucket=64), cache)

@@ -158,9 +158,8 @@ def test_a_row_is_the_same_alone_in_any_batch_and_on_any_threads(split: bool) ->
 @pytest.mark.parametrize("bucket", [0, 64])
 def test_a_mixed_step_equals_the_reference_on_the_backend(num_decodes: int, bucket: int) -> None:
     """The torch backend's step on a bf16 cache, plain layers: decodes beside a prompt chunk
-    that follows earlier positions of its sequence. Every way the step is laid out (a lone
-    decode on the float kernel beside the prompt on tiles, everything on tiles, invariance's
-    split probabilities) gives each query its causal attention."""
+    that follows earlier positions of its sequence. Every query on the tiles, with one bf16
+    part a probability or invariance's two, gets its causal attention."""
     heads, kv_heads, dim, block = 9, 3, 64, 16
     decode_lens = [37, 130, 250][:num_decodes]
     prompt_start, prompt_rows = 100, 70  # the chunk's queries are positions 100..169
@@ -198,5 +197,5 @@ def test_a_mixed_step_equals_the_reference_on_the_backend(num_decodes: int, buck
         0.125,
     )
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
-    lone = num_decodes == 1 and not bucket
-    assert (meta.prefills_as_decodes is not None) == lone
+    assert meta.decode is not None and meta.decode.in_place is not None
+    assert meta.decode.in_place.amx and meta.decode.in_place.split == bool(bucket)

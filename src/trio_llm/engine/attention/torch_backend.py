@@ -42,9 +42,6 @@ from trio_llm.engine.attention.torch_plans import (
 from trio_llm.engine.ops import paged_amx, paged_decode
 from trio_llm.engine.ops.threads import rowwise
 
-LONE_DECODES = 2
-"""Fewer decodes than this in a step without invariance keep the float kernel on AMX machines."""
-
 
 @dataclass(slots=True)
 class TorchAttentionMetadata:
@@ -61,9 +58,6 @@ class TorchAttentionMetadata:
     """Row offsets relative to row `num_decodes`."""
     bucketed: list[BucketedChunk] = field(default_factory=list)
     """With key buckets: the prefill queries as decodes, instead of `prefills`."""
-    prefills_as_decodes: DecodePlan | None = None
-    """The prefill queries as decodes on AMX tiles, instead of `prefills` (beside a lone decode
-    on the float kernel)."""
     fresh_kv: bool = True
     """A chunk that is its sequence's whole context may attend over the new K/V directly."""
     layout: StepLayout | None = None
@@ -105,26 +99,14 @@ class TorchAttentionMetadata:
         tables, lens = layout.block_tables, layout.context_lens
         in_place = paged_decode.supports(cache)
         amx = not window and paged_amx.serves(cache)
-        if amx and layout.plain_attention and not bucket and 0 < nd < LONE_DECODES:
-            # Without invariance a lone decode keeps the float kernel: the tiles split one
-            # query's three KV heads between two threads unevenly (0.022 against 0.019 ms a
-            # layer at 250 positions); the prompts' queries take the tiles.
-            meta.decode = DecodePlan.build(tables[:nd], lens[:nd], cache, in_place=in_place)
-            q_tables, q_lens = queries_as_decodes(
-                tables[nd:], layout.cu_seqlens_q[nd:] - layout.cu_seqlens_q[nd], lens[nd:]
-            )
-            meta.prefills_as_decodes = DecodePlan.build(
-                q_tables, q_lens, cache, in_place=True, amx=True
-            )
-            return meta
         if (bucket and in_place) or (amx and layout.plain_attention):
             # Every query, decode or prefill, as a decode of its own position
             # (`queries_as_decodes`), so the whole step is `decode`: with invariance, on the
             # in-place kernel, which computes a query from its own context alone; and on AMX
             # tiles wherever they run (a layer with a window or a soft-cap keeps the float
             # kernel), invariance or not: the tiles take a prefill's queries faster than SDPA
-            # does (0.77-0.95x its time, bench/results/step_profile_amx_attention.md) and
-            # batched decodes faster than the float kernel.
+            # does (0.74-0.85x its time for 512-query chunks) and decodes faster than the float
+            # kernel (0.62-0.81x; docs/notes/2026-12-06-sixth.md).
             q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
             meta.num_decodes = len(q_lens)
             meta.decode = DecodePlan.build(
@@ -200,11 +182,6 @@ class TorchAttentionMetadata:
             return out
 
         def prefills(qp: Tensor, out: Tensor) -> None:
-            if plans.prefills_as_decodes is not None:
-                out.copy_(
-                    decode_on_plan(qp, k_cache, v_cache, plans.prefills_as_decodes, scale, softcap)
-                )
-                return
             if plans.bucketed:
                 _prefill_as_decodes(qp, k_cache, v_cache, plans.bucketed, scale, out, softcap)
                 return
