@@ -112,6 +112,12 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     every step takes prompt tokens up to the token budget. Off by default: served in turn on
     the default model (2-core EPYC, closed loop, 64 out), 50 ms made c=32 0.75x the tok/s
     and 2.5x the TTFT p99 of off (ITL p99 0.15x), c=8 0.80x."""
+    long_prefill_ms: float = 50.0
+    """Prompt time of any one request a step with running streams may carry (engine/step/
+    pacing.py): a longer prompt beside streams is computed in chunks of that length, so no one
+    request holds the streams for longer; 0: off (one chunk up to the token budget). A stream's
+    longest gap is then about this plus its own decode step (6-15 ms at 1-8 streams on the
+    default model): under the 100 ms issue 40 asks beside any one request."""
     num_threads: int | None = None
     """torch intra-op threads in the engine (CTranslate2's, in a speech engine); None: one per
     core."""
@@ -185,8 +191,8 @@ DEVICE_DEFAULTS = {
     # 2048, vLLM's default for a CPU server: served in turn on the default model (AMX Xeon,
     # closed loop, 171-token prompts), 2048 gave 1.09x the tok/s of 512 at c=8 and 1.06x at
     # c=32, with 0.76x the TTFT p99 and a lower ITL p99 (fewer steps carry a prompt). A long
-    # prompt then holds running streams for one longer step instead of several short ones;
-    # --prefill-pace-ms bounds that. 1 GiB of KV holds 43k tokens of SmolLM2-135M in float32.
+    # prompt then would hold running streams for one longer step instead of several short ones;
+    # --long-prefill-ms bounds that. 1 GiB of KV holds 43k tokens of SmolLM2-135M in float32.
     "cpu": DeviceDefaults(max_num_batched_tokens=2048, kv_cache_bytes=CPU_KV_CACHE_BYTES),
     # A GPU step of a few hundred tokens is launch-bound: 8192 tokens (vLLM's offline default)
     # let prefills fill the matmuls; the KV cache takes most of the memory.

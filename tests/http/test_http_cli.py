@@ -39,6 +39,7 @@ def test_every_flag() -> None:
             "--max-model-len", "256",
             "--max-num-seqs", "4",
             "--max-num-batched-tokens", "1024",
+            "--long-prefill-ms", "20",
             "--kv-cache-memory", "64MiB",
             "--dtype", "float32",
             "--device", "cpu",
@@ -66,7 +67,7 @@ def test_every_flag() -> None:
         4,
     )
     assert (e.kv_cache_memory, e.dtype, e.device) == ("64MiB", "float32", "cpu")
-    assert e.step_token_budget("cpu") == 1024
+    assert e.step_token_budget("cpu") == 1024 and e.long_prefill_ms == 20
     assert (e.num_threads, e.stream_interval, e.single_token_dtype) == (2, 4, "float16")
     assert (e.batch_invariant, e.model_impl, e.enforce_eager) == ("on", "transformers", True)
     assert (config.host, config.port, config.api_key) == ("0.0.0.0", 9000, "k")
@@ -105,6 +106,8 @@ def test_environment_supplies_defaults_and_flags_win() -> None:
         (["--port", "x"], {}),
         (["--max-num-seqs", "0"], {}),
         (["--max-num-batched-tokens", "0"], {}),
+        (["--long-prefill-ms", "-1"], {}),
+        (["--prefill-pace-ms", "nan"], {}),
         (["--stream-interval", "0"], {}),
         (["--single-token-dtype", "float64"], {}),
         (["--batch-invariant", "sometimes"], {}),

@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 
 from trio_llm.config import DEFAULT_MODEL, EngineArgs
-from trio_llm.http.flag_values import AddFlag, boolean, positive_int
+from trio_llm.http.flag_values import AddFlag, boolean, non_negative_float, positive_int
 from trio_llm.http.model_specs import (
     DTYPES,
     LoraModule,
@@ -122,13 +122,22 @@ def add_engine_flags(add: AddFlag) -> None:
     )
     add(
         "--prefill-pace-ms",
-        type=float,
+        type=non_negative_float,
         default=engine.prefill_pace_ms,
         help="prompt time (ms, measured as the engine runs) a step with running streams may "
         "carry beside them, so a long prompt never holds the streams for long; its own first "
         "token comes later for it; 0: off, each step takes prompt tokens up to "
         "--max-num-batched-tokens (default %(default)s; 50 made a closed loop of 32 "
         "streams 0.75x the tok/s with 0.15x the ITL p99 on a 2-core CPU)",
+    )
+    add(
+        "--long-prefill-ms",
+        type=non_negative_float,
+        default=engine.long_prefill_ms,
+        help="prompt time (ms, measured as the engine runs) of any one request a step with "
+        "running streams may carry: a longer prompt beside them is computed in chunks of that "
+        "length (at least 64 tokens), so no one request holds the streams for longer; 0: off "
+        "(default %(default)s)",
     )
     add(
         "--model-impl",
@@ -232,6 +241,7 @@ def model_specs_from(args: argparse.Namespace) -> tuple[ModelSpec, ...]:
         quantization=args.quantization,
         ngram_speculation=args.ngram_speculation,
         prefill_pace_ms=args.prefill_pace_ms,
+        long_prefill_ms=args.long_prefill_ms,
         enforce_eager=args.enforce_eager,
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,

@@ -129,8 +129,12 @@ class EngineCore:
         )
         self.pace = (
             None
-            if self.pooling or args.prefill_pace_ms <= 0
-            else PrefillPace(parts.max_num_batched_tokens, args.prefill_pace_ms / 1000)
+            if self.pooling or (args.prefill_pace_ms <= 0 and args.long_prefill_ms <= 0)
+            else PrefillPace(
+                parts.max_num_batched_tokens,
+                args.prefill_pace_ms / 1000 if args.prefill_pace_ms > 0 else None,
+                args.long_prefill_ms / 1000 if args.long_prefill_ms > 0 else None,
+            )
         )
         """How many prompt tokens a step with decodes may carry (pacing.py)."""
         self.runner = parts.runner
@@ -289,6 +293,7 @@ class EngineCore:
         if self.scheduler.has_work():
             if self.pace is not None:
                 self.scheduler.prefill_cap = self.pace.cap()
+                self.scheduler.chunk_cap = self.pace.chunk_cap()
             batch = self.scheduler.schedule()
             if batch.seqs:
                 outputs.extend(self._run(batch))

@@ -24,7 +24,8 @@ stop token, length) and fed to the sequence's grammar, whose end finishes it wit
 `DEAD_END` (no token was allowed) finishes it with 'error', naming the parameter at fault.
 
 When `prefill_cap` is set (the engine's pacing, pacing.py), a step that decodes carries at most
-that many prefill tokens, so a long prompt never holds the running streams for long.
+that many prefill tokens, so a long prompt never holds the running streams for long; when
+`chunk_cap` is, at most that many of any one prompt.
 
 Background work (`Sequence.background`: a batch's lines, under any scheduling policy) runs only
 with the capacity interactive sequences leave, because on a CPU a step cannot be interrupted and
@@ -124,6 +125,8 @@ class Scheduler:
         """Sequences that left `running` since the last batch, for its `removed`."""
         self.prefill_cap: int | None = None
         """Prefill tokens a step with decodes may carry (None: the whole budget)."""
+        self.chunk_cap: int | None = None
+        """Tokens of one prompt a step with decodes may carry (None: the whole budget)."""
         self.background_passed = 0
         """Steps in a row that passed over background prefill work (see BACKGROUND_PATIENCE)."""
 
@@ -175,7 +178,7 @@ class Scheduler:
                 if n <= 0:
                     continue  # it keeps its place: interactive sequences use this step
             if n > 1 and not seq.draft_token_ids:
-                n = min(n, self._prefill_room(decodes, prefilled))
+                n = min(n, self._prefill_room(decodes, prefilled), self._chunk_room(seq, decodes))
                 if n <= 0:
                     continue  # it keeps its place; the streams' step stays short
                 prefilled += n
@@ -224,7 +227,12 @@ class Scheduler:
                 continue
             cached = self.block_manager.cached_prefix(seq)
             num_cached = len(cached) * self.block_manager.block_size
-            n = min(seq.num_tokens - num_cached, budget, self._prefill_room(decodes, prefilled))
+            n = min(
+                seq.num_tokens - num_cached,
+                budget,
+                self._prefill_room(decodes, prefilled),
+                self._chunk_room(seq, decodes),
+            )
             if seq.background and n > 0:
                 n = room.take(seq, n)  # behind it in the heap: background only
             if n <= 0:
@@ -340,6 +348,16 @@ class Scheduler:
         if self.prefill_cap is None or not decodes:
             return self.max_num_batched_tokens
         return self.prefill_cap - prefilled
+
+    def _chunk_room(self, seq: Sequence, decodes: list[Sequence]) -> int:
+        """Tokens of `seq`'s prompt this step may take: `chunk_cap` applies beside decodes,
+        unless priority scheduling makes `seq` more urgent than all of them (it may preempt
+        them outright, so it may hold them for a longer step)."""
+        if self.chunk_cap is None or not decodes:
+            return self.max_num_batched_tokens
+        if self.preempt_for_priority and all(seq.priority < d.priority for d in decodes):
+            return self.max_num_batched_tokens
+        return self.chunk_cap
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
