@@ -48,13 +48,16 @@ constexpr int64_t kMaxDim = 256;  // head sizes: multiples of 32 up to this
 
 #ifdef TRIO_AMX
 
-// Every tile 16 rows of 64 bytes: 0-3 accumulators (scores of 16 keys, or values of 16 head
-// dimensions), 4 an A tile (queries, or probabilities), 5-7 B tiles (keys, or values): tiles
-// are not renamed, so a load into a tile waits for the product that reads it, and three B
-// tiles let three loads run ahead of their products.
-void configure() {
+// Every tile rows of 64 bytes: 0-3 accumulators (scores of 16 keys, or values of 16 head
+// dimensions) and 4 an A tile (queries, or probabilities), `rows` rows each (a tile's rows of
+// queries); 5-7 B tiles (keys, or values), 16 rows (32 inputs). Tiles are not renamed, so a
+// load into a tile waits for the product that reads it, and three B tiles let three loads run
+// ahead of their products. A product's row depends on its own A row alone, so how many rows a
+// tile has changes no row's bits; a decode's tile has as many rows as query heads share a KV
+// head (3 on the default model), and 16 rows cost it 5 times the products and stores.
+void configure(int64_t rows) {
   TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = kRows;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 5 ? rows : kRows;
   _tile_loadconfig(&cfg);
 }
 
@@ -263,10 +266,10 @@ void softmax_of(Tile& t, int64_t c, float scale) {
   const float ninf = -std::numeric_limits<float>::infinity();
   LanesInt index;
   for (int j = 0; j < 16; ++j) index[j] = j;
-  for (int64_t r = 0; r < kRows; ++r) {
+  for (int64_t r = 0; r < t.rows; ++r) {
     uint16_t* pr = t.probs + r * kKeys;
     uint16_t* rr = t.residues + r * kKeys;
-    const int64_t valid = r < t.rows ? std::clamp<int64_t>(t.len[r] - c, 0, kKeys) : 0;
+    const int64_t valid = std::clamp<int64_t>(t.len[r] - c, 0, kKeys);
     t.alpha[r] = 1.0f;
     if (valid == 0) {
       std::memset(pr, 0, kKeys * 2);
@@ -369,6 +372,12 @@ struct Work {
   std::vector<uint32_t> kp = std::vector<uint32_t>(2 * kKeys * kMaxDim / 2);  // two chunks:
   std::vector<uint16_t> vp = std::vector<uint16_t>(2 * kKeys * kMaxDim);      // read, packed
   std::vector<Tile> tiles;
+  int64_t rows = 0;  // the rows the tiles are configured for
+
+  // The tiles configured for `t`'s rows (`configure`), where they are not already.
+  void fit(const Tile& t) {
+    if (rows != t.rows) configure(rows = t.rows);
+  }
 };
 
 // One run of queries and one KV head: its rows (query, head) in tiles of 16, the chunks of the
@@ -403,7 +412,10 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
   for (int64_t c = 0, n = 0; c < hi; c += kKeys, ++n) {
     const uint32_t* kp = w.kp.data() + (n % 2) * kn;
     const uint16_t* vp = w.vp.data() + (n % 2) * 2 * kn;
-    for (int64_t i = 0; i < ntiles; ++i) scores_of(w.tiles[i], s, kp);
+    for (int64_t i = 0; i < ntiles; ++i) {
+      w.fit(w.tiles[i]);
+      scores_of(w.tiles[i], s, kp);
+    }
     if (c > 0)
       for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, c - kKeys);
     for (int64_t i = 0; i < ntiles; ++i) {
@@ -413,7 +425,10 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
     if (c + kKeys < hi)
       pack_chunk(kc, vc, s, table, g, c + kKeys, hi, w.kp.data() + ((n + 1) % 2) * kn,
                  w.vp.data() + ((n + 1) % 2) * 2 * kn);
-    for (int64_t i = 0; i < ntiles; ++i) values_of(w.tiles[i], s, vp, split);
+    for (int64_t i = 0; i < ntiles; ++i) {
+      w.fit(w.tiles[i]);
+      values_of(w.tiles[i], s, vp, split);
+    }
   }
   if (hi > 0)
     for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, (hi - 1) / kKeys * kKeys);
@@ -481,8 +496,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
 #pragma omp parallel num_threads(threads)
   {
     SavedTiles saved;
-    configure();
     static thread_local Work w;
+    configure(w.rows = kRows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const auto [b0, b1] = runs[task / s.kv_heads];
