@@ -1,0 +1,145 @@
+"""The CPU attention kernels of a decode step, per source tree, the trees taking turns: the AMX
+kernel (engine/ops/paged_amx.py, where the CPU has AMX) and the float one (engine/ops/
+paged_decode.py), over every layer's cache of the default model's shape.
+
+Why its own benchmark: a step's attention is a third of a c=32 decode step on the AMX Xeon and
+bound by reading the KV cache, so a kernel change is worth a few percent of a step, which the
+serving benchmarks' noise hides. Here each case calls a kernel once per layer on caches of
+its own (30 layers, 3 KV heads of 64, 9 query heads, blocks of 16 scattered at random, as a
+long-running server's are), so each layer reads its keys from memory, not from a cache the
+previous call warmed. Each source tree (`--sources NAME=SRC`, its PYTHONPATH) runs in a
+process of its own, the trees alternating round by round (this VM's speed drifts by a third
+within an hour); a kernel is built per tree (its source's hash names the build).
+
+Usage: python bench/engine_step/paged_attention.py [--sources before=/tmp/before/src after=src]
+       [--cases 1x230 32x230 8x2100] [--rounds 3] [--out bench/results/paged_attention.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
+
+import hostinfo  # noqa: E402
+
+LAYERS, KV_HEADS, HEADS, HEAD_SIZE, BLOCK = 30, 3, 9, 64, 16
+"""SmolLM2-135M's attention, and the engine's block size."""
+
+
+def measure(cases: list[tuple[int, int]], repeats: int) -> dict[str, dict[str, float]]:
+    """Milliseconds for one step's attention (every layer once), median of `repeats`, per case
+    and kernel, in this process (the tree on its PYTHONPATH)."""
+    import torch
+
+    from trio_llm.engine.ops import paged_amx, paged_decode
+
+    kernels = {}
+    if paged_amx.extension() is not None:
+        kernels["amx"] = paged_amx.paged_attention
+    if paged_decode.extension() is not None:
+        kernels["float"] = paged_decode.paged_decode
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, dict[str, float]] = {}
+    for batch, context in cases:
+        per_seq = -(-context // BLOCK)
+        blocks = 2 * batch * per_seq
+        shape = (blocks, BLOCK, KV_HEADS, HEAD_SIZE)
+        caches = [
+            (torch.randn(shape, generator=g).bfloat16(), torch.randn(shape, generator=g).bfloat16())
+            for _ in range(LAYERS)
+        ]
+        tables = torch.randperm(blocks, generator=g)[: batch * per_seq].view(batch, per_seq)
+        lens = torch.full((batch,), context, dtype=torch.long)
+        q = torch.randn(batch, HEADS, HEAD_SIZE, generator=g).bfloat16()
+        times = {}
+        for name, kernel in kernels.items():
+            kernel(q, *caches[0], tables, lens, HEAD_SIZE**-0.5)  # built and warm
+            samples = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for k, v in caches:
+                    kernel(q, k, v, tables, lens, HEAD_SIZE**-0.5)
+                samples.append(time.perf_counter() - t0)
+            times[name] = statistics.median(samples) * 1e3
+        out[f"{batch}x{context}"] = times
+    return out
+
+
+def ratio(runs: list, base: list, case: str, kernel: str) -> float:  # type: ignore[type-arg]
+    """The median over rounds of a tree's time against the first tree's in the same round."""
+    pairs = zip(runs, base, strict=True)
+    return statistics.median(a[case][kernel] / b[case][kernel] for a, b in pairs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sources", nargs="+", default=["this=src"], help="NAME=SRC trees to time")
+    p.add_argument("--cases", nargs="+", default=["1x230", "32x230", "8x2100"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=7, help="steps timed per case and round")
+    p.add_argument("--out", type=Path, default=BENCH / "results" / "paged_attention.md")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    cases = [tuple(int(n) for n in case.split("x")) for case in args.cases]
+    if args.child:
+        print(json.dumps(measure(cases, args.repeats)))  # type: ignore[arg-type]
+        return
+    sources = dict(s.split("=", 1) for s in args.sources)
+    load = os.getloadavg()
+    results: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in sources}
+    for round_ in range(args.rounds):
+        for name, src in sources.items():
+            env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+            child = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
+            done = subprocess.run(
+                [*child, "--cases", *args.cases], env=env, capture_output=True, text=True
+            )
+            if done.returncode:
+                sys.exit(f"{name}: {done.stderr[-2000:]}")
+            results[name].append(json.loads(done.stdout.splitlines()[-1]))
+            print(f"round {round_ + 1} {name}: {results[name][-1]}", flush=True)
+    first = next(iter(sources))
+    lines = [
+        *hostinfo.heading(
+            "The CPU attention kernels over a decode step's caches",
+            f"Load average at the start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}.",
+        ),
+        "",
+        f"Milliseconds for one decode step's attention ({LAYERS} layers, {HEADS} query heads "
+        f"over {KV_HEADS} KV heads of {HEAD_SIZE}, blocks of {BLOCK} scattered at random), "
+        f"median over {args.rounds} rounds of the median of {args.repeats} steps; the trees "
+        f"took turns each round. Ratio: against {first} in the same round, then the median.",
+        "",
+        "| case (sequences x context) | kernel | "
+        + " | ".join(sources)
+        + " | "
+        + " | ".join(f"{n} / {first}" for n in list(sources)[1:])
+        + " |",
+        "|---|---|" + "---|" * (2 * len(sources) - 1),
+    ]
+    for case in args.cases:
+        for kernel in results[first][0][case]:
+            cells = [
+                f"{statistics.median(r[case][kernel] for r in results[n]):.2f}" for n in sources
+            ]
+            ratios = [
+                f"{ratio(results[n], results[first], case, kernel):.2f}" for n in list(sources)[1:]
+            ]
+            lines.append(f"| {case} | {kernel} | " + " | ".join(cells + ratios) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
