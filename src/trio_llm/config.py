@@ -114,8 +114,9 @@ class EngineArgs(msgspec.Struct, kw_only=True, omit_defaults=True):
     and 2.5x the TTFT p99 of off (ITL p99 0.15x), c=8 0.80x."""
     long_prefill_ms: float = 50.0
     """Prompt time of any one request a step with running streams may carry (engine/step/
-    pacing.py): a longer prompt beside streams is computed in chunks of that length, so no one
-    request holds the streams for longer; 0: off (one chunk up to the token budget). A stream's
+    pacing.py): a longer prompt beside streams that were running when it arrived is computed
+    in chunks of that length, so no one request holds them for longer; 0: off (one chunk up to
+    the token budget). A stream's
     longest gap is then about this plus its own decode step (6-15 ms at 1-8 streams on the
     default model): under the 100 ms issue 40 asks beside any one request."""
     num_threads: int | None = None

@@ -135,9 +135,9 @@ def add_engine_flags(add: AddFlag) -> None:
         type=non_negative_float,
         default=engine.long_prefill_ms,
         help="prompt time (ms, measured as the engine runs) of any one request a step with "
-        "running streams may carry: a longer prompt beside them is computed in chunks of that "
-        "length (at least 64 tokens), so no one request holds the streams for longer; 0: off "
-        "(default %(default)s)",
+        "running streams may carry: a longer prompt beside streams that were running when it "
+        "arrived is computed in chunks of that length (at least 64 tokens), so no one request "
+        "holds them for longer; 0: off (default %(default)s)",
     )
     add(
         "--model-impl",

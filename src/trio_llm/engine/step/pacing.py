@@ -4,11 +4,14 @@ Why: a CPU step's time grows with its tokens, and a step cannot be interrupted: 
 decoding beside a prompt's chunk waits for the whole step. Two bounds, both measured as the
 engine runs (a step's time without prefill, and the time per prompt token):
 - One request's chunk (`chunk_cap`, `--long-prefill-ms`, on by default): a step with decodes
-  takes at most `long_target` seconds of any one prompt, so no single request holds the
-  streams for longer, whatever its prompt (issue 40: a chat request with tools and a tool-call
-  history, 840 tokens, held a canary stream for 335 ms in one 2,048-token step on an AMX Xeon).
-  Many short prompts still share a step whole: the closed loops of the serving benchmarks keep
-  their throughput, and a long prompt beside streams takes a few more steps to its first token.
+  takes at most `long_target` seconds of any one prompt that arrived after one of those
+  streams began, so no single request holds the streams that were running before it for
+  longer, whatever its prompt (issue 40: a chat request with tools and a tool-call history,
+  840 tokens, held a canary stream for 335 ms in one 2,048-token step on an AMX Xeon). Many
+  short prompts still share a step whole, and prompts that arrived together (a closed loop's
+  long prompts) are not cut for each other's streams (the scheduler's rule: cutting them cost
+  such a loop 8-15% of its tok/s); a long prompt beside earlier streams takes a few more steps
+  to its first token.
   This is vLLM's long-prefill threshold, set by time rather than by tokens, so that it means the
   same on a fast CPU and a slow one.
 - All prompts of a step together (`cap`, `--prefill-pace-ms`, off by default): a step with

@@ -57,6 +57,9 @@ class Sequence:
     priority: int = 0
     arrival: int = 0
     """Order of arrival (FCFS among equal priorities)."""
+    decoding_since: int | None = None
+    """The latest `arrival` the scheduler knew when this sequence first decoded: a prompt that
+    arrived after that may not hold it for long (scheduler.py's `chunk_cap`)."""
     background: bool = False
     """Background work (a batch's line): scheduled after every interactive sequence and only
     with what they leave (scheduler.py, "Background work")."""
