@@ -205,9 +205,7 @@ class Scheduler:
             self.block_manager.allocate(seq, n)
             budget -= n
             if n == 1:
-                if seq.decoding_since is None:
-                    seq.decoding_since = self.last_arrival
-                decodes.append(seq)
+                self._decoding(seq, decodes)
             else:
                 prefills.append((seq, n))
 
@@ -271,9 +269,7 @@ class Scheduler:
             if seq.background and n > 1:
                 background_prefilled += n
             if n == 1:
-                if seq.decoding_since is None:
-                    seq.decoding_since = self.last_arrival
-                decodes.append(seq)
+                self._decoding(seq, decodes)
             else:
                 prefills.append((seq, n))
         for seq in held:
@@ -359,6 +355,13 @@ class Scheduler:
         if self.prefill_cap is None or not decodes:
             return self.max_num_batched_tokens
         return self.prefill_cap - prefilled
+
+    def _decoding(self, seq: Sequence, decodes: list[Sequence]) -> None:
+        """`seq` decodes this step; the first time, it notes the latest arrival it began after
+        (`_chunk_room` reads it)."""
+        if seq.decoding_since is None:
+            seq.decoding_since = self.last_arrival
+        decodes.append(seq)
 
     def _chunk_room(self, seq: Sequence, decodes: list[Sequence]) -> int:
         """Tokens of `seq`'s prompt this step may take: `chunk_cap` applies beside a stream
