@@ -49,8 +49,14 @@ FP32_ONEDNN = MatmulPlan(
     "fp32: oneDNN on reordered weights, inner chunks <= 1024", packed=True, k_chunk=K_CHUNK
 )
 BF16_AVX512 = MatmulPlan(
-    "bf16: oneDNN, lone rows padded to 2 where K > 1024", min_rows=2, min_rows_k=K_CHUNK
+    "bf16: oneDNN on reordered weights, lone rows padded to 2", packed=True, min_rows=2
 )
+"""On an AMD EPYC (AVX512-BF16, no AMX), oneDNN's matmul on plain weights computed a row one
+way in a lone call, another in calls of 2-16 rows and a third in some larger calls, on narrow
+shapes (K=64, N=32 or 48) as well as past K=1024; its inner product on weights reordered once
+computes every row alike from two rows up, on every shape tried (K 64 to 8192, N 3 to 49152,
+calls up to 2,048 rows), and was 0.7-1.0x the plain matmul's time on the default model's
+shapes (docs/notes/2026-12-06-eighth.md)."""
 BF16_AMX = MatmulPlan("bf16: oneDNN in calls of at most 32 rows", row_tile=32)
 BF16_PLAIN = MatmulPlan("bf16: torch's own kernel (no oneDNN bf16 here)")
 PADDED = MatmulPlan("padded calls of exactly 8 rows", min_rows=8, row_tile=8)

@@ -7,10 +7,12 @@ of the call. Measured with torch 2.13 (bench/results/step_profile.md):
 
 - MKL's fp32 sgemm computes a lone row, 2-3 rows and the tails of 4-row blocks each its own
   way; oneDNN's matmul on plain weights computes 1 and 7 rows differently from the rest.
-- oneDNN (bf16 on an AVX512-BF16 EPYC, fp32 on weights it reordered itself) is row-exact for
-  any number of rows while the inner dimension is at most 1024; above it a lone row (and, in
-  fp32, 7 rows) blocks the inner dimension differently. On an AMX Xeon, bf16 switches to the
-  AMX kernels above 32 rows.
+- oneDNN's inner product on weights it reordered itself (bf16 on an AVX512-BF16 EPYC, fp32)
+  is row-exact for any number of rows from two up; a lone row takes another kernel, and in
+  fp32 7 rows block the inner dimension differently above 1024. Its matmul on plain bf16
+  weights was not row-exact on an EPYC even from two rows up (K=64, N=32: 2-row calls against
+  16-row ones), which only a check of many distinct rows saw. On an AMX Xeon,
+  bf16 switches to the AMX kernels above 32 rows.
 - The fp32 flash attention kernel runs MKL's sgemm on per-thread buffers, and MKL's results
   depend on their alignment: half the decode rows of a batch came out different from the same
   rows alone. MKL's conditional numerical reproducibility mode (CNR) removes that.
@@ -22,8 +24,8 @@ So the engine shapes its calls itself, by construction the same for a row wherev
 
 - Matmuls (`Matmul`, following the CPU class's `MatmulPlan`): fp32 through oneDNN's inner
   product on weights reordered once at start-up, the inner dimension split into equal chunks of
-  at most `K_CHUNK` that are summed left to right in fp32; bf16 through oneDNN with a lone row
-  padded to two where the inner dimension is long, or in calls of at most 32 rows on AMX.
+  at most `K_CHUNK` that are summed left to right in fp32; bf16 through oneDNN's inner product
+  on reordered weights with a lone row padded to two, or in calls of at most 32 rows on AMX.
 - Attention (attention/torch_backend.py, `StepLayout.key_bucket`): every query, decode or
   prefill, attends the way a decode does, so a token's row does not depend on the path that
   computes it (a decode, a prefill chunk, a recompute after preemption): where the in-place
@@ -78,7 +80,10 @@ QUANTIZED_PRICE = (
 """What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up
 (bench/results/step_profile_invariant.md)."""
 CHECK_ROWS = 40
-"""Distinct rows the start-up check computes alone; calls of more rows repeat them."""
+"""Distinct rows the start-up check computes alone; calls of more rows repeat them. Few rows
+can miss a kernel that sums a row another way, since the bf16 bits often agree: 40 and 128
+missed oneDNN's plain bf16 matmul on an EPYC, 256 caught it (its plan's test checks 256,
+tests/engine/test_batch_invariance.py); 256 at start-up is unmeasured on the AMX class."""
 CHECK_CALLS = (2, 3, 5, 7, 8, 13, 32, 33, CHECK_ROWS)
 STEP_ROWS = 512
 """The rows of the largest call the check tries unless told (the CPU's step budget)."""
