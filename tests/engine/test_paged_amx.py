@@ -1,8 +1,10 @@
-"""The AMX attention kernel (engine/ops/paged_amx.py): each query over its own paged context,
+"""The bf16 attention kernel (engine/ops/paged_amx.py): each query over its own paged context,
 equal to the reference within bf16's rounding, and the property batch invariance leans on: a
 query's row is the same bits as a decode alone, in a prefill of any chunking, in a batch of
-other sequences, and on any number of threads. It runs only where AMX's bf16 tiles do (an Intel
-Xeon of the AMX class); elsewhere there is nothing to test, as the engine never chooses it."""
+other sequences (whose runs pack several KV heads a task), and on any number of threads. It
+runs on AMX's bf16 tiles (an Intel Xeon of the AMX class) or on AVX512-BF16's vector products
+(an AMD EPYC of the Zen 4 class); these tests run on whichever this machine has. On a CPU with
+neither (AVX2 only) there is nothing to test, as the engine never chooses it."""
 
 from __future__ import annotations
 
@@ -19,8 +21,18 @@ from trio_llm.engine.ops import paged_amx
 from trio_llm.kernels import decode_attention_ref
 
 pytestmark = pytest.mark.skipif(
-    paged_amx.extension() is None, reason="the AMX attention kernel needs AMX's bf16 tiles"
+    paged_amx.extension() is None, reason="the bf16 attention kernel needs AMX or AVX512-BF16"
 )
+
+
+def test_it_runs_on_the_instructions_this_cpu_has() -> None:
+    """AMX's tiles where the CPU has them, else AVX512-BF16's vector products: the build
+    follows the CPU (`-march=native`), and the engine's start-up names it."""
+    from trio_llm.engine.ops.machine_record import cpu_flags
+
+    ext = paged_amx.extension()
+    assert ext is not None
+    assert ext.isa() == ("amx" if "amx_bf16" in cpu_flags().split() else "avx512_bf16")
 
 
 def paged(

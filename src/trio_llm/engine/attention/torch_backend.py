@@ -106,7 +106,10 @@ class TorchAttentionMetadata:
             # tiles wherever they run (a layer with a window or a soft-cap keeps the float
             # kernel), invariance or not: the tiles take a prefill's queries faster than SDPA
             # does (0.74-0.85x its time for 512-query chunks) and decodes faster than the float
-            # kernel (0.62-0.81x; docs/notes/2026-12-06-sixth.md).
+            # kernel (0.62-0.81x; docs/notes/2026-12-06-sixth.md). Where AMX is absent and
+            # AVX512-BF16 is not (an EPYC), the same kernel on vector products takes a prefill
+            # in 0.2-0.3x the float kernel's time and decodes at par with it
+            # (docs/notes/2026-12-06-eighth.md).
             q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
             meta.num_decodes = len(q_lens)
             meta.decode = DecodePlan.build(

@@ -30,10 +30,11 @@ class InPlace:
     window: int
     """A sliding-window layer's window (0: none)."""
     amx: bool = False
-    """Run on the AMX kernel (ops/paged_amx.py) instead of the float one, where the layer does
-    not soft-cap its scores or slide a window: every query of the step is one of its rows."""
+    """Run on the bf16 kernel (ops/paged_amx.py: AMX tiles, or AVX512-BF16 where AMX is absent)
+    instead of the float one, where the layer does not soft-cap its scores or slide a window:
+    every query of the step is one of its rows."""
     split: bool = False
-    """On the AMX kernel, the probabilities in two bf16 parts (batch invariance: its quantized
+    """On the bf16 kernel, the probabilities in two bf16 parts (batch invariance: its quantized
     matmuls round activations to int8 already, and the attention keeps the float kernel's
     precision rather than SDPA's)."""
 
@@ -77,8 +78,8 @@ class DecodePlan:
         than over the longest context, and always through a mask. `window` > 0: each query
         sees only the last `window` positions (a sliding-window layer); without a fixed
         `length`, only the blocks that hold them are gathered. `in_place` (without a fixed
-        `length`): a plan for the in-place kernel, which needs no gather; `amx`: on the AMX
-        one, `split` as `InPlace` says."""
+        `length`): a plan for the in-place kernel, which needs no gather; `amx`: on the bf16
+        one (AMX or AVX512-BF16), `split` as `InPlace` says."""
         device = cache.device
         if in_place and length is None:
             nothing = torch.empty(0, dtype=torch.int64, device=device)

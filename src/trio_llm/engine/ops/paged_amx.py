@@ -1,10 +1,12 @@
 """Attention over the paged KV cache in place on AMX tiles (csrc/paged_amx.cpp), for bf16
-caches on CPUs with AMX: decodes and prefill queries alike, each query laid out as a decode of
-its own position (`torch_plans.queries_as_decodes`).
+caches on CPUs with AMX, or on AVX512-BF16's `vdpbf16ps` on CPUs with that and no AMX (AMD's
+EPYC of the Zen 4 class): decodes and prefill queries alike, each query laid out as a decode
+of its own position (`torch_plans.queries_as_decodes`).
 
 Why beside ops/paged_decode.py: that kernel sums in float32 vector lanes, right for a decode's
 one query a head; a prefill's many queries are a matrix product, which AMX tiles do 16 rows at a
-time. A row of a tile's product depends on that row alone, so this kernel keeps batch
+time (and `vdpbf16ps` two products a lane, in registers reused over six rows). A row of
+either product depends on that row alone, so this kernel keeps batch
 invariance as the float kernel does: a query's result is the same bits in a decode, in a
 prefill chunk of any size, and in any batch. The two kernels round differently, so an engine
 keeps one of them for every query of a layer where invariance is on.
@@ -39,23 +41,25 @@ def enabled() -> bool:
 
 @functools.cache
 def extension() -> ModuleType | None:
-    """The kernel, built where the CPU has AMX's bf16 tiles (elsewhere there is nothing to
-    build: None)."""
-    if "amx_bf16" not in cpu_flags().split():
+    """The kernel, built where the CPU has AMX's bf16 tiles or AVX512-BF16 (elsewhere there is
+    nothing to build: None)."""
+    flags = cpu_flags().split()
+    if "amx_bf16" not in flags and "avx512_bf16" not in flags:
         return None
     ext = KERNEL.extension()
     return ext if ext is not None and ext.available() else None
 
 
 def prepare() -> None:
-    """Build or load the kernel now, at engine start (where AMX runs and it is `enabled()`)."""
-    if enabled():
-        extension()
+    """Build or load the kernel now, at engine start (where AMX or AVX512-BF16 runs and it is
+    `enabled()`), and say which instructions do its products."""
+    if enabled() and (ext := extension()) is not None:
+        log.info("bf16 attention over the paged cache on %s (%s=0 turns it off)", ext.isa(), ENV)
 
 
 def serves(cache: Tensor) -> bool:
     """Whether the kernel computes the queries of a layer with this cache: bf16 on the CPU, a
-    head size of a multiple of 32, AMX here, `enabled()`."""
+    head size of a multiple of 32, AMX or AVX512-BF16 here, `enabled()`."""
     size = int(cache.shape[-1])
     return (
         enabled()
@@ -91,4 +95,5 @@ def paged_attention(
 if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start
     logging.basicConfig(level=logging.INFO)
     built = extension()
-    print(f"AMX attention kernel: {'built in ' + str(build_directory()) if built else 'not built'}")
+    where = f"{built.isa()}, built in {build_directory()}" if built else "not built"
+    print(f"bf16 attention kernel: {where}")

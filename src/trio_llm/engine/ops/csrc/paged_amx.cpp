@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -45,9 +46,17 @@ constexpr int64_t kKeys = 128;    // keys a chunk: one softmax update per row pe
 constexpr int64_t kRows = 16;     // rows of a tile (query heads of a tile's queries)
 constexpr int64_t kRun = 64;      // queries of one sequence sharing the chunks they read, at most
 constexpr int64_t kMaxDim = 256;  // head sizes: multiples of 32 up to this
+constexpr int64_t kMaxHeads = 16;  // KV heads a task packs together, at most
+
+// The kernel builds where the compiler targets AVX512-BF16 (every AMX CPU has it too): the
+// products on AMX tiles where the build targets them, else on `vdpbf16ps` in vector lanes.
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define TRIO_BF16_DOT 1
+#endif
+
+#ifdef TRIO_BF16_DOT
 
 #ifdef TRIO_AMX
-
 // Every tile rows of 64 bytes: 0-3 accumulators (scores of 16 keys, or values of 16 head
 // dimensions) and 4 an A tile (queries, or probabilities), `rows` rows each (a tile's rows of
 // queries); 5-7 B tiles (keys, or values), 16 rows (32 inputs). Tiles are not renamed, so a
@@ -60,6 +69,7 @@ void configure(int64_t rows) {
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = t < 5 ? rows : kRows;
   _tile_loadconfig(&cfg);
 }
+#endif  // TRIO_AMX
 
 // A 16 x 16 matrix of 32-bit elements transposed in registers (rows in, columns out): four
 // rounds of unpacks and lane shuffles.
@@ -89,21 +99,29 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
-// One chunk of a sequence's keys and values for one KV head, packed as AMX's B tiles want them.
-// Keys: for key block kb (16 keys) and input chunk dk (32 dimensions), row i holds the pair of
-// dimensions (2i, 2i + 1) of each of the 16 keys. Values: for key half kh (32 keys) and output
-// block db (16 dimensions), row i holds the pair of keys (2i, 2i + 1) of each dimension.
-// Positions at or past `end` are zeros, so that a probability of 0 times them is 0.
+// One chunk of a sequence's keys and values for KV heads [g0, g1), each head's packed as AMX's
+// B tiles want them (and `vdpbf16ps` its second operand). Keys: for key block kb (16 keys) and
+// input chunk dk (32 dimensions), row i holds the pair of dimensions (2i, 2i + 1) of each of
+// the 16 keys. Values: for key half kh (32 keys) and output block db (16 dimensions), row i
+// holds the pair of keys (2i, 2i + 1) of each dimension. Positions at or past `end` are zeros,
+// so that a probability of 0 times them is 0. Head h's keys go to kp + (h - g0) * kstride,
+// its values to vp + (h - g0) * vstride.
+//
+// Why all of a task's heads at once: a head's part of a cache row is a third of the row on the
+// default model, and reading the whole row in one pass lets the hardware stream it; packing
+// head by head read the cache at half the speed (a decode step's attention 1.3x as long).
 void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const int64_t* table,
-                int64_t g, int64_t c, int64_t end, uint32_t* kp, uint16_t* vp) {
+                int64_t g0, int64_t g1, int64_t c, int64_t end, uint32_t* kp, int64_t kstride,
+                uint16_t* vp, int64_t vstride) {
   const int64_t dim = s.dim, dks = dim / 32, dbs = dim / 16;
   const int64_t valid = std::min(kKeys, end - c);
+  const int64_t row_bytes = (g1 - g0) * dim * 2;
   const uint16_t* krow[kKeys];
   const uint16_t* vrow[kKeys];
-  alignas(64) static thread_local uint16_t zeros[kMaxDim] = {};
+  alignas(64) static thread_local uint16_t zeros[kMaxHeads * kMaxDim] = {};
   for (int64_t n = 0; n < kKeys; ++n) {
     if (n < valid) {
-      const int64_t at = s.slot(table, c + n) + g * dim;
+      const int64_t at = s.slot(table, c + n) + g0 * dim;
       krow[n] = kc + at;
       vrow[n] = vc + at;
     } else {
@@ -115,19 +133,22 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
   // bound by reading the cache).
   const int64_t ahead = std::min(kKeys, end - c - kKeys);
   for (int64_t n = 0; n < ahead; ++n) {
-    const int64_t at = s.slot(table, c + kKeys + n) + g * dim;
-    for (int64_t b = 0; b < dim * 2; b += 64) {
+    const int64_t at = s.slot(table, c + kKeys + n) + g0 * dim;
+    for (int64_t b = 0; b < row_bytes; b += 64) {
       __builtin_prefetch(reinterpret_cast<const char*>(kc + at) + b);
       __builtin_prefetch(reinterpret_cast<const char*>(vc + at) + b);
     }
   }
   for (int64_t kb = 0; kb < kKeys / 16; ++kb) {
-    for (int64_t dk = 0; dk < dks; ++dk) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(krow[kb * 16 + i] + dk * 32);
-      transpose16(r);
-      uint32_t* out = kp + (kb * dks + dk) * 256;
-      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(out + i * 16, r[i]);
+    for (int64_t h = 0; h < g1 - g0; ++h) {
+      for (int64_t dk = 0; dk < dks; ++dk) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = _mm512_loadu_si512(krow[kb * 16 + i] + h * dim + dk * 32);
+        transpose16(r);
+        uint32_t* out = kp + h * kstride + (kb * dks + dk) * 256;
+        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(out + i * 16, r[i]);
+      }
     }
   }
   // Output block j of a pair of value rows a, b: [a(16j) b(16j) a(16j+1) b(16j+1) ...] from
@@ -140,13 +161,15 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
   }
   for (int64_t n = 0; n < kKeys; n += 2) {
     const int64_t kh = n / 32, i = (n % 32) / 2;
-    for (int64_t d0 = 0; d0 < dim; d0 += 32) {
-      const __m512i a = _mm512_loadu_si512(vrow[n] + d0);
-      const __m512i b = _mm512_loadu_si512(vrow[n + 1] + d0);
-      for (int j = 0; j < 2; ++j) {
-        const int64_t db = d0 / 16 + j;
-        _mm512_storeu_si512(vp + ((kh * dbs + db) * 16 + i) * 32,
-                            _mm512_permutex2var_epi16(a, zip[j], b));
+    for (int64_t h = 0; h < g1 - g0; ++h) {
+      for (int64_t d0 = 0; d0 < dim; d0 += 32) {
+        const __m512i a = _mm512_loadu_si512(vrow[n] + h * dim + d0);
+        const __m512i b = _mm512_loadu_si512(vrow[n + 1] + h * dim + d0);
+        for (int j = 0; j < 2; ++j) {
+          const int64_t db = d0 / 16 + j;
+          _mm512_storeu_si512(vp + h * vstride + ((kh * dbs + db) * 16 + i) * 32,
+                              _mm512_permutex2var_epi16(a, zip[j], b));
+        }
       }
     }
   }
@@ -194,9 +217,10 @@ inline Lanes widen_bits(__m256i bits) {
 }
 
 // A chunk of keys folded into a tile's rows in three passes, each over every tile of a task
-// before the next (`run_head`): an AMX tile load of data that vector stores just wrote waits
+// before the next (`run_heads`): an AMX tile load of data that vector stores just wrote waits
 // for them to reach the cache, and the other tiles' work fills that wait.
 
+#ifdef TRIO_AMX
 // Scores by AMX: tiles 0-3 take four key blocks of 16 at a time, each summed over the input
 // chunks in order.
 void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
@@ -223,6 +247,60 @@ void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
     _tile_stored(3, t.scores + kb * 16 + 48, kKeys * 4);
   }
 }
+
+#else
+// The same products in vector lanes where AMX is absent (AVX512-BF16's `vdpbf16ps`: a lane
+// adds two bf16 products to its float32 sum). A chunk's packed keys are already what the
+// instruction takes as its second operand (a vector holds one pair of dimensions of 16 keys),
+// and a row's query pair is broadcast. A score is one chain of `vdpbf16ps` over the pairs in
+// order, whichever rows share its registers, so a row's bits do not depend on its tile.
+template <typename T>
+inline __m512bh as_bh(T v) {
+  return (__m512bh)v;
+}
+
+// Rows [r0, r0 + R) against 64 keys (four blocks of 16) from block kb: 4R sums in registers.
+template <int R>
+inline void score_rows(Tile& t, int64_t r0, int64_t kb, int64_t dks, const uint32_t* kp,
+                       int64_t dim) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const auto* q = reinterpret_cast<const uint32_t*>(t.qbuf) + r0 * dim / 2;
+  for (int64_t dk = 0; dk < dks; ++dk) {
+    for (int64_t i = 0; i < 16; ++i) {
+      __m512i b[4];
+      for (int j = 0; j < 4; ++j) b[j] = _mm512_loadu_si512(kp + ((kb + j) * dks + dk) * 256 + i * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512i a = _mm512_set1_epi32(static_cast<int>(q[r * dim / 2 + dk * 16 + i]));
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], as_bh(a), as_bh(b[j]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(t.scores + (r0 + r) * kKeys + (kb + j) * 16, acc[r][j]);
+}
+
+// Rows in groups of up to six (24 sums, four key vectors and a broadcast: 29 of 32 registers).
+template <int R, typename F>
+inline void by_rows(int64_t rows, F&& f) {
+  int64_t r0 = 0;
+  for (; r0 + R <= rows; r0 += R) f(std::integral_constant<int, R>{}, r0);
+  const int64_t left = rows - r0;
+  if (left == 0) return;
+  if (left == 1) f(std::integral_constant<int, 1>{}, r0);
+  else if (left == 2) f(std::integral_constant<int, 2>{}, r0);
+  else if (left == 3) f(std::integral_constant<int, 3>{}, r0);
+  else if (left == 4) f(std::integral_constant<int, 4>{}, r0);
+  else f(std::integral_constant<int, 5>{}, r0);
+}
+
+void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
+  const int64_t dim = s.dim, dks = dim / 32;
+  for (int64_t kb = 0; kb < kKeys / 16; kb += 4)
+    by_rows<6>(t.rows, [&](auto R, int64_t r0) { score_rows<R.value>(t, r0, kb, dks, kp, dim); });
+}
+#endif  // TRIO_AMX
 
 // 2^x of 16 floats (x <= 0): 2^round(x) times a polynomial of the rest (Taylor's, relative
 // error under 5e-5 at degree 4, enough for weights rounded to bf16, under 1e-7 at degree 6, as
@@ -310,6 +388,7 @@ void softmax_of(Tile& t, int64_t c, float scale) {
   }
 }
 
+#ifdef TRIO_AMX
 // The probabilities times the values by AMX (tiles 0-3 take four output blocks at a time, each
 // summed over the key halves in order).
 void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
@@ -351,6 +430,50 @@ void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
   }
 }
 
+#else
+// Rows [r0, r0 + R) times output blocks [db0, db0 + 4) of the values: per key quarter and
+// pair of keys, the rows' broadcast probability pairs (and their residues, `split`) times the
+// values' packed pairs, each sum one chain in the same order whichever rows share it.
+template <int R>
+inline void value_rows(Tile& t, int64_t r0, int64_t db0, int64_t nb, int64_t dbs,
+                       const uint16_t* vp, int parts, int64_t dim) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const uint32_t* weights[2] = {reinterpret_cast<const uint32_t*>(t.probs),
+                                reinterpret_cast<const uint32_t*>(t.residues)};
+  for (int64_t kh = 0; kh < kKeys / 32; ++kh) {
+    for (int64_t i = 0; i < 16; ++i) {
+      __m512i b[4];
+      for (int j = 0; j < 4; ++j)
+        b[j] = j < nb ? _mm512_loadu_si512(vp + ((kh * dbs + db0 + j) * 16 + i) * 32)
+                      : _mm512_setzero_si512();
+      for (int part = 0; part < parts; ++part) {
+        for (int r = 0; r < R; ++r) {
+          const uint32_t pair = weights[part][((r0 + r) * kKeys + kh * 32) / 2 + i];
+          const __m512i a = _mm512_set1_epi32(static_cast<int>(pair));
+          for (int j = 0; j < 4; ++j)
+            if (j < nb) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], as_bh(a), as_bh(b[j]));
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < nb; ++j) _mm512_storeu_ps(t.values + (r0 + r) * dim + (db0 + j) * 16, acc[r][j]);
+}
+
+void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
+  const int64_t dim = s.dim, dbs = dim / 16;
+  const int parts = split ? 2 : 1;
+  for (int64_t db0 = 0; db0 < dbs; db0 += 4) {
+    const int64_t nb = std::min<int64_t>(4, dbs - db0);
+    by_rows<6>(t.rows, [&](auto R, int64_t r0) {
+      value_rows<R.value>(t, r0, db0, nb, dbs, vp, parts, dim);
+    });
+  }
+}
+#endif  // TRIO_AMX
+
 // The chunk's values' sums added to the rows' running sums, after `alpha`.
 void accumulate(Tile& t, const Shape& s, int64_t c) {
   const int64_t dim = s.dim;
@@ -369,33 +492,42 @@ void accumulate(Tile& t, const Shape& s, int64_t c) {
 // A thread's buffers, kept across calls: allocating and zeroing them per call cost a lone
 // decode more than its arithmetic (256 KiB a thread a layer).
 struct Work {
-  std::vector<uint32_t> kp = std::vector<uint32_t>(2 * kKeys * kMaxDim / 2);  // two chunks:
-  std::vector<uint16_t> vp = std::vector<uint16_t>(2 * kKeys * kMaxDim);      // read, packed
+  std::vector<uint32_t> kp;  // two chunks (read, packed) of each head's keys
+  std::vector<uint16_t> vp;  // and values
   std::vector<Tile> tiles;
   int64_t rows = 0;  // the rows the tiles are configured for
 
-  // The tiles configured for `t`'s rows (`configure`), where they are not already.
-  void fit(const Tile& t) {
+  // The tiles configured for `t`'s rows (`configure`), where they are not already (vector
+  // lanes need no configuring).
+  void fit([[maybe_unused]] const Tile& t) {
+#ifdef TRIO_AMX
     if (rows != t.rows) configure(rows = t.rows);
+#endif
   }
 };
 
-// One run of queries and one KV head: its rows (query, head) in tiles of 16, the chunks of the
-// run's keys read once for all of them.
-void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t* qp,
-              const uint16_t* kc, const uint16_t* vc, const int64_t* tables, const int64_t* lens,
-              float scale, bool split, uint16_t* op, Work& w) {
-  const int64_t dim = s.dim, group = s.group;
-  const int64_t rows = (b1 - b0) * group, ntiles = (rows + kRows - 1) / kRows;
+// One run of queries and KV heads [g0, g1): each head's rows (query, head) in tiles of 16,
+// the chunks of the run's keys read once for all of them.
+void run_heads(const Shape& s, int64_t b0, int64_t b1, int64_t g0, int64_t g1,
+               const uint16_t* qp, const uint16_t* kc, const uint16_t* vc,
+               const int64_t* tables, const int64_t* lens, float scale, bool split,
+               uint16_t* op, Work& w) {
+  const int64_t dim = s.dim, group = s.group, heads = g1 - g0;
+  const int64_t rows = (b1 - b0) * group, per_head = (rows + kRows - 1) / kRows;
+  const int64_t ntiles = per_head * heads;
   const float ninf = -std::numeric_limits<float>::infinity();
   if (static_cast<int64_t>(w.tiles.size()) < ntiles) w.tiles.resize(ntiles);
+  const int64_t kn = kKeys * dim / 2, vn = kKeys * dim;  // a head's chunk, packed
+  if (static_cast<int64_t>(w.kp.size()) < 2 * heads * kn) w.kp.resize(2 * heads * kn);
+  if (static_cast<int64_t>(w.vp.size()) < 2 * heads * vn) w.vp.resize(2 * heads * vn);
   int64_t hi = 0;
   for (int64_t i = 0; i < ntiles; ++i) {
     Tile& t = w.tiles[i];
-    t.rows = std::min(kRows, rows - i * kRows);
+    const int64_t g = g0 + i / per_head, first = (i % per_head) * kRows;
+    t.rows = std::min(kRows, rows - first);
     for (int64_t r = 0; r < kRows; ++r) t.m[r] = ninf, t.l[r] = 0.0f;
     for (int64_t r = 0; r < t.rows; ++r) {
-      const int64_t row = i * kRows + r, b = b0 + row / group, h = g * group + row % group;
+      const int64_t row = first + r, b = b0 + row / group, h = g * group + row % group;
       t.out[r] = op + (b * s.heads + h) * dim;
       t.len[r] = lens[b];
       hi = std::max(hi, lens[b]);
@@ -407,14 +539,13 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
   // Each pass reads what another wrote a pass or more before (chunks packed one ahead, in two
   // buffers; a chunk's values added to the sums after the next chunk's scores).
   const float base2 = scale * 1.44269504088896341f;
-  const int64_t kn = kKeys * kMaxDim / 2;
-  if (hi > 0) pack_chunk(kc, vc, s, table, g, 0, hi, w.kp.data(), w.vp.data());
+  auto keys = [&](int64_t n, int64_t i) { return w.kp.data() + ((n % 2) * heads + i / per_head) * kn; };
+  auto values = [&](int64_t n, int64_t i) { return w.vp.data() + ((n % 2) * heads + i / per_head) * vn; };
+  if (hi > 0) pack_chunk(kc, vc, s, table, g0, g1, 0, hi, keys(0, 0), kn, values(0, 0), vn);
   for (int64_t c = 0, n = 0; c < hi; c += kKeys, ++n) {
-    const uint32_t* kp = w.kp.data() + (n % 2) * kn;
-    const uint16_t* vp = w.vp.data() + (n % 2) * 2 * kn;
     for (int64_t i = 0; i < ntiles; ++i) {
       w.fit(w.tiles[i]);
-      scores_of(w.tiles[i], s, kp);
+      scores_of(w.tiles[i], s, keys(n, i));
     }
     if (c > 0)
       for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, c - kKeys);
@@ -423,11 +554,11 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
       else softmax_of<false>(w.tiles[i], c, base2);
     }
     if (c + kKeys < hi)
-      pack_chunk(kc, vc, s, table, g, c + kKeys, hi, w.kp.data() + ((n + 1) % 2) * kn,
-                 w.vp.data() + ((n + 1) % 2) * 2 * kn);
+      pack_chunk(kc, vc, s, table, g0, g1, c + kKeys, hi, keys(n + 1, 0), kn, values(n + 1, 0),
+                 vn);
     for (int64_t i = 0; i < ntiles; ++i) {
       w.fit(w.tiles[i]);
-      values_of(w.tiles[i], s, vp, split);
+      values_of(w.tiles[i], s, values(n, i), split);
     }
   }
   if (hi > 0)
@@ -445,16 +576,30 @@ void run_head(const Shape& s, int64_t b0, int64_t b1, int64_t g, const uint16_t*
   }
 }
 
-#endif  // TRIO_AMX
+#endif  // TRIO_BF16_DOT
 
 }  // namespace
 
-// Whether this build and this process can run AMX tiles (the kernel then serves).
+// Whether this build and this process can run the kernel: AMX tiles where the build targets
+// them (and Linux lends them), else AVX512-BF16's vector products.
 bool available() {
 #ifdef TRIO_AMX
   return amx_permitted();
+#elif defined(TRIO_BF16_DOT)
+  return true;
 #else
   return false;
+#endif
+}
+
+// Which instructions do the products: "amx", "avx512_bf16", or "" where none can.
+std::string isa() {
+#ifdef TRIO_AMX
+  return "amx";
+#elif defined(TRIO_BF16_DOT)
+  return "avx512_bf16";
+#else
+  return "";
 #endif
 }
 
@@ -465,7 +610,7 @@ bool available() {
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& context_lens, double scale, bool split) {
-  TORCH_CHECK(available(), "paged_attention: no AMX tiles in this build or process");
+  TORCH_CHECK(available(), "paged_attention: neither AMX nor AVX512-BF16 in this build or process");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes());
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16);
@@ -476,7 +621,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   TORCH_CHECK(block_tables.is_contiguous() && context_lens.is_contiguous());
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0));
   at::Tensor out = at::empty_like(q);
-#ifdef TRIO_AMX
+#ifdef TRIO_BF16_DOT
   const Shape s(q, k_cache, block_tables);
   const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr());
   const auto* kc = reinterpret_cast<const uint16_t*>(k_cache.data_ptr());
@@ -490,19 +635,29 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   auto runs = runs_of(tables, s.batch, s.table_width, kRun);
   if (static_cast<int64_t>(runs.size()) * s.kv_heads < 8 * threads_wanted)
     runs = runs_of(tables, s.batch, s.table_width, kRun / 4);
-  const int64_t tasks = static_cast<int64_t>(runs.size()) * s.kv_heads;
+  // With many runs a task takes all of a run's KV heads (`pack_chunk` reads whole cache rows);
+  // with few, a head each, so that the threads have enough tasks.
+  const int64_t per_task = static_cast<int64_t>(runs.size()) >= 4 * threads_wanted &&
+                                   s.kv_heads <= kMaxHeads
+                               ? s.kv_heads
+                               : 1;
+  const int64_t heads_apart = s.kv_heads / per_task;
+  const int64_t tasks = static_cast<int64_t>(runs.size()) * heads_apart;
   const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, tasks));
   // Causal runs differ in cost (a later run reads more keys): tasks are handed out one by one.
 #pragma omp parallel num_threads(threads)
   {
-    SavedTiles saved;
     static thread_local Work w;
+#ifdef TRIO_AMX
+    SavedTiles saved;
     configure(w.rows = kRows);
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const auto [b0, b1] = runs[task / s.kv_heads];
-      run_head(s, b0, b1, task % s.kv_heads, qp, kc, vc, tables, lens,
-               static_cast<float>(scale), split, op, w);
+      const auto [b0, b1] = runs[task / heads_apart];
+      const int64_t g0 = task % heads_apart * per_task;
+      run_heads(s, b0, b1, g0, g0 + per_task, qp, kc, vc, tables, lens,
+                static_cast<float>(scale), split, op, w);
     }
   }
 #endif
@@ -510,7 +665,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("available", &available, "whether AMX tiles can run here");
+  m.def("available", &available, "whether the kernel can run here");
+  m.def("isa", &isa, "the instructions that do its products");
   m.def("paged_attention", &paged_attention,
-        "attention of each query over its sequence's paged cache, on AMX tiles");
+        "attention of each query over its sequence's paged cache, on AMX tiles or AVX512-BF16");
 }
