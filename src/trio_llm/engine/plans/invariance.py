@@ -72,13 +72,13 @@ KEY_BUCKET = 64
 """With invariance on, each query attends over its context rounded up to a multiple of this,
 so its attention has the same shape in any batch and on any path (StepLayout.key_bucket)."""
 QUANTIZED_PRICE = (
-    "; quantized weights on the row-exact kernel, every query on the in-place attention kernel: "
-    "decode steps as fast as without invariance, a prompt's prefill 1.1x (1,000 tokens) to "
-    "1.25x (1,743) as long, 8 concurrent 1,743-token prompts served at 0.75x the throughput "
-    "(measured on an AMD EPYC); --batch-invariant off for the fastest long prompts"
+    "; quantized weights on the row-exact kernel, every query on the bf16 attention kernel "
+    "(AVX512-BF16): decode steps as fast as without invariance, a 2,000-token prompt's prefill "
+    "1.3x as long, 8 concurrent 1,700-token prompts served at 0.8x the throughput (measured on "
+    "an AMD EPYC); --batch-invariant off for the fastest long prompts"
 )
 """What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up
-(bench/results/step_profile_invariant.md)."""
+(bench/results/step_profile_bf16_attention.md, bench/results/serving_vs_vllm.md)."""
 CHECK_ROWS = 40
 """Distinct rows the start-up check computes alone; calls of more rows repeat them. Few rows
 can miss a kernel that sums a row another way, since the bf16 bits often agree: 40 and 128
@@ -272,10 +272,11 @@ def decide(
     dense path a prefill takes without invariance: past the bound `auto` keeps, unless
     `quantized_free`: the quantized matrices run on the row-exact kernel that is the default's
     for few rows anyway (ops/int4_rows.py's DEFAULT_PATHS) and every query reads the cache in
-    place (ops/paged_decode.py), where invariance was measured to cost a decode step nothing and
-    a prefill 1.1-1.25x (`QUANTIZED_PRICE`, said at start-up). `lora`: the
-    engine serves LoRA adapters, whose updates are grouped calls shaped by how many rows share
-    an adapter: `on` is refused; `auto` keeps invariance for the requests without one.
+    place (ops/paged_amx.py on AVX512-BF16, else ops/paged_decode.py), where invariance was
+    measured to cost a decode step nothing and a prefill 1.3x (`QUANTIZED_PRICE`, said at
+    start-up). `lora`: the engine serves LoRA adapters, whose updates are grouped calls
+    shaped by how many rows share an adapter: `on` is refused; `auto` keeps invariance for the
+    requests without one.
     `max_rows`: the most rows a matmul call takes (the step's token budget)."""
     if mode == "off":
         return Decision(fastest(dtype, device), False, "--batch-invariant off")
