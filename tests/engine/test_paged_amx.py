@@ -210,4 +210,7 @@ def test_a_mixed_step_equals_the_reference_on_the_backend(num_decodes: int, buck
     )
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     assert meta.decode is not None and meta.decode.in_place is not None
-    assert meta.decode.in_place.amx and meta.decode.in_place.split == bool(bucket)
+    # Two parts a probability only where invariance runs the AMX class's int8-activation
+    # kernel; on AVX512-BF16 one part measured the same perplexity at two-thirds the cost.
+    split = bool(bucket) and paged_amx.extension().isa() == "amx"
+    assert meta.decode.in_place.amx and meta.decode.in_place.split == split

@@ -113,7 +113,13 @@ class TorchAttentionMetadata:
             q_tables, q_lens = queries_as_decodes(tables, layout.cu_seqlens_q, lens)
             meta.num_decodes = len(q_lens)
             meta.decode = DecodePlan.build(
-                q_tables, q_lens, cache, window=window, in_place=True, amx=amx, split=bool(bucket)
+                q_tables,
+                q_lens,
+                cache,
+                window=window,
+                in_place=True,
+                amx=amx,
+                split=bool(bucket) and paged_amx.splits_for_invariance(),
             )
             return meta
         if nd and bucket:

@@ -34,9 +34,9 @@ class InPlace:
     instead of the float one, where the layer does not soft-cap its scores or slide a window:
     every query of the step is one of its rows."""
     split: bool = False
-    """On the bf16 kernel, the probabilities in two bf16 parts (batch invariance: its quantized
-    matmuls round activations to int8 already, and the attention keeps the float kernel's
-    precision rather than SDPA's)."""
+    """On the bf16 kernel, the probabilities in two bf16 parts (batch invariance on AMX, whose
+    quantized matmuls round activations to int8 already, and the attention keeps the float
+    kernel's precision rather than SDPA's; `paged_amx.splits_for_invariance`)."""
 
 
 @dataclass(slots=True)

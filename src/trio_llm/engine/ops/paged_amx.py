@@ -57,6 +57,20 @@ def prepare() -> None:
         log.info("bf16 attention over the paged cache on %s (%s=0 turns it off)", ext.isa(), ENV)
 
 
+def splits_for_invariance() -> bool:
+    """Whether batch invariance asks this machine's kernel for two bf16 parts a probability.
+
+    On AMX, yes: there invariance runs the quantized weights on the integer kernel, which rounds
+    activations to int8, and one part on top of that cost the default file's perplexity +0.74%
+    against llama.cpp where two parts cost +0.14% (an AMX Xeon, sixth sitting). On AVX512-BF16
+    without AMX, no: the row-exact kernel there keeps bf16 activations, and one part measured
+    16.7793 against two parts' 16.7800 (an AMD EPYC; the float kernel 16.7904, llama.cpp
+    16.7273), while two parts cost a long prompt's attention 1.5x (docs/notes/
+    2026-12-06-eighth.md)."""
+    ext = extension()
+    return ext is not None and ext.isa() == "amx"
+
+
 def serves(cache: Tensor) -> bool:
     """Whether the kernel computes the queries of a layer with this cache: bf16 on the CPU, a
     head size of a multiple of 32, AMX or AVX512-BF16 here, `enabled()`."""
