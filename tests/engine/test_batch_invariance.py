@@ -481,7 +481,8 @@ def test_the_own_forward_s_weights_are_counted_on_any_plan(
 @pytest.mark.parametrize(
     ("float_path", "int_path", "on", "exact"),
     [
-        ("avx512_bf16", "vnni", True, True),  # the float kernel: invariance nearly free
+        ("avx512_bf16", "vnni", True, True),  # the integer kernel: invariance nearly free
+        ("avx512_bf16", None, True, True),  # the float kernel: the same
         ("amx", "vnni", False, True),  # the integer kernel, for few rows (prefill 1.7-2.2x with it)
         ("amx", None, False, False),  # no integer kernel: torch's
     ],
@@ -494,10 +495,11 @@ def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
     on: bool,
     exact: bool,
 ) -> None:
-    """`auto` with quantized weights and bf16 activations: on where the float row-exact kernel
-    is the default's anyway (AVX512-BF16 without AMX, faked here) and attention reads the cache
-    in place, every row on that kernel and no dense copy; off on AMX, where a prefill would pay
-    for it (ops/row_exact.py), its few rows on the integer kernel or torch's."""
+    """`auto` with quantized weights and bf16 activations: on where a row-exact kernel is the
+    default's for every row anyway (AVX512-BF16 without AMX, faked here: the integer kernel, or
+    the float one without VNNI) and attention reads the cache in place, every row on that kernel
+    and no dense copy; off on AMX, where a prefill would pay for it (ops/row_exact.py), its few
+    rows on the integer kernel or torch's."""
     if (
         int4_rows.KERNEL.extension() is None
         or int_rows.KERNEL.extension() is None
@@ -506,8 +508,6 @@ def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
         pytest.skip("the row-exact and in-place kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
-    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
-    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     core = engine_helpers.make_core(
         tiny_model_dir, quantization="int4", dtype="bfloat16", device="cpu"
     )

@@ -19,7 +19,13 @@ from trio_llm.engine.ops.int4_rows import RowsExact
 from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.ops.machine_record import MachineRecord
 from trio_llm.engine.ops.matmul import multiply
-from trio_llm.engine.quant import Int4Weight, dispatching, quantize_int4, quantize_int8
+from trio_llm.engine.quant import (
+    NEVER_DENSE,
+    Int4Weight,
+    dispatching,
+    quantize_int4,
+    quantize_int8,
+)
 from trio_llm.engine.quant import weights as weights_module
 from trio_llm.engine.quant.weights import DENSE_ROWS
 from trio_llm.engine.step import model_runner
@@ -92,13 +98,34 @@ def test_calls_of_many_rows_take_the_copy_from_the_measured_crossover(
     )
 
 
-def test_a_kernel_that_never_loses_keeps_its_copy_for_calls_past_the_probes(
+def test_a_kernel_that_loses_only_at_a_chunk_keeps_its_copy_for_calls_past_the_probes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ws = weights(1)
-    timer = timer_with_crossover(10**6, monkeypatch)
+    timer = timer_with_crossover(dense_copies.CHUNK_ROWS, monkeypatch)
     kept = dense_copies.keep(ws, BF16, available=None, timer=timer)
     assert kept.crossovers == {(64, 128): 2 * dense_copies.PROBE_ROWS[-1]}
+    assert kept.kept and ws[0].dense is not None
+
+
+def test_a_kernel_that_never_loses_keeps_no_copy_and_is_never_dequantized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the row-exact kernel beats the copy at a prefill chunk's rows too (the integer
+    kernel on an AMD EPYC), the copy is dropped, and a chunk is not dequantized per call either:
+    every call stays on the kernel."""
+    ws = weights(2)
+    timer = timer_with_crossover(10**6, monkeypatch)
+    kept = dense_copies.keep(ws, BF16, available=None, timer=timer)
+    assert kept.crossovers == {(64, 128): NEVER_DENSE}
+    assert not kept.kept and kept.nbytes == 0 and "every size" in kept.describe()
+    assert all(w.dense is None and w.dense_rows == NEVER_DENSE for w in ws)
+    linear = dispatching(lambda x, w, b: pytest.fail("a quantized weight went to `inner`"))
+    x = torch.randn(2 * dense_copies.CHUNK_ROWS, 128).to(BF16)
+    assert torch.equal(
+        linear(x, ws[0], None),  # type: ignore[arg-type]
+        ws[0].matmul(x, None),
+    )
 
 
 def test_no_copies_beyond_the_memory_share_and_prefill_chunks_dequantize_per_call() -> None:
@@ -118,9 +145,20 @@ def test_no_copies_beyond_the_memory_share_and_prefill_chunks_dequantize_per_cal
     assert taken == [DENSE_ROWS["int4"]]
 
 
-def test_a_float32_model_multiplies_its_quantized_weights_in_bf16(tiny_model_dir: Path) -> None:
+def copies_win_from_8_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies kept whatever this machine's timings say (a kernel that beats them at every size
+    keeps none), and no crossover recalled from an earlier run."""
+    monkeypatch.setattr(dense_copies, "crossover", lambda pairs, timer: 8)
+    fresh = MachineRecord(tmp_path / "measured.json")
+    monkeypatch.setattr(model_runner, "MachineRecord", lambda: fresh)
+
+
+def test_a_float32_model_multiplies_its_quantized_weights_in_bf16(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Not on the kernels' float32 paths (15x slower): the matmul inputs are rounded to bf16,
     its outputs and everything between the matmuls stay float32."""
+    copies_win_from_8_rows(tmp_path, monkeypatch)
     core = make_core(
         tiny_model_dir, quantization="int4", dtype="float32", device="cpu", batch_invariant="off"
     )
@@ -141,7 +179,10 @@ def test_w8a8_weights_get_no_copy() -> None:
     assert w.dense is None
 
 
-def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Path) -> None:
+def test_an_engine_keeps_copies_only_without_batch_invariance(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies_win_from_8_rows(tmp_path, monkeypatch)
     off = make_core(
         tiny_model_dir, quantization="int4", dtype="auto", device="cpu", batch_invariant="off"
     )
@@ -160,8 +201,9 @@ def test_an_engine_keeps_copies_only_without_batch_invariance(tiny_model_dir: Pa
 @pytest.mark.parametrize(
     ("float_path", "int_path", "exact"),
     [
-        ("avx512_bf16", "vnni", RowsExact),  # AVX512-BF16 without AMX: the float kernel
-        ("amx", "vnni", IntRows),  # AMX: the integer kernel
+        ("avx512_bf16", "vnni", IntRows),  # VNNI: the integer kernel, with AMX or without
+        ("avx512_bf16", None, RowsExact),  # AVX512-BF16 without VNNI's kernel: the float one
+        ("amx", "vnni", IntRows),
         ("amx", None, None),  # AMX without the integer kernel: torch's
     ],
 )
@@ -175,15 +217,14 @@ def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
 ) -> None:
     """Without invariance, the calls below the crossover take the row-exact kernel measured
     fastest on the CPU's class (ops/row_exact.py), and the crossover is timed against it: the
-    float kernel's grouped sums on AVX512-BF16 without AMX, the integer kernel on an AMX
-    machine; where neither wins (an AMX machine without the integer kernel) torch's. The
-    classes are faked: any machine runs each kernel on a path of its own, with the same bits."""
+    integer kernel where it has VNNI (AMX or not), the float kernel's grouped sums on
+    AVX512-BF16 without it; where neither wins (an AMX machine without the integer kernel)
+    torch's. The classes are faked: any machine runs each kernel on a path of its own, with the
+    same bits."""
     if int4_rows.KERNEL.extension() is None or int_rows.KERNEL.extension() is None:
         pytest.skip("the row-exact kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
-    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
-    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     timed: list[bool] = []
     real = dense_copies.crossover
 
@@ -198,7 +239,7 @@ def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
         tiny_model_dir, quantization="int4", dtype="auto", device="cpu", batch_invariant="off"
     )
     assert not core.runner.invariance.on
-    assert core.runner.dense_copies is not None and core.runner.dense_copies.kept
+    assert core.runner.dense_copies is not None  # kept or not, as this machine timed them
     own = core.runner.own
     assert own is not None
     matrices = [w for w in own.matrices() if isinstance(w, Int4Weight)]

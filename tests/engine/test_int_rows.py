@@ -127,8 +127,10 @@ def test_an_8_bit_matrix_keeps_its_value() -> None:
         ("amx", "vnni", True, torch.float32, IntRows),  # it takes float32 rows too
         ("amx", None, True, BF16, RowsExact),  # no integer kernel: the float one for invariance
         ("amx", None, False, BF16, None),  # ... and torch's without (its lone row is slower)
-        ("avx512_bf16", "vnni", False, BF16, RowsExact),  # AVX512-BF16 without AMX: measured
-        ("avx512_bf16", "vnni", True, torch.float32, None),  # float32 rows: torch's kernels
+        ("avx512_bf16", "vnni", False, BF16, IntRows),  # AVX512-BF16 without AMX: VNNI too
+        ("avx512_bf16", "vnni", True, torch.float32, IntRows),
+        ("avx512_bf16", None, False, BF16, RowsExact),  # no integer kernel: the float one
+        ("avx512_bf16", None, True, torch.float32, None),  # ... which takes bf16 rows only
         ("generic", "generic", True, BF16, None),  # AVX2: torch's
         ("avx512_bf16", "generic", True, BF16, RowsExact),  # the integer kernel's scalar path
         ("amx", "vnni", False, torch.float16, None),  # float16 rows: neither
@@ -144,23 +146,24 @@ def test_each_cpu_class_takes_the_kernel_measured_there(
 ) -> None:
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
-    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
-    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     assert row_exact.kernel(invariant, dtype) is kernel
 
 
 @pytest.mark.parametrize(
     ("float_path", "int_path", "free"),
-    [("avx512_bf16", "vnni", True), ("amx", "vnni", False), ("generic", "generic", False)],
+    [
+        ("avx512_bf16", "vnni", True),
+        ("avx512_bf16", None, True),
+        ("amx", "vnni", False),
+        ("generic", "generic", False),
+    ],
 )
 def test_auto_keeps_invariance_only_where_its_price_was_measured_small(
     monkeypatch: pytest.MonkeyPatch, float_path: str, int_path: str, free: bool
 ) -> None:
     """On an AMX machine the integer kernel makes decode steps nearly free with invariance but a
     prefill 1.7-2.2x as long (bench/results/step_profile_amx_attention.md): `auto` keeps it off
-    there."""
+    there. Without AMX nothing beats the row-exact kernel on a prompt's rows, whichever it is."""
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
-    amx = frozenset({int_rows.CLASS_FLAG} if float_path == "amx" else ())
-    monkeypatch.setattr(int_rows, "cpu_flags", lambda: amx)
     assert row_exact.invariance_free(BF16) is free

@@ -35,15 +35,19 @@ import torch
 
 from trio_llm.engine.ops.machine_record import MachineRecord, machine_key
 from trio_llm.engine.ops.matmul import Weight, multiply, pack
-from trio_llm.engine.quant import Int8Weight, QuantizedWeight, is_quantized
+from trio_llm.engine.quant import NEVER_DENSE, Int8Weight, QuantizedWeight, is_quantized
 
 log = logging.getLogger(__name__)
 
 MEMORY_SHARE = 0.25
 """The copies may take at most this share of the memory available at start-up."""
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
-"""Row counts timed for a crossover; a matrix whose kernel still wins at the last keeps its
-copy for calls from twice that on."""
+"""Row counts timed for a crossover; a matrix whose kernel still wins at the last is timed at
+`CHUNK_ROWS` too, and keeps its copy for calls from twice the last on if it loses there."""
+CHUNK_ROWS = 512
+"""A prefill chunk's rows: a kernel that beats the copy here too keeps no copy (`NEVER_DENSE`).
+The integer row-exact kernel does on an AMD EPYC: 0.7-0.85x oneDNN's bf16 time at 512 rows
+(bench/results/int_rows_epyc.md), where a copy from 128 rows made prefill slower."""
 PROBE_REPEATS = 3
 
 
@@ -58,7 +62,10 @@ class DenseCopies:
     def describe(self) -> str:
         if not self.kept:
             return f"quantized kernels for every call ({self.reason})"
-        rows = ", ".join(f"{n}x{k} from {r}" for (n, k), r in sorted(self.crossovers.items()))
+        rows = ", ".join(
+            f"{n}x{k} " + ("never" if r == NEVER_DENSE else f"from {r}")
+            for (n, k), r in sorted(self.crossovers.items())
+        )
         return (
             f"dense copies ({self.nbytes / 2**20:.0f} MiB) for calls of many rows ({rows} "
             f"rows; {self.reason})"
@@ -133,18 +140,28 @@ def keep(
         )
         for packing in {type(w.exact) for w, _ in pairs if w.exact is not None}:
             kinds.append((packing.__name__, packing.build_key()))  # timed against this build
-        key = machine_key("dense crossover", PROBE_ROWS, shape, len(pairs), str(dtype), kinds)
+        key = machine_key(
+            "dense crossover", (*PROBE_ROWS, CHUNK_ROWS), shape, len(pairs), str(dtype), kinds
+        )
         crossovers[shape], known = record.recall_or_measure(key, measure)
         recalled += known
     for shape, pairs in groups.items():
         for weight, dense in pairs:
-            weight.dense, weight.dense_rows = dense, crossovers[shape]
+            never = crossovers[shape] == NEVER_DENSE
+            weight.dense, weight.dense_rows = None if never else dense, crossovers[shape]
+    nbytes = sum(
+        shape[0] * shape[1] * elem * len(groups[shape])
+        for shape, rows in crossovers.items()
+        if rows != NEVER_DENSE
+    )
     if record is None:
         how = "crossovers measured at start-up"
     elif recalled == len(groups):
         how = f"crossovers as measured on this machine before ({record.path})"
     else:
         how = f"crossovers measured at start-up, recorded in {record.path}"
+    if not nbytes:
+        return DenseCopies(False, 0, crossovers, f"the kernels beat them at every size; {how}")
     return DenseCopies(True, nbytes, crossovers, how)
 
 
@@ -157,20 +174,24 @@ def crossover(
     layers), so each reads its weight from memory rather than from a cache the previous call
     warmed, which would hide what the quantized form saves."""
     width = pairs[0][1].shape[1]
-    for rows in PROBE_ROWS:
+
+    def dense_wins(rows: int) -> bool:
         x = torch.randn(rows, width).to(pairs[0][1].dtype)  # type: ignore[union-attr]
 
-        def kernels(x: torch.Tensor = x) -> None:
+        def kernels() -> None:
             for weight, _ in pairs:
                 weight.matmul(x, None)
 
-        def plain(x: torch.Tensor = x) -> None:
+        def plain() -> None:
             for _, dense in pairs:
                 multiply(x, dense)
 
-        if timer(plain) <= timer(kernels):
+        return timer(plain) <= timer(kernels)
+
+    for rows in PROBE_ROWS:
+        if dense_wins(rows):
             return rows
-    return 2 * PROBE_ROWS[-1]
+    return 2 * PROBE_ROWS[-1] if dense_wins(CHUNK_ROWS) else NEVER_DENSE
 
 
 def _best_time(fn: Callable[[], object]) -> float:

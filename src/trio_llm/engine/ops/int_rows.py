@@ -20,18 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trio_llm.engine.ops.cpu import cpu_flags
 from trio_llm.engine.ops.int4_rows import STRIP, per_strip
 from trio_llm.engine.ops.native import Kernel
 
 KERNEL = Kernel("int_rows.cpp")
 ENV = "TRIO_LLM_INT_ROWS"
-CLASS_FLAG = "amx_int8"
-"""The CPU class where the kernel is the quantized matmul of choice, by a flag only it has:
-measured on an AMX Xeon (bench/results/int_rows.md), where a lone row takes 0.2-0.35x the float
-row-exact kernel's time and 0.4-0.5x torch's int4 kernel's. It sums with VNNI there, as it
-would on an AMD EPYC, where the float kernel's grouped sums are the measured default and this
-one is not measured."""
 
 
 def path(allow_vnni: bool = True) -> str | None:
@@ -44,9 +37,13 @@ def path(allow_vnni: bool = True) -> str | None:
 
 
 def available() -> bool:
-    """Whether quantized matrices should take this kernel here: VNNI on the class it was
-    measured on (`CLASS_FLAG`)."""
-    return path() == "vnni" and CLASS_FLAG in cpu_flags()
+    """Whether quantized matrices should take this kernel here: where it sums with VNNI. Both
+    classes of the pool that have VNNI measured it the fastest row-exact kernel at every row
+    count: on an AMX Xeon a lone row takes 0.2-0.35x the float row-exact kernel's time and
+    0.4-0.5x torch's int4 kernel's (bench/results/int_rows.md); on an AMD EPYC (AVX512-BF16,
+    no AMX) 0.5-0.8x the float kernel's from 4 to 512 rows, and 0.7-0.85x oneDNN's bf16
+    matmul at 512 (bench/results/int_rows_epyc.md). Its generic path is correct but slow."""
+    return path() == "vnni"
 
 
 @dataclass(slots=True, eq=False)

@@ -1,13 +1,13 @@
 """Which row-exact kernel a quantized matrix takes on this machine: the integer one
 (ops/int_rows.py) or the float one (ops/int4_rows.py), or neither (torch's kernels).
 
-Why a choice: both compute a row the same way at every row count, but each was measured fast
-on its own CPU class. The integer kernel's lone row takes 0.2-0.3x the float kernel's time on
-an AMX Xeon, where the float kernel's lone row loses to torch's int4 kernel; the float kernel's
-grouped sums are the measured default on AVX512-BF16 without AMX (an AMD EPYC), where the
-integer kernel is unmeasured. The integer kernel also multiplies float32 activations; it
-rounds activations to 8 bits per block of 32 (perplexity of the default file +0.36% against
-llama.cpp's with every row on it, an AMX Xeon; the float kernel's +0.46%, an AMD EPYC).
+Why a choice: both compute a row the same way at every row count, but the integer one needs
+VNNI. Where it has it, it was measured the faster at every row count on both classes of the
+pool that do (an AMX Xeon, an AMD EPYC); the float kernel's grouped sums serve AVX512-BF16
+without VNNI. The integer kernel also multiplies float32 activations; it rounds activations
+to 8 bits per block of 32 (perplexity of the default file against llama.cpp's with every row
+on it: +0.36% on an AMX Xeon, +0.31% on an AMD EPYC with the bf16 attention kernel; the float
+kernel's +0.46%, an AMD EPYC).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ def kernel(invariant: bool, dtype: torch.dtype) -> Packing | None:
 
 def invariance_free(dtype: torch.dtype) -> bool:
     """Whether `auto` may keep batch invariance on for quantized weights here: where the
-    default's kernel makes it cost little, measured. The float kernel on AVX512-BF16 without
-    AMX: decode steps 0.94-1.08x, a prefill 1.08-1.23x (an AMD EPYC,
-    bench/results/step_profile_invariant.md). Not the integer kernel on AMX: decode steps
-    0.95-1.03x, but a 1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon, bench/results/
-    step_profile_amx_attention.md; 3-3.7x before the attention ran on AMX tiles), and served
-    under load 0.86-0.93x the tok/s: without invariance oneDNN's AMX matmuls on dense copies take
-    a prompt's rows, with it this kernel on VNNI (half a prefill's time)."""
-    return kernel(False, dtype) is RowsExact
+    row-exact kernel is the default's for every row anyway, because nothing beats it on a
+    prompt's rows either. So on AVX512-BF16 without AMX (an AMD EPYC): the integer kernel
+    takes 512 rows in 0.7-0.85x oneDNN's bf16 time (bench/results/int_rows_epyc.md), the
+    float one in 1.0-1.1x. Not on AMX: there oneDNN's AMX matmuls on dense copies take a
+    prompt's rows in a third of the integer kernel's time, and invariance, which keeps every
+    row on that kernel, cost a 1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon,
+    bench/results/step_profile_amx_attention.md) and served tok/s 0.86-0.93x."""
+    return kernel(False, dtype) is not None and int4_rows.path() != "amx"

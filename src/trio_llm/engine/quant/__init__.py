@@ -8,6 +8,7 @@ LM head) stays float in the activations' dtype: norms, biases, rotary tables, th
 """
 
 from trio_llm.engine.quant.weights import (
+    NEVER_DENSE,
     Int4Weight,
     Int8Weight,
     QuantizedWeight,
@@ -20,6 +21,7 @@ from trio_llm.engine.quant.weights import (
 )
 
 __all__ = [
+    "NEVER_DENSE",
     "Int4Weight",
     "Int8Weight",
     "QuantizedWeight",

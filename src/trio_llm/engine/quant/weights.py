@@ -46,6 +46,9 @@ grows with the rows (measured on the EPYC, 1 thread: they lose to bf16 from 16 r
 64 rows, 3x at 512), but a dequantization costs about a 200-row float matmul of the weight
 (bench/results/quant_kernels.md): prefill chunks gain, decode batches do not. An LM head call
 is this large only for prompt logprobs (it takes the sampled rows)."""
+NEVER_DENSE = 1 << 62
+"""`dense_rows` of a weight whose row-exact kernel beat its dense copy at a prefill chunk's rows
+too (models/dense_copies.py): no copy is kept, and no call dequantizes it."""
 
 
 @dataclass(slots=True, eq=False)
@@ -301,8 +304,9 @@ def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
     With `dense`, a call of many rows goes to `inner` on a float matrix instead: the weight's
     kept dense copy from its measured crossover on (`dense_rows`, models/dense_copies.py), or,
     where no copy is kept, the weight dequantized for the call from `DENSE_ROWS` on (a prefill
-    chunk). Without it every row of every call runs on the quantized kernels, which are
-    row-exact (batch invariance), at the price of slower batches and prefills."""
+    chunk), unless its kernel was measured faster than a copy at every size (`NEVER_DENSE`).
+    Without it every row of every call runs on the quantized kernels, which are row-exact
+    (batch invariance), at the price of slower batches and prefills where they lose."""
 
     def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         if not isinstance(weight, Int4Weight | Int8Weight):
@@ -319,7 +323,10 @@ def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
             if weight.dense is not None:
                 if rows >= weight.dense_rows:
                     return multiply(x, weight.dense, bias)
-            elif rows >= DENSE_ROWS["int4" if isinstance(weight, Int4Weight) else "int8"]:
+            elif (
+                weight.dense_rows != NEVER_DENSE
+                and rows >= DENSE_ROWS["int4" if isinstance(weight, Int4Weight) else "int8"]
+            ):
                 return inner(x, weight.dequantize(), bias)
         return weight.matmul(x, bias)
 
