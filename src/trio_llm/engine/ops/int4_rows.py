@@ -30,11 +30,12 @@ FAST_PATHS = ("amx", "avx512_bf16")
 """Where the kernel outruns torch's int4 kernel from a few rows on; its generic path (no
 AVX512-BF16) is correct but slow, so there torch's kernels stay."""
 DEFAULT_PATHS = ("avx512_bf16",)
-"""Where it is also the default's quantized kernel, batch invariance or not: its grouped sums
-(AVX512-BF16 without AMX) beat torch's int4 kernel from one row on, by 1.2-2x in a layer's
-matrices, and oneDNN's bf16 matmul up to 128 rows (AMD EPYC, bench/results/int4_rows.md). Its
-AMX path unpacks a lone row's strip more slowly than torch's kernel (1.6-2x, an AMX Xeon), so
-there the default keeps torch's kernel for few rows."""
+"""Where it is also the default's quantized kernel, batch invariance or not, unless the integer
+kernel (ops/int_rows.py, VNNI) is there, which is faster still: its grouped sums (AVX512-BF16
+without AMX) beat torch's int4 kernel from one row on, by 1.2-2x in a layer's matrices, and
+oneDNN's bf16 matmul up to 128 rows (AMD EPYC, bench/results/int4_rows.md). Its AMX path
+unpacks a lone row's strip more slowly than torch's kernel (1.6-2x, an AMX Xeon), so there the
+default keeps torch's kernel for few rows."""
 
 
 def path(allow_amx: bool = True) -> str | None:

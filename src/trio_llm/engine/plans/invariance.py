@@ -72,13 +72,14 @@ KEY_BUCKET = 64
 """With invariance on, each query attends over its context rounded up to a multiple of this,
 so its attention has the same shape in any batch and on any path (StepLayout.key_bucket)."""
 QUANTIZED_PRICE = (
-    "; quantized weights on the row-exact kernel, every query on the bf16 attention kernel "
-    "(AVX512-BF16): decode steps as fast as without invariance, a 2,000-token prompt's prefill "
-    "1.3x as long, 8 concurrent 1,700-token prompts served at 0.8x the throughput (measured on "
-    "an AMD EPYC); --batch-invariant off for the fastest long prompts"
+    "; quantized weights on the row-exact kernel, the fastest here with invariance or without, "
+    "every query on the bf16 attention kernel (AVX512-BF16): decode steps and a 2,000-token "
+    "prompt's prefill as fast as without invariance (measured on an AMD EPYC)"
 )
-"""What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up
-(bench/results/step_profile_bf16_attention.md, bench/results/serving_vs_vllm.md)."""
+"""What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up:
+on an AMD EPYC with the integer kernel, decode steps of 1-32 rows 0.94-1.01x and a 1,000- or
+2,000-token prefill 0.99-1.0x the time without invariance
+(bench/results/step_profile_int_rows_epyc.md)."""
 CHECK_ROWS = 40
 """Distinct rows the start-up check computes alone; calls of more rows repeat them. Few rows
 can miss a kernel that sums a row another way, since the bf16 bits often agree: 40 and 128
@@ -271,9 +272,9 @@ def decide(
     (engine/quant), which are row-exact but make prefill chunks 3x slower than the dequantized
     dense path a prefill takes without invariance: past the bound `auto` keeps, unless
     `quantized_free`: the quantized matrices run on the row-exact kernel that is the default's
-    for few rows anyway (ops/int4_rows.py's DEFAULT_PATHS) and every query reads the cache in
-    place (ops/paged_amx.py on AVX512-BF16, else ops/paged_decode.py), where invariance was
-    measured to cost a decode step nothing and a prefill 1.3x (`QUANTIZED_PRICE`, said at
+    for every row anyway (ops/row_exact.py's `invariance_free`) and every query reads the cache
+    in place (ops/paged_amx.py on AVX512-BF16, else ops/paged_decode.py), where invariance was
+    measured to cost neither a decode step nor a prefill (`QUANTIZED_PRICE`, said at
     start-up). `lora`: the engine serves LoRA adapters, whose updates are grouped calls
     shaped by how many rows share an adapter: `on` is refused; `auto` keeps invariance for the
     requests without one.
