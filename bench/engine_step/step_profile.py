@@ -29,7 +29,15 @@ from typing import Any
 import torch
 
 from trio_llm.config import EngineArgs
-from trio_llm.engine.ops import fused, int4_rows, int_rows, paged_amx, paged_decode, threads
+from trio_llm.engine.ops import (
+    bf16_rows,
+    fused,
+    int4_rows,
+    int_rows,
+    paged_amx,
+    paged_decode,
+    threads,
+)
 from trio_llm.engine.step.core import EngineCore
 from trio_llm.ipc.messages import EngineCoreRequest
 from trio_llm.sampling_params import SamplingParams
@@ -54,12 +62,17 @@ class Variant:
     int_rows: bool = True  # quantized weights on engine/ops/int_rows.py's where it is chosen
     fused: bool = True  # the elementwise ops in engine/ops/fused.py's kernels where they run
     amx: bool = True  # attention on engine/ops/paged_amx.py's kernel where it runs
+    strips: bool = True  # plain bf16 weights on engine/ops/bf16_rows.py's kernel where chosen
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
         `TRIO_LLM_INT_ROWS`), the fused ops at each step (`TRIO_LLM_FUSED`, set for its
         turns)."""
-        wanted = {int4_rows.ENV: self.int4_rows, int_rows.ENV: self.int_rows}
+        wanted = {
+            int4_rows.ENV: self.int4_rows,
+            int_rows.ENV: self.int_rows,
+            bf16_rows.ENV: self.strips,
+        }
         before = {name: os.environ.get(name) for name in wanted}
         os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
         try:
@@ -79,6 +92,7 @@ class Variant:
         integer = "" if self.int_rows else ", no integer kernel"
         eager = "" if self.fused else ", eager elementwise ops"
         eager += "" if self.amx else ", attention without AMX"
+        eager += "" if self.strips else ", bf16 weights on oneDNN"
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
             f"{integer}{eager}"
@@ -127,6 +141,11 @@ VARIANTS = {
     "own-gguf-noamx": Variant("own", "auto", "off", "auto", amx=False),
     "own-gguf-inv-noamx": Variant("own", "auto", "on", "auto", amx=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
+    # --quantization none: the GGUF dequantized to bf16, its matmuls on the strip kernel or not
+    "own-none": Variant("own", "auto", "auto", "none"),
+    "own-none-onednn": Variant("own", "auto", "auto", "none", strips=False),
+    "own-none-off": Variant("own", "auto", "off", "none"),
+    "own-none-off-onednn": Variant("own", "auto", "off", "none", strips=False),
 }
 DEFAULT_VARIANTS = ["own-fp32", "own-fp32-inv", "own-bf16-noinv", "own-bf16"]
 

@@ -23,11 +23,12 @@ from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.models import loader
 from trio_llm.engine.models.gguf_weights import weights_nbytes
-from trio_llm.engine.ops import int4_rows, int_rows, matmul, paged_decode, threads
+from trio_llm.engine.ops import bf16_rows, int4_rows, int_rows, matmul, paged_decode, threads
 from trio_llm.engine.ops.matmul import (
     BF16_AMX,
     BF16_AVX512,
     BF16_PLAIN,
+    BF16_STRIPS,
     FP32_ONEDNN,
     PADDED,
     Matmul,
@@ -304,6 +305,7 @@ def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
     [
         (FP32_ONEDNN, torch.float32),
         (BF16_AVX512, torch.bfloat16),
+        (BF16_STRIPS, torch.bfloat16),
         (BF16_AMX, torch.bfloat16),
         (PADDED, torch.bfloat16),
         (PADDED, torch.float32),
@@ -315,14 +317,22 @@ def test_a_plan_computes_each_row_as_alone_at_any_offset(
     # A CPU class's bf16 plan holds on that class only: oneDNN takes AMX tiles where the CPU
     # has them, and there the AVX512-BF16 plan's call shapes are not row-exact.
     own = matmul.plan_for(torch.bfloat16, loader.cpu_flags())
-    if plan in (BF16_AVX512, BF16_AMX) and plan is not own:
+    # The strip plan's own kernel sums one way on any machine; every shape here is the kernel's.
+    avx512 = (BF16_AVX512, BF16_STRIPS)
+
+    def cpu_class(p: MatmulPlan | None) -> str | None:
+        return "amx" if p is BF16_AMX else "avx512_bf16" if p in avx512 else None
+
+    if plan is not BF16_STRIPS and cpu_class(plan) not in (None, cpu_class(own)):
         pytest.skip(f"the plan of another CPU class (this one's: {own and own.name})")
+    if plan is BF16_STRIPS and not bf16_rows.available():
+        pytest.skip("the strip kernel needs a C++ compiler")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         shapes = [(96, 64), (64, 1536), (200, 2100)]
         assert invariance.check_matmul(Matmul(plan), shapes, dtype, torch.device("cpu")) is None
-        if plan is BF16_AVX512:
+        if plan in avx512:
             # Narrow shapes, and rows enough to see them: oneDNN's plain bf16 matmul summed
             # these rows another way in calls of 2 and of 16 rows on an EPYC (the tiny test
             # model's K and V projections), which 40 rows missed.
@@ -351,8 +361,10 @@ def test_the_check_tries_calls_as_large_as_the_step_budget() -> None:
     assert failed is not None and "calls of 512 rows" in failed
 
 
-@pytest.mark.parametrize("plan", [FP32_ONEDNN, BF16_AVX512, BF16_AMX, PADDED])
+@pytest.mark.parametrize("plan", [FP32_ONEDNN, BF16_AVX512, BF16_STRIPS, BF16_AMX, PADDED])
 def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> None:
+    if plan is BF16_STRIPS and not bf16_rows.available():
+        pytest.skip("the strip kernel needs a C++ compiler")
     dtype = torch.float32 if plan is FP32_ONEDNN else torch.bfloat16
     x, w = torch.randn(77, 2100).to(dtype), torch.randn(40, 2100).to(dtype)
     b = torch.randn(40).to(dtype)
@@ -368,17 +380,24 @@ def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> 
     ("flags", "bf16", "fp32"),
     [
         (AVX2_ONLY, BF16_PLAIN, FP32_ONEDNN),
-        (AVX512_BF16, BF16_AVX512, FP32_ONEDNN),
+        (AVX512_BF16, BF16_STRIPS, FP32_ONEDNN),
         (AMX, BF16_AMX, FP32_ONEDNN),
     ],
     ids=["avx2-only", "avx512-bf16", "amx"],
 )
 def test_each_cpu_class_gets_its_plan(
-    flags: frozenset[str], bf16: MatmulPlan, fp32: MatmulPlan
+    flags: frozenset[str], bf16: MatmulPlan, fp32: MatmulPlan, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(bf16_rows, "available", lambda: True)
     assert matmul.plan_for(torch.bfloat16, flags) is bf16
     assert matmul.plan_for(torch.float32, flags) is fp32
     assert matmul.plan_for(torch.float16, flags) is None
+
+
+def test_without_the_strip_kernel_avx512_bf16_takes_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TRIO_LLM_BF16_ROWS=0`, or no C++ compiler: oneDNN's inner product, lone rows padded."""
+    monkeypatch.setenv(bf16_rows.ENV, "0")
+    assert matmul.plan_for(torch.bfloat16, AVX512_BF16) is BF16_AVX512
 
 
 def test_an_amx_plan_tiles_its_calls(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

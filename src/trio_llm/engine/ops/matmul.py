@@ -17,6 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trio_llm.engine.ops import bf16_rows
+from trio_llm.engine.ops.bf16_rows import StripWeight
+
 K_CHUNK = 1024
 """The longest inner dimension oneDNN computes one way for every number of rows."""
 
@@ -43,6 +46,9 @@ class MatmulPlan:
     invariant: bool = True
     """A plan for batch invariance (the forward then runs its activations row by row too);
     `PACKED` is the one plan for speed alone."""
+    strips: bool = False
+    """bf16 weights with an even inner dimension on our own row-exact kernel
+    (ops/bf16_rows.py) instead, every call of theirs unpadded."""
 
 
 FP32_ONEDNN = MatmulPlan(
@@ -57,6 +63,15 @@ shapes (K=64, N=32 or 48) as well as past K=1024; its inner product on weights r
 computes every row alike from two rows up, on every shape tried (K 64 to 8192, N 3 to 49152,
 calls up to 2,048 rows), and was 0.7-1.0x the plain matmul's time on the default model's
 shapes (docs/notes/2026-12-06-eighth.md)."""
+BF16_STRIPS = MatmulPlan(
+    "bf16: the own strip kernel, others oneDNN on reordered weights with lone rows padded to 2",
+    packed=True,
+    min_rows=2,
+    strips=True,
+)
+"""AVX512-BF16 without AMX where our kernel is built: a lone row on oneDNN read the weights at
+about a third of what the kernel does (ops/bf16_rows.py); `BF16_AVX512` for what it does not
+take."""
 BF16_AMX = MatmulPlan("bf16: oneDNN in calls of at most 32 rows", row_tile=32)
 BF16_PLAIN = MatmulPlan("bf16: torch's own kernel (no oneDNN bf16 here)")
 PADDED = MatmulPlan("padded calls of exactly 8 rows", min_rows=8, row_tile=8)
@@ -74,7 +89,7 @@ def plan_for(dtype: torch.dtype, flags: frozenset[str]) -> MatmulPlan | None:
         if "amx_bf16" in flags:
             return BF16_AMX
         if "avx512_bf16" in flags:
-            return BF16_AVX512
+            return BF16_STRIPS if bf16_rows.available() else BF16_AVX512
         return BF16_PLAIN
     return None
 
@@ -98,7 +113,7 @@ class PackedWeight:
         return sum(p.numel() * p.element_size() for p in self.parts)
 
 
-Weight = Tensor | PackedWeight
+Weight = Tensor | PackedWeight | StripWeight
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -120,6 +135,8 @@ class Matmul:
         """The form of `weight` its calls take: reordered (and split) for a packed plan."""
         plan = self.plan
         weight = weight.detach()
+        if plan is not None and plan.strips and bf16_rows.takes(weight):
+            return StripWeight.pack(weight)
         if plan is None or not plan.packed:
             return weight
         in_features = weight.shape[1]
@@ -142,6 +159,8 @@ class Matmul:
         if plan is None:
             assert isinstance(weight, Tensor)
             return F.linear(x, weight, bias)
+        if isinstance(weight, StripWeight):
+            return weight.matmul(x, bias)
         rows = x.shape[0]
         min_rows = plan.min_rows if weight.shape[1] > plan.min_rows_k else 1
         if plan.row_tile is not None and rows > plan.row_tile:
@@ -172,15 +191,27 @@ measured on the AMD EPYC (bf16, 2 threads, 30 gate-up matrices in turn) 1.9x fas
 1.7x at 32, 1.1x at 512 (the reorder is a pass over the weight a call saves)."""
 
 
-def fastest(dtype: torch.dtype, device: torch.device) -> Matmul:
+STRIPS_FAST = MatmulPlan(
+    "bf16: the own strip kernel, others oneDNN on weights reordered once",
+    packed=True,
+    strips=True,
+    invariant=False,
+)
+"""`PACKED` with the strip kernel where `BF16_STRIPS` would take it: as fast as oneDNN from 128
+rows and up to 3x faster for few rows (ops/bf16_rows.py), so a forward without invariance
+takes it too."""
+
+
+def fastest(dtype: torch.dtype, device: torch.device, flags: frozenset[str]) -> Matmul:
     """The matmul for a forward that keeps no batch invariance: `PACKED` where oneDNN runs
-    this dtype on this device, `F.linear` elsewhere."""
+    this dtype on this device (`STRIPS_FAST` for bf16 where the CPU class's plan takes the
+    strip kernel), `F.linear` elsewhere."""
     if (
         device.type == "cpu"
         and torch.backends.mkldnn.is_available()
         and dtype in (torch.float32, torch.bfloat16)
     ):
-        return Matmul(PACKED)
+        return Matmul(STRIPS_FAST if plan_for(dtype, flags) is BF16_STRIPS else PACKED)
     return Matmul()
 
 
@@ -192,9 +223,11 @@ def pack(weight: Tensor) -> Weight:
 
 
 def multiply(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
-    """`x @ weight.T + bias` on a plain or a packed weight, one call per packed part."""
+    """`x @ weight.T + bias` on a plain, a packed or a strip weight, one call per packed part."""
     if isinstance(weight, Tensor):
         return F.linear(x, weight, bias)
+    if isinstance(weight, StripWeight):
+        return weight.matmul(x, bias)
     linear = torch.ops.mkldnn._linear_pointwise
     out: Tensor | None = None
     for (start, end), part in zip(weight.spans, weight.parts):

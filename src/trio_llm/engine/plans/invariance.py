@@ -280,7 +280,7 @@ def decide(
     requests without one.
     `max_rows`: the most rows a matmul call takes (the step's token budget)."""
     if mode == "off":
-        return Decision(fastest(dtype, device), False, "--batch-invariant off")
+        return Decision(fastest(dtype, device, flags), False, "--batch-invariant off")
     if mode == "on" and lora:
         raise InvarianceUnavailable(
             "--batch-invariant on cannot be kept: LoRA adapters' updates are computed in grouped "
@@ -289,7 +289,7 @@ def decide(
         )
     if mode == "auto" and quantized and not quantized_free:
         return Decision(
-            fastest(dtype, device),
+            fastest(dtype, device, flags),
             False,
             "quantized weights would keep every prefill chunk on the row-exact quantized "
             "kernels (on an AMX Xeon a prompt 1.7-2.2x as long, served tok/s "
@@ -321,4 +321,4 @@ def decide(
             return Decision(Matmul(PADDED), True, f"{PADDED.name} ({failed})")
     if mode == "on":
         raise InvarianceUnavailable(f"--batch-invariant on cannot be kept: {reason}")
-    return Decision(fastest(dtype, device), False, reason)
+    return Decision(fastest(dtype, device, flags), False, reason)

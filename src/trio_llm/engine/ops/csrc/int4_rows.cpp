@@ -422,6 +422,37 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
+// x [M, K] bf16 by a bf16 weight already in the dequantized strips' layout (`bf16_rows.py`:
+// [strips, K / 2, 32, 2]): [M, N] bf16. The same pass over a strip as the quantized weights'
+// dequantized path, one `vdpbf16ps` chain an output, so a row's result does not depend on the
+// call's rows; a lone row reads each weight once, straight from memory.
+torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& strips, int64_t N) {
+  TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
+              "x: contiguous [M, K] bf16");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(strips.dtype() == torch::kBFloat16 && strips.is_contiguous() && strips.dim() == 2 &&
+                  strips.size(1) == K * kStrip && K % 2 == 0 && N <= strips.size(0) * kStrip,
+              "strips: contiguous [strips, K * 32] bf16, K even");
+  auto out = torch::empty({M, N}, x.options());
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const auto* wp = reinterpret_cast<const uint16_t*>(strips.data_ptr<at::BFloat16>());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, strips.size(0), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(kRows * kStrip);
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t width = std::min<int64_t>(kStrip, N - s * kStrip);
+      for (int64_t m = 0; m < M; m += kRows) {
+        const int64_t rows = std::min<int64_t>(kRows, M - m);
+        kRowsFns[rows - 1](xp + m * K, K, wp + s * K * kStrip, K, acc.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < width; ++j)
+            op[(m + r) * N + s * kStrip + j] = round_bf16(acc[r * kStrip + j]);
+      }
+    }
+  });
+  return out;
+}
+
 // Which instructions compute the sums here: "amx", "avx512_bf16" or "generic".
 std::string path(bool allow_amx) {
 #ifdef TRIO_AMX
@@ -436,5 +467,6 @@ std::string path(bool allow_amx) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "bf16 rows by 4-bit weights, row-exact at any row count");
+  m.def("bf16_linear", &bf16_linear, "bf16 rows by a bf16 weight's strips, row-exact");
   m.def("path", &path, "which instructions compute the sums on this machine");
 }

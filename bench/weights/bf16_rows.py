@@ -1,0 +1,102 @@
+"""The strip kernel for plain bf16 weights (engine/ops/bf16_rows.py) against the plan it replaces
+under batch invariance on AVX512-BF16 without AMX (oneDNN's inner product on reordered weights,
+a lone row padded to two), by rows per call, on the default model's matmul shapes.
+
+Each case multiplies --matrices distinct matrices of the shape in turn (a model's layers), so
+each call reads its weight from memory rather than from a cache the call before warmed, which
+is what a decode step does: a lone row is bound by reading the weights. The two variants take
+turns per case, twice, so drift on a shared VM falls on both alike; medians of --repeats passes,
+per matrix. The LM head is one matrix (the model has one).
+
+Usage: python bench/weights/bf16_rows.py [--threads 2] [--repeats 7] [--matrices 30]
+       [--out bench/results/bf16_rows.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from trio_llm.engine.ops import bf16_rows
+from trio_llm.engine.ops.bf16_rows import StripWeight
+from trio_llm.engine.ops.matmul import BF16_AVX512, Matmul
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
+
+import hostinfo  # noqa: E402
+from weights.quant_kernels import SHAPES  # noqa: E402
+
+ROWS = (1, 2, 8, 32, 128, 512)
+
+
+def per_matrix_us(fn: Callable[[], object], repeats: int, matrices: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6 / matrices
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--matrices", type=int, default=30)
+    p.add_argument("--out", type=Path, default=BENCH / "results" / "bf16_rows.md")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if not bf16_rows.available():
+        raise SystemExit("the strip kernel is not built here (no C++ compiler)")
+    onednn = Matmul(BF16_AVX512)
+    lines = [
+        *hostinfo.heading(
+            "Plain bf16 weights: the strip kernel against oneDNN's row-exact plan",
+            f"Threads {args.threads}; load average at the start "
+            f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}.",
+        ),
+        "",
+        "Microseconds per matrix, median of the passes; the ratio: the strip kernel's time over "
+        "oneDNN's (below 1: faster). Both are row-exact: a row's bits do not depend on the call.",
+        "",
+        "| shape | rows | oneDNN plan | strip kernel | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    gen = torch.Generator().manual_seed(0)
+    for name, (n, k) in SHAPES.items():
+        count = 1 if name.startswith("LM head") else args.matrices
+        plain = [torch.randn(n, k, generator=gen).to(torch.bfloat16) for _ in range(count)]
+        packed = [onednn.prepare(w) for w in plain]
+        strips = [StripWeight.pack(w) for w in plain]
+        del plain
+        for rows in ROWS:
+            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+            fns = {
+                "oneDNN": lambda x=x, ws=packed: [onednn(x, w) for w in ws],
+                "strips": lambda x=x, ws=strips: [w.matmul(x) for w in ws],
+            }
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            for _ in range(2):
+                for variant, fn in fns.items():
+                    times[variant].append(per_matrix_us(fn, args.repeats, count))
+            t = {variant: statistics.median(ts) for variant, ts in times.items()}
+            lines.append(
+                f"| {name} | {rows} | {t['oneDNN']:.0f} | {t['strips']:.0f} | "
+                f"{t['strips'] / t['oneDNN']:.2f} |"
+            )
+            print(lines[-1], flush=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Plain bf16 weights multiplied row-exactly by a kernel of our own (csrc/int4_rows.cpp's
+`bf16_linear`), for CPUs with AVX512-BF16 and no AMX, with batch invariance or without.
+
+Why: oneDNN's inner product, the plan it replaces, computes a row alike from two rows up but
+reads the weights poorly for a lone row: on an AMD EPYC, a decode step of the default model
+unquantized (`--quantization none`) took 24-29 ms, its layers' weights read at about 9 GB/s.
+The kernel is the quantized kernels' pass over a dequantized strip of 32 outputs, here on
+weights stored in that layout once at start-up: one `vdpbf16ps` chain an output, the same at
+any row count, so a lone row streams its weights once. Measured against oneDNN's plan (30
+matrices of each of the default model's shapes in turn, 2 threads, an AMD EPYC): 0.16-0.7x the
+time at one row, 0.7-0.9x at 32, 0.98-1.07x at 512 (bench/results/bf16_rows.md); a decode step
+of the unquantized model 0.58x (one stream) and 0.73x (8), a 1,000-token prefill 0.97x
+(bench/results/step_profile_bf16_rows.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trio_llm.engine.ops import int4_rows
+from trio_llm.engine.ops.int4_rows import STRIP
+
+ENV = "TRIO_LLM_BF16_ROWS"
+
+
+def available() -> bool:
+    """Whether the kernel is built here and not turned off (`TRIO_LLM_BF16_ROWS=0`)."""
+    return os.environ.get(ENV, "1") != "0" and int4_rows.KERNEL.extension() is not None
+
+
+def takes(weight: Tensor) -> bool:
+    """Whether the kernel multiplies `weight`: bf16, an even inner dimension (it sums pairs)."""
+    return weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.shape[1] % 2 == 0
+
+
+@dataclass(slots=True, eq=False)
+class StripWeight:
+    """A bf16 matrix as the kernel reads it: strips of 32 outputs, [strips, K / 2, 32, 2]
+    (flattened to [strips, K * 32]), the outputs padded to whole strips with zeros."""
+
+    strips: Tensor
+    shape: torch.Size
+
+    @classmethod
+    def pack(cls, weight: Tensor) -> StripWeight:
+        n, k = weight.shape
+        padded = F.pad(weight.detach(), (0, 0, 0, -n % STRIP))
+        count = padded.shape[0] // STRIP
+        strips = padded.view(count, STRIP, k // 2, 2).transpose(1, 2).reshape(count, k * STRIP)
+        return cls(strips.contiguous(), weight.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.strips.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.strips.numel() * self.strips.element_size()
+
+    def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x [M, K] bf16 by the matrix: [M, N] bf16."""
+        ext = int4_rows.KERNEL.extension()
+        assert ext is not None, "StripWeight.matmul called where the kernel is not built"
+        out = ext.bf16_linear(x.contiguous(), self.strips, self.shape[0])
+        return out if bias is None else out + bias
