@@ -41,7 +41,7 @@ def available() -> bool:
     classes of the pool that have VNNI measured it the fastest row-exact kernel at every row
     count: on an AMX Xeon a lone row takes 0.2-0.35x the float row-exact kernel's time and
     0.4-0.5x torch's int4 kernel's (bench/results/int_rows.md); on an AMD EPYC (AVX512-BF16,
-    no AMX) 0.5-0.8x the float kernel's from 4 to 512 rows, and 0.7-0.85x oneDNN's bf16
+    no AMX) 0.6-0.9x the float kernel's from 4 to 512 rows, and 0.7-0.85x oneDNN's bf16
     matmul at 512 (bench/results/int_rows_epyc.md). Its generic path is correct but slow."""
     return path() == "vnni"
 
