@@ -5,8 +5,8 @@ a lone row padded to two), by rows per call, on the default model's matmul shape
 Each case multiplies --matrices distinct matrices of the shape in turn (a model's layers), so
 each call reads its weight from memory rather than from a cache the call before warmed, which
 is what a decode step does: a lone row is bound by reading the weights. The two variants take
-turns per case, twice, so drift on a shared VM falls on both alike; medians of --repeats passes,
-per matrix. The LM head is one matrix (the model has one).
+turns call by call (weights/int4_rows.py's `medians_us`), so drift on a shared VM falls on both
+alike; medians of --repeats passes, per matrix. The LM head is one matrix (the model has one).
 
 Usage: python bench/weights/bf16_rows.py [--threads 2] [--repeats 7] [--matrices 30]
        [--out bench/results/bf16_rows.md]
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,19 +30,10 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
+from weights.int4_rows import medians_us  # noqa: E402
 from weights.quant_kernels import SHAPES  # noqa: E402
 
 ROWS = (1, 2, 8, 32, 128, 512)
-
-
-def per_matrix_us(fn: Callable[[], object], repeats: int, matrices: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6 / matrices
 
 
 def main() -> None:
@@ -80,15 +69,11 @@ def main() -> None:
         del plain
         for rows in ROWS:
             x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-            fns = {
+            fns: dict[str, Callable[[], object]] = {
                 "oneDNN": lambda x=x, ws=packed: [onednn(x, w) for w in ws],
                 "strips": lambda x=x, ws=strips: [w.matmul(x) for w in ws],
             }
-            times: dict[str, list[float]] = {name: [] for name in fns}
-            for _ in range(2):
-                for variant, fn in fns.items():
-                    times[variant].append(per_matrix_us(fn, args.repeats, count))
-            t = {variant: statistics.median(ts) for variant, ts in times.items()}
+            t = {name: us / count for name, us in medians_us(fns, args.repeats).items()}
             lines.append(
                 f"| {name} | {rows} | {t['oneDNN']:.0f} | {t['strips']:.0f} | "
                 f"{t['strips'] / t['oneDNN']:.2f} |"

@@ -6,7 +6,7 @@ VNNI. Where it has it, it was measured the faster at every row count on both cla
 pool that do (an AMX Xeon, an AMD EPYC); the float kernel's grouped sums serve AVX512-BF16
 without VNNI. The integer kernel also multiplies float32 activations; it rounds activations
 to 8 bits per block of 32 (perplexity of the default file against llama.cpp's with every row
-on it: +0.36% on an AMX Xeon, +0.31% on an AMD EPYC with the bf16 attention kernel; the float
+on it: +0.36% on an AMX Xeon, +0.30% on an AMD EPYC with the bf16 attention kernel; the float
 kernel's +0.46%, an AMD EPYC).
 """
 

@@ -318,16 +318,12 @@ def dispatching(inner: Linear, *, dense: bool = True) -> Linear:
                 out = weight.exact.matmul(x)
                 return out if bias is None else out + bias
             return weight.matmul(x, bias)
-        if dense:
-            rows = x.shape[0]
+        # A crossover measured (`dense_rows`, NEVER_DENSE included), else `DENSE_ROWS`.
+        fmt = "int4" if isinstance(weight, Int4Weight) else "int8"
+        if dense and x.shape[0] >= (weight.dense_rows or DENSE_ROWS[fmt]):
             if weight.dense is not None:
-                if rows >= weight.dense_rows:
-                    return multiply(x, weight.dense, bias)
-            elif (
-                weight.dense_rows != NEVER_DENSE
-                and rows >= DENSE_ROWS["int4" if isinstance(weight, Int4Weight) else "int8"]
-            ):
-                return inner(x, weight.dequantize(), bias)
+                return multiply(x, weight.dense, bias)
+            return inner(x, weight.dequantize(), bias)
         return weight.matmul(x, bias)
 
     return linear
