@@ -40,15 +40,20 @@ _WEIGHT = 0.3
 """Of a new sample in the moving averages."""
 
 
-MIN_LONG_CHUNK = 64
+MIN_LONG_CHUNK = 16
 """The fewest tokens of one prompt a step with decodes may carry under `chunk_cap`, however
-slow a token: a long prompt still advances in chunks a matmul computes efficiently."""
-FIRST_LONG_CHUNK = MIN_LONG_CHUNK
+slow a token, so that a long prompt still advances. It was 64, and 64 tokens are not always
+cheap: deep into an 840-token prompt (a chat with tools and a tool-call history) each one
+cost 1.2-1.8 ms on one thread of an AMD EPYC, attention over the context most of it, so a
+chunk held a canary stream for 80-136 ms against the 50 ms asked (issue 40's 100 ms bound;
+docs/notes/2026-12-07-tenth.md). The row-exact kernels cost a row about the same from 16 rows
+on, so smaller chunks cost the long prompt a few more steps, not a slower kernel."""
+FIRST_LONG_CHUNK = 32
 """`chunk_cap` before any prompt token is measured (a stream whose own prompt was a few tokens,
-then a long prompt beside it): on the default model a prompt token costs about 0.25 ms with 2
-threads and 0.5 ms with one (an AMX Xeon); a first chunk of 256 tokens held a canary stream
-for 126 ms on one thread, of 128 for 76-146 ms. The first chunk measures the cost for the
-next ones."""
+then a long prompt beside it): a prompt token costs the default model 0.25-0.5 ms near the
+start of a prompt with one thread on an AMX Xeon, about 1 ms on an AMD EPYC; a first chunk of
+64 tokens held a canary for 79 ms there, of 128 for 76-146 ms on the Xeon. The first chunk
+measures the cost for the next ones."""
 LONG_SAMPLE = 16
 """Prompt tokens a step must carry for its time to count towards `chunk_cap`'s cost of a token
 (fewer: a token's cost is lost in the step's fixed cost)."""
