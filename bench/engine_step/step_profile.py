@@ -141,6 +141,9 @@ VARIANTS = {
     "own-gguf-noamx": Variant("own", "auto", "off", "auto", amx=False),
     "own-gguf-inv-noamx": Variant("own", "auto", "on", "auto", amx=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
+    # The GGUF in its own formats with float32 activations (the AVX2-only class's dtype).
+    "own-gguf-fp32": Variant("own", "float32", "off", "auto"),
+    "own-gguf-fp32-inv": Variant("own", "float32", "on", "auto"),
     # --quantization none: the GGUF dequantized to bf16, its matmuls on the strip kernel or not
     "own-none": Variant("own", "auto", "auto", "none"),
     "own-none-onednn": Variant("own", "auto", "auto", "none", strips=False),

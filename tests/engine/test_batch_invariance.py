@@ -526,7 +526,7 @@ def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
     ):
         pytest.skip("the row-exact and in-place kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda best="vnni": int_path)
     core = engine_helpers.make_core(
         tiny_model_dir, quantization="int4", dtype="bfloat16", device="cpu"
     )

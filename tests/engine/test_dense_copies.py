@@ -224,7 +224,7 @@ def test_the_default_multiplies_few_rows_on_the_row_exact_kernel_where_it_wins(
     if int4_rows.KERNEL.extension() is None or int_rows.KERNEL.extension() is None:
         pytest.skip("the row-exact kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda best="vnni": int_path)
     timed: list[bool] = []
     real = dense_copies.crossover
 

@@ -32,8 +32,8 @@ def test_the_kernel_builds_wherever_a_compiler_is() -> None:
     assert int_rows.KERNEL.extension() is not None
 
 
-PATHS = {"vnni": {}, "generic": {"allow_vnni": False}}
-"""The kernel's paths: VNNI where the CPU has it (else scalar), and scalar."""
+PATHS = {name: {"best": name} for name in int_rows.PATHS}
+"""Each path up to which a call may go: the fastest built here up to it (VNNI, AVX2, scalar)."""
 
 
 def weight_of(bits: str, n: int, k: int, gen: torch.Generator) -> Int4Weight | Int8Weight:
@@ -131,7 +131,9 @@ def test_an_8_bit_matrix_keeps_its_value() -> None:
         ("avx512_bf16", "vnni", True, torch.float32, IntRows),
         ("avx512_bf16", None, False, BF16, RowsExact),  # no integer kernel: the float one
         ("avx512_bf16", None, True, torch.float32, None),  # ... which takes bf16 rows only
-        ("generic", "generic", True, BF16, None),  # AVX2: torch's
+        ("generic", "avx2", False, BF16, IntRows),  # AVX2 alone: the integer kernel too
+        ("generic", "avx2", True, torch.float32, IntRows),
+        ("generic", "generic", True, BF16, None),  # no AVX2: torch's
         ("avx512_bf16", "generic", True, BF16, RowsExact),  # the integer kernel's scalar path
         ("amx", "vnni", False, torch.float16, None),  # float16 rows: neither
     ],
@@ -145,7 +147,7 @@ def test_each_cpu_class_takes_the_kernel_measured_there(
     kernel: type | None,
 ) -> None:
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda best="vnni": int_path)
     assert row_exact.kernel(invariant, dtype) is kernel
 
 
@@ -155,6 +157,7 @@ def test_each_cpu_class_takes_the_kernel_measured_there(
         ("avx512_bf16", "vnni", True),
         ("avx512_bf16", None, True),
         ("amx", "vnni", False),
+        ("generic", "avx2", False),
         ("generic", "generic", False),
     ],
 )
@@ -163,7 +166,9 @@ def test_auto_keeps_invariance_only_where_its_price_was_measured_small(
 ) -> None:
     """On an AMX machine the integer kernel makes decode steps nearly free with invariance but a
     prefill 1.7-2.2x as long (bench/results/step_profile_amx_attention.md): `auto` keeps it off
-    there. Without AMX nothing beats the row-exact kernel on a prompt's rows, whichever it is."""
+    there. Without AMX nothing beats the row-exact kernel on a prompt's rows, whichever it is;
+    on AVX2 alone the attention, with no shared-key kernel for a prompt's queries, costs a
+    prefill 3.7x (bench/results/step_profile_avx2.md)."""
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
-    monkeypatch.setattr(int_rows, "path", lambda allow_vnni=True: int_path)
+    monkeypatch.setattr(int_rows, "path", lambda best="vnni": int_path)
     assert row_exact.invariance_free(BF16) is free

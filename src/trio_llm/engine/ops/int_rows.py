@@ -5,9 +5,10 @@ Why: a float kernel is row-exact only if every row count sums in one order, so i
 one order for a lone decode row and a prefill chunk alike and be slow for one of them
 (ops/int4_rows.py: on an AMX machine its lone row cost 1.6-2x torch's int4 kernel). Integer
 sums have no order. Each row's inputs are quantized per block of 32 to int8 by the block's own
-scale, as llama.cpp quantizes activations for its quantized dot products, and AVX512-VNNI sums
-a block's products exactly; the scalar path gives the same bits (tests/engine/test_int_rows.py
-compares them). A lone row reads each weight byte once and unpacks it with an `and`.
+scale, as llama.cpp quantizes activations for its quantized dot products, and AVX512-VNNI (or
+AVX2's byte products, on the pool's CPUs without AVX-512) sums a block's products exactly; the
+scalar path gives the same bits (tests/engine/test_int_rows.py compares them). A lone row reads
+each weight byte once and unpacks it with an `and`.
 """
 
 from __future__ import annotations
@@ -27,23 +28,31 @@ KERNEL = Kernel("int_rows.cpp")
 ENV = "TRIO_LLM_INT_ROWS"
 
 
-def path(allow_vnni: bool = True) -> str | None:
-    """How the kernel sums here ("vnni", "generic"), or None where it is not built or
-    `TRIO_LLM_INT_ROWS=0`."""
+PATHS = ("generic", "avx2", "vnni")
+"""How the kernel can sum, slowest first: scalar code, AVX2's byte products, AVX512-VNNI's. Every
+path gives the same bits; a build has those its CPU's flags compile."""
+
+
+def path(best: str = "vnni") -> str | None:
+    """How the kernel sums here, at most `best` (one of `PATHS`), or None where it is not built
+    or `TRIO_LLM_INT_ROWS=0`."""
     if os.environ.get(ENV, "1") == "0":
         return None
     ext = KERNEL.extension()
-    return None if ext is None else str(ext.path(allow_vnni))
+    return None if ext is None else str(ext.path(PATHS.index(best)))
 
 
 def available() -> bool:
-    """Whether quantized matrices should take this kernel here: where it sums with VNNI. Both
-    classes of the pool that have VNNI measured it the fastest row-exact kernel at every row
-    count: on an AMX Xeon a lone row takes 0.2-0.35x the float row-exact kernel's time and
-    0.4-0.5x torch's int4 kernel's (bench/results/int_rows.md); on an AMD EPYC (AVX512-BF16,
-    no AMX) 0.6-0.9x the float kernel's from 4 to 512 rows, and 0.7-0.85x oneDNN's bf16
-    matmul at 512 (bench/results/int_rows_epyc.md). Its generic path is correct but slow."""
-    return path() == "vnni"
+    """Whether quantized matrices should take this kernel here: where it sums with VNNI or
+    AVX2's byte products. Every class of the pool measured it the fastest kernel for them at
+    every row count: on an AMX Xeon a lone row takes 0.2-0.35x the float row-exact kernel's
+    time and 0.4-0.5x torch's int4 kernel's (bench/results/int_rows.md); on an AMD EPYC
+    (AVX512-BF16, no AMX) 0.6-0.9x the float kernel's from 4 to 512 rows, and 0.7-0.85x oneDNN's
+    bf16 matmul at 512 (bench/results/int_rows_epyc.md); on the AVX2-only class (emulated on the
+    EPYC: every library held to AVX2) 0.3-0.6x the best of torch's int4 kernel and dense
+    float32 or bf16 copies up to 32 rows, 0.55-0.75x at 512 (bench/results/int_rows_avx2.md).
+    Its scalar path is correct but slow."""
+    return path() in ("vnni", "avx2")
 
 
 @dataclass(slots=True, eq=False)
@@ -111,9 +120,9 @@ class IntRows:
         """The kernel's build: what a measurement of it depends on."""
         return KERNEL.build_key()
 
-    def matmul(self, x: Tensor, allow_vnni: bool = True) -> Tensor:
-        """x [M, K] (bf16 or float32) by the matrix: [M, rows] in x's dtype. `allow_vnni`:
-        false takes the scalar path (the same bits: tests compare them)."""
+    def matmul(self, x: Tensor, best: str = "vnni") -> Tensor:
+        """x [M, K] (bf16 or float32) by the matrix: [M, rows] in x's dtype, on the fastest
+        path built here up to `best` (`PATHS`; the same bits on each: tests compare them)."""
         ext = KERNEL.extension()
         assert ext is not None, "IntRows.matmul called where the kernel is not built"
         return ext.int_linear(
@@ -124,7 +133,7 @@ class IntRows:
             self.group,
             self.rows,
             self.eight,
-            allow_vnni,
+            PATHS.index(best),
         )
 
 

@@ -120,6 +120,18 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def reorders(dtype: torch.dtype) -> bool:
+    """Whether oneDNN reorders (and multiplies) weights of `dtype` here. Not bf16 on a CPU with
+    neither AVX512-BW/VL/DQ nor AVX-NE-CONVERT (the pool's AVX2-only class): torch refuses the
+    reorder there, and an engine that packed its dense copies in bf16 failed to start (found
+    with every library held to AVX2). Such weights stay plain, for `F.linear`."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype is torch.float32 or (
+        dtype is torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
+
+
 class Matmul:
     """`linear(x, weight, bias)` as the engine calls it, on weights `prepare` made once.
 
@@ -137,7 +149,7 @@ class Matmul:
         weight = weight.detach()
         if plan is not None and plan.strips and bf16_rows.takes(weight):
             return StripWeight.pack(weight)
-        if plan is None or not plan.packed:
+        if plan is None or not plan.packed or not reorders(weight.dtype):
             return weight
         in_features = weight.shape[1]
         size = in_features

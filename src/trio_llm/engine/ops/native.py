@@ -14,6 +14,7 @@ import fcntl
 import functools
 import hashlib
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -26,10 +27,18 @@ from trio_llm.engine.ops.machine_record import cache_root, cpu_flags
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
-"""-fopenmp: `at::parallel_for` is inline in ATen's headers and runs on one thread unless the
-extension is compiled with OpenMP; it then links torch's own libgomp (`_link_flags`), the runtime
-torch's threads already live in, never a second one."""
+MARCH = "TRIO_LLM_MARCH"
+"""An environment variable naming the `-march` to build for instead of `native` (e.g.
+`x86-64-v3`: the pool's AVX2-only class): how a benchmark times another class's paths on this
+CPU. Serving leaves it unset."""
+
+
+def flags() -> list[str]:
+    """-fopenmp: `at::parallel_for` is inline in ATen's headers and runs on one thread unless the
+    extension is compiled with OpenMP; it then links torch's own libgomp (`_link_flags`), the
+    runtime torch's threads already live in, never a second one."""
+    march = os.environ.get(MARCH) or "native"
+    return ["-O3", f"-march={march}", "-fopenmp", "-fno-math-errno"]
 
 
 def _link_flags() -> list[str]:
@@ -58,8 +67,8 @@ class Kernel:
         """What the build depends on: source, the headers beside it, flags, torch, Python and
         this CPU's flags."""
         digest = hashlib.sha256()
-        flags = " ".join(FLAGS + _link_flags())
-        for part in (self.source.read_bytes(), flags.encode(), torch.__version__.encode()):
+        options = " ".join(flags() + _link_flags())
+        for part in (self.source.read_bytes(), options.encode(), torch.__version__.encode()):
             digest.update(part)
         for header in _headers():
             digest.update(header.read_bytes())
@@ -98,7 +107,7 @@ class Kernel:
                 return cpp_extension.load(
                     name=f"trio_llm_{self.stem}_{self.build_key()}",
                     sources=[str(source)],
-                    extra_cflags=FLAGS,
+                    extra_cflags=flags(),
                     extra_ldflags=_link_flags(),
                     build_directory=str(directory),
                     verbose=False,

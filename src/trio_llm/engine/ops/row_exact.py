@@ -37,10 +37,14 @@ def kernel(invariant: bool, dtype: torch.dtype) -> Packing | None:
 def invariance_free(dtype: torch.dtype) -> bool:
     """Whether `auto` may keep batch invariance on for quantized weights here: where the
     row-exact kernel is the default's for every row anyway, because nothing beats it on a
-    prompt's rows either. So on AVX512-BF16 without AMX (an AMD EPYC): the integer kernel
-    takes 512 rows in 0.7-0.85x oneDNN's bf16 time (bench/results/int_rows_epyc.md), the
-    float one in 1.0-1.1x. Not on AMX: there oneDNN's AMX matmuls on dense copies take a
-    prompt's rows in a third of the integer kernel's time, and invariance, which keeps every
-    row on that kernel, cost a 1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon,
-    bench/results/step_profile_amx_attention.md) and served tok/s 0.86-0.93x."""
-    return kernel(False, dtype) is not None and int4_rows.path() != "amx"
+    prompt's rows either, and a prompt's queries share the keys they read (ops/paged_amx.py).
+    So on AVX512-BF16 without AMX (an AMD EPYC): the integer kernel takes 512 rows in 0.7-0.85x
+    oneDNN's bf16 time (bench/results/int_rows_epyc.md), the float one in 1.0-1.1x. Not on AMX:
+    there oneDNN's AMX matmuls on dense copies take a prompt's rows in a third of the integer
+    kernel's time, and invariance, which keeps every row on that kernel, cost a 1,000-2,000-token
+    prefill 1.7-2.2x (an AMX Xeon, bench/results/step_profile_amx_attention.md) and served tok/s
+    0.86-0.93x. Nor on AVX2 alone, though the integer kernel wins there at every row count:
+    without AVX512-BF16 the attention attends each of a prompt's queries as a decode, and
+    invariance cost a 1,000-token prefill 3.7x (float32, every library held to AVX2 on an EPYC,
+    bench/results/step_profile_avx2.md)."""
+    return kernel(False, dtype) is not None and int4_rows.path() == "avx512_bf16"

@@ -8,9 +8,10 @@
 // row's inputs are quantized per block of 32 (16 for groups of 16) to int8 with a scale of the
 // block's own (max |x| / 127), each block's products are summed exactly in int32, and the
 // blocks join the output's float total in input order, with the same float operations on every
-// path. So every path gives the same bits (AVX512-VNNI `vpdpbusd` over 16 outputs a vector, or
-// scalar code; tests compare them) and a row's result never depends on its call. It is how
-// llama.cpp multiplies its quantized blocks (Q8_1 activations).
+// path. So every path gives the same bits (AVX512-VNNI `vpdpbusd` over 16 outputs a vector,
+// AVX2's `vpmaddubsw` and `vpmaddwd` over 8, or scalar code; tests compare them) and a row's
+// result never depends on its call. It is how llama.cpp multiplies its quantized blocks (Q8_1
+// activations), on AVX2 as here.
 //
 // AMX tiles were tried and dropped: a block's int32 sums must leave the tile for their scales
 // every 32 inputs, and those tile stores and the scaling left AMX slower than VNNI at every
@@ -42,15 +43,21 @@
 
 #include "bf16.h"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define TRIO_VNNI 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#define TRIO_AVX2 1
 #endif
 
 namespace {
 
 constexpr int64_t kStrip = 32;     // outputs a strip
 constexpr int64_t kVnniRows = 6;   // rows a VNNI pass (4 accumulators a row, 24 in all)
+constexpr int64_t kAvx2Rows = 2;   // rows an AVX2 pass (4 accumulators a row of AVX2's 16)
 constexpr int64_t kScalarRows = 16;  // rows a scalar pass
 
 // `n` (at most 32) float totals rounded to bf16 at `out`: `round_bf16` on each.
@@ -284,22 +291,121 @@ constexpr std::array<VnniFn, sizeof...(R)> vnni_table(std::integer_sequence<int,
 constexpr auto kVnniFns = vnni_table(std::make_integer_sequence<int, kVnniRows>{});
 #endif
 
+#ifdef TRIO_AVX2
+// The join of `join_scalar`, 8 outputs a vector: the same operations, lane by lane.
+inline __m256 join8(__m256i dot, __m256 d, __m256 scale, __m256 xs, __m256 zero, __m256 total) {
+  total = _mm256_fmadd_ps(_mm256_mul_ps(d, scale), _mm256_cvtepi32_ps(dot), total);
+  return _mm256_fmadd_ps(zero, xs, total);
+}
 
-bool vnni(bool allow_vnni) {
-#ifdef TRIO_VNNI
-  return allow_vnni;
-#else
-  return false;
+// 8 outputs' 4 unsigned bytes each (`w`, at most 15) by a row's 4 signed bytes (`a`): the 8
+// sums of 4 products, exact. `vpmaddubsw` saturates its pair sums at 16 bits, which 2 * 15 *
+// 127 never reaches; 8-bit weights go through it as two nibbles.
+inline __m256i dot4(__m256i w, __m256i a, __m256i ones) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+}
+
+// Rows [m0, m0 + R) by one strip, VNNI's loop on AVX2 (the pool's CPUs without AVX512): the
+// integer sums are the same numbers in another order, and the float joins the same operations.
+template <int R>
+void strip_avx2(const Call& call, int64_t s, int64_t m0, float* totals) {
+  const uint8_t* strip = call.packed + s * call.strip_bytes();
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 total[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 4; ++i) total[r][i] = _mm256_setzero_ps();
+  const int8_t* xq = call.x->q.data() + m0 * call.K;
+  auto row_bytes = [&](int r, int64_t quad) {
+    int32_t four;
+    std::memcpy(&four, xq + r * call.K + 4 * quad, sizeof four);
+    return _mm256_set1_epi32(four);
+  };
+  for (int64_t b = 0; b < call.blocks; ++b) {
+    __m256i acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_si256();
+    const int64_t first = b * call.block / 4, last = (b + 1) * call.block / 4;
+    if (call.eight) {
+      // u = 16 hi + lo: sum(u a) = 16 sum(hi a) + sum(lo a), both exact.
+      for (int64_t quad = first; quad < last; ++quad) {
+        const uint8_t* p = strip + quad * 4 * kStrip;
+        __m256i lo[4], hi[4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i));
+          lo[i] = _mm256_and_si256(v, nibble);
+          hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m256i a = row_bytes(r, quad);
+          for (int i = 0; i < 4; ++i)
+            acc[r][i] = _mm256_add_epi32(
+                acc[r][i], _mm256_add_epi32(_mm256_slli_epi32(dot4(hi[i], a, ones), 4),
+                                            dot4(lo[i], a, ones)));
+        }
+      }
+    } else {
+      for (int64_t quad = first; quad < last; quad += 2) {
+        const uint8_t* p = strip + (quad / 2) * 4 * kStrip;
+        __m256i v[4];
+        for (int i = 0; i < 4; ++i)
+          v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * i));
+        for (int half = 0; half < 2; ++half) {
+          __m256i w[4];
+          for (int i = 0; i < 4; ++i)
+            w[i] = _mm256_and_si256(half ? _mm256_srli_epi16(v[i], 4) : v[i], nibble);
+          for (int r = 0; r < R; ++r) {
+            const __m256i a = row_bytes(r, quad + half);
+            for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_add_epi32(acc[r][i], dot4(w[i], a, ones));
+          }
+        }
+      }
+    }
+    const float* sc = call.scales_of(s, b);
+    const float* zr = call.zeros_of(s, b);
+    for (int r = 0; r < R; ++r) {
+      const int64_t i = (m0 + r) * call.blocks + b;
+      const __m256 d = _mm256_set1_ps(call.x->d[i]), xs = _mm256_set1_ps(call.x->xs[i]);
+      for (int j = 0; j < 4; ++j)
+        total[r][j] = join8(acc[r][j], d, _mm256_loadu_ps(sc + 8 * j), xs,
+                            _mm256_loadu_ps(zr + 8 * j), total[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(totals + r * kStrip + 8 * i, total[r][i]);
+}
+
+using Avx2Fn = void (*)(const Call&, int64_t, int64_t, float*);
+
+template <int... R>
+constexpr std::array<Avx2Fn, sizeof...(R)> avx2_table(std::integer_sequence<int, R...>) {
+  return {&strip_avx2<R + 1>...};
+}
+
+constexpr auto kAvx2Fns = avx2_table(std::make_integer_sequence<int, kAvx2Rows>{});
 #endif
+
+// How a call sums: the paths in order of speed, each taken where it is built and allowed.
+enum Path : int64_t { kGeneric = 0, kAvx2 = 1, kVnni = 2 };
+
+// The fastest path built here, at most `best`.
+Path path_of(int64_t best) {
+#ifdef TRIO_VNNI
+  if (best >= kVnni) return kVnni;
+#endif
+#ifdef TRIO_AVX2
+  if (best >= kAvx2) return kAvx2;
+#endif
+  return kGeneric;
 }
 
 }  // namespace
 
-// x [M, K] (bf16 or float32) by the packed weight: [M, N] in x's dtype. `allow_vnni`: false
-// takes the scalar path where VNNI is built (the same bits: tests compare the two).
+// x [M, K] (bf16 or float32) by the packed weight: [M, N] in x's dtype, on the fastest path
+// built here up to `best` (`Path`: every path gives the same bits, and tests compare them).
 torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
                          const torch::Tensor& scales, const torch::Tensor& zeros, int64_t group,
-                         int64_t N, bool eight, bool allow_vnni) {
+                         int64_t N, bool eight, int64_t best) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
                   (x.dtype() == torch::kBFloat16 || x.dtype() == torch::kFloat32),
               "x: contiguous [M, K] bf16 or float32");
@@ -323,7 +429,7 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
   for (int64_t b = 0; b < K / block; ++b) group_at[b] = b * block / group * kStrip;
   const Call call{&xq, M, K, block, group, K / block, groups, eight, packed.data_ptr<uint8_t>(),
                   scales.data_ptr<float>(), zeros.data_ptr<float>(), group_at.data()};
-  const bool fast = vnni(allow_vnni);
+  const Path taken = path_of(best);
   auto out = torch::empty({M, N}, x.options());
   const bool bf16 = x.dtype() == torch::kBFloat16;
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
@@ -342,10 +448,20 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
         }
       };
 #ifdef TRIO_VNNI
-      if (fast) {
+      if (taken == kVnni) {
         for (int64_t m = 0; m < M; m += kVnniRows) {
           const int64_t rows = std::min<int64_t>(kVnniRows, M - m);
           kVnniFns[rows - 1](call, s, m, totals.data());
+          emit(m, rows);
+        }
+        continue;
+      }
+#endif
+#ifdef TRIO_AVX2
+      if (taken == kAvx2) {
+        for (int64_t m = 0; m < M; m += kAvx2Rows) {
+          const int64_t rows = std::min<int64_t>(kAvx2Rows, M - m);
+          kAvx2Fns[rows - 1](call, s, m, totals.data());
           emit(m, rows);
         }
         continue;
@@ -361,8 +477,14 @@ torch::Tensor int_linear(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
-// Which instructions sum here: "vnni" or "generic".
-std::string path(bool allow_vnni) { return vnni(allow_vnni) ? "vnni" : "generic"; }
+// Which instructions sum here, at most `best` (`Path`): "vnni", "avx2" or "generic".
+std::string path(int64_t best) {
+  switch (path_of(best)) {
+    case kVnni: return "vnni";
+    case kAvx2: return "avx2";
+    default: return "generic";
+  }
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int_linear", &int_linear, "quantized weights by int8-quantized rows, integer sums");
