@@ -19,6 +19,7 @@ are not vectorized (15x slower measured), so a quantized model runs its activati
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,10 +36,42 @@ Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 """What `_weight_int4pack_mm_for_cpu` accepts."""
 _N_ALIGN = 64
-"""`_convert_weight_to_int4pack_for_cpu` packs output rows in blocks of 64 (a tail of 16, 32 or
-48 rows is packed otherwise): padded to whole blocks, the packing is one layout (`dequantize`):
-block b's bytes are a [in_features, 32] array whose byte [k, j] holds row 64 b + j's weight k in
-its low nibble and row 64 b + 32 + j's in its high nibble."""
+"""`_convert_weight_to_int4pack_for_cpu` packs output rows in blocks of `block_rows()` (a tail
+is packed otherwise): padded to whole blocks of 64, the packing is one layout (`dequantize`):
+with B = block_rows(), block b's bytes are a [in_features, B / 2] array whose byte [k, j] holds
+row B b + j's weight k in its low nibble and row B b + B / 2 + j's in its high nibble."""
+
+
+@functools.cache
+def block_rows() -> int:
+    """The rows of a block of torch's int4 packing here: 64 where ATen's CPU kernels are built
+    for AVX-512, 32 for AVX2 (its CPU capability, not a constant: reading an AVX2 packing as
+    AVX-512's gave every weight and embedding row of the default model wrong values on the
+    pool's AVX2-only class). Found by packing a probe, as the engine will pack."""
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randint(0, 16, (_N_ALIGN * 2, 64), generator=gen, dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for rows in (64, 32):
+        if torch.equal(_unpack(packed, 64, rows).int(), probe):
+            return rows
+    raise RuntimeError(
+        "torch's int4 packing on this CPU (ATen capability "
+        f"{torch.backends.cpu.get_cpu_capability()}) is not one the engine reads; serve this "
+        "model with --quantization none"
+    )
+
+
+def _unpack(
+    packed: Tensor, in_features: int, rows: int, dtype: torch.dtype = torch.uint8
+) -> Tensor:
+    """The 4-bit values [padded rows, in_features] of a packing in blocks of `rows`."""
+    blocks = packed.view(-1, in_features, rows // 2)
+    q = torch.empty(blocks.shape[0], rows, in_features, dtype=dtype)
+    q[:, : rows // 2].copy_((blocks & 15).transpose(1, 2))
+    q[:, rows // 2 :].copy_((blocks >> 4).transpose(1, 2))
+    return q.view(-1, in_features)
+
+
 DENSE_ROWS = {"int4": 128, "int8": 128}
 """Calls of at least this many rows dequantize the weight to the activations' dtype and use the
 float matmul: the quantized kernels dequantize a weight tile for every 4 rows, so their cost
@@ -84,12 +117,8 @@ class Int4Weight:
         """The 4-bit values [rows, in_features] in 0..15 and their scales and zeros [rows,
         in_features / group], out of the torch packing (the layout `_N_ALIGN` describes; its
         padded rows included)."""
-        k = self.in_features
-        blocks = self.packed.view(-1, k, 32)
-        q = torch.empty(blocks.shape[0], 64, k, dtype=torch.uint8)
-        q[:, :32].copy_((blocks & 15).transpose(1, 2))
-        q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
-        return q.view(-1, k), self.scales_zeros[..., 0].t(), self.scales_zeros[..., 1].t()
+        q = _unpack(self.packed, self.in_features, block_rows())
+        return q, self.scales_zeros[..., 0].t(), self.scales_zeros[..., 1].t()
 
     def keep_exact(self, packing: type[RowsExact] | type[IntRows] = RowsExact) -> None:
         """Repack for a row-exact kernel (`exact`), ops/int4_rows.py's float one or
@@ -114,12 +143,9 @@ class Int4Weight:
         what the kernel multiplies by (`addcmul` computes in float32 and rounds once, as the
         kernel does)."""
         k = self.in_features
-        blocks = self.packed.view(-1, k, 32)
         # Two planes are summed in float32 and rounded once, as the kernel's products are.
         work = torch.float32 if self.split else self.dtype
-        q = torch.empty(blocks.shape[0], 64, k, dtype=work)
-        q[:, :32].copy_((blocks & 15).transpose(1, 2))
-        q[:, 32:].copy_((blocks >> 4).transpose(1, 2))
+        q = _unpack(self.packed, k, block_rows(), work)
         groups = q.view(-1, k // self.group, self.group).sub_(8)
         scale = self.scales_zeros[..., 0].t().unsqueeze(-1).to(work)
         zero = self.scales_zeros[..., 1].t().unsqueeze(-1).to(work)
@@ -148,12 +174,15 @@ class Int4Weight:
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows `ids` dequantized (an embedding lookup), read out of the packed layout."""
-        k = self.in_features
-        blocks = self.packed.view(-1, k, 32)
+        k, b = self.in_features, block_rows()
+        blocks = self.packed.view(-1, k, b // 2)
         planes = [ids] if not self.split else [ids, ids + self.packed.shape[0] // 2]
         out = None
         for r in planes:
-            q = blocks[r // 64, :, r % 32] >> (4 * ((r % 64) // 32)).to(torch.uint8)[:, None]
+            q = (
+                blocks[r // b, :, r % (b // 2)]
+                >> (4 * ((r % b) // (b // 2))).to(torch.uint8)[:, None]
+            )
             groups = (q & 15).view(len(r), k // self.group, self.group).float()
             scale = self.scales_zeros[:, r, 0].t().unsqueeze(-1).float()
             zero = self.scales_zeros[:, r, 1].t().unsqueeze(-1).float()
@@ -200,8 +229,8 @@ class Int8Weight:
 
     def keep_exact(self, packing: type[RowsExact] | type[IntRows] = RowsExact) -> None:
         """Repack for a row-exact kernel (`exact`, as Int4Weight's); W8A8 weights keep their
-        integer matmul, which is row-exact already."""
-        if not self.int8_activations:
+        integer matmul, which is row-exact already, where it is exact (`int8_matmul_exact`)."""
+        if not self.int8_activations or not int8_matmul_exact():
             self.exact = packing.pack8(self.q, self.scales)
 
     def keep_few_rows(self, packing: type[RowsExact] | type[IntRows]) -> None:
@@ -229,11 +258,17 @@ class Int8Weight:
         return self.q.to(self.dtype) * self.scales[:, None]
 
     def matmul(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        if self.int8_activations:
+        if self.int8_activations and self.exact is not None and not int8_matmul_exact():
+            out = self.exact.matmul(x)  # the integer kernel's int8 activations, exact sums
+        elif self.int8_activations:
             x32 = x.float()
             step = x32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
             x8 = torch.round(x32 / step).to(torch.int8)
-            out = (torch._int_mm(x8, self.q.t()).float() * step * self.scales.float()).to(x.dtype)
+            if int8_matmul_exact():
+                sums = torch._int_mm(x8, self.q.t()).float()
+            else:  # no kernel of ours here: float32 sums of the same integers
+                sums = x8.float() @ self.q.float().t()
+            out = (sums * step * self.scales.float()).to(x.dtype)
         elif self.exact is not None:
             out = self.exact.matmul(x)
         else:
@@ -245,6 +280,19 @@ class Int8Weight:
         return (
             self.q.index_select(0, ids).to(self.dtype) * self.scales.index_select(0, ids)[:, None]
         )
+
+
+@functools.cache
+def int8_matmul_exact() -> bool:
+    """Whether `torch._int_mm` sums int8 products exactly here. Not without VNNI: oneDNN then
+    multiplies by `vpmaddubsw`, whose pair sums saturate at 16 bits once the activations are
+    shifted to unsigned bytes, and a W8A8 model's predictions moved by 0.5 nats a token (an
+    EPYC with oneDNN held to AVX2, as on the pool's AVX2-only class). There W8A8 weights take
+    the integer kernel for every call (its activations are int8 per block of 32, not per
+    row), or float32 sums where it is not built. Found by a probe whose sums saturate."""
+    x = torch.full((32, 64), 127, dtype=torch.int8)
+    w = torch.full((64, 32), 127, dtype=torch.int8)
+    return bool((torch._int_mm(x, w) == 64 * 127 * 127).all())
 
 
 def split_int8(q: Tensor, scale: Tensor, dtype: torch.dtype) -> Int4Weight:

@@ -9,8 +9,8 @@
 // time between its matmuls than in them. One call each here. Every row is computed from its own
 // values in a fixed order, so a row's result does not depend on its batch (batch invariance).
 //
-// Rounding: values are widened to float32, computed 16 lanes at a time (csrc/lanes.h), and
-// rounded to the row dtype where transformers' modules round (the residual, the normalized
+// Rounding: values are widened to float32, computed a vector of lanes at a time (csrc/lanes.h),
+// and rounded to the row dtype where transformers' modules round (the residual, the normalized
 // row, silu's result); the rotary embedding rounds once where eager torch rounds three times.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -29,7 +29,7 @@ namespace {
 typedef uint32_t LanesBits __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 typedef uint16_t Words __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 
-// Lanes of a row's values at [i, i + 16) as float32, zeros past `n`; and back, rounded to the
+// Lanes of a row's values at [i, i + kLanes) as float32, zeros past `n`; and back, rounded to the
 // row dtype (bf16: to nearest even, as torch rounds), nothing written past `n`.
 inline Lanes load_row(const float* p, int64_t i, int64_t n) {
   if (i + kLanes <= n) return load_lanes(p + i);

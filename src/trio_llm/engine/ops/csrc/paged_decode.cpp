@@ -46,8 +46,8 @@ inline void to_float(const T* src, float* dst, int64_t n) {
 constexpr int64_t kMaxHeads = 256;
 constexpr int64_t kMaxDim = 256;
 
-// A softmax's numerators in place over `n` scores, and their sum: 16 positions at a time,
-// lane i taking positions i, i + 16, ... (by position, not address: any buffer gives the same
+// A softmax's numerators in place over `n` scores, and their sum: kLanes positions at a time,
+// lane i taking positions i, i + kLanes, ... (by position, not address: any buffer gives the same
 // sums), the last block padded with scores of -inf.
 inline float exp_and_sum(float* sh, int64_t n, float top) {
   Lanes total{};
@@ -68,10 +68,12 @@ inline float exp_and_sum(float* sh, int64_t n, float top) {
   return lanes_sum(total);
 }
 
-// Sixteen vectors' sums at once: lane j of the result is a[j]'s lanes summed, halves into each
-// other (j's sum depends on a[j] alone). Four rounds of two shuffles and an add a pair, 45
-// operations for 16 sums against `lanes_sum`'s 8 each.
-inline Lanes sums16(Lanes (&a)[16]) {
+// kLanes vectors' sums at once: lane j of the result is a[j]'s lanes summed, halves into each
+// other (j's sum depends on a[j] alone).
+#ifdef TRIO_LANES16
+// Four rounds of two shuffles and an add a pair, 45 operations for 16 sums against
+// `lanes_sum`'s 8 each.
+inline Lanes sums(Lanes (&a)[kLanes]) {
   Lanes b[8], c[4], d[2];
   for (int i = 0; i < 8; ++i)
     b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
@@ -93,9 +95,22 @@ inline Lanes sums16(Lanes (&a)[16]) {
          __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
                                  29, 31);
 }
+#else
+inline Lanes sums(Lanes (&a)[kLanes]) {
+  Lanes b[4], c[2];
+  for (int i = 0; i < 4; ++i)
+    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; ++i)
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+#endif
 
 // One query head's scores over positions [t0, t1) of a key chunk (`k`: position t's head at
-// k + t * stride): each a dot product in lanes, 16 positions' summed at once by `sums16` (a
+// k + t * stride): each a dot product in lanes, kLanes positions' summed at once by `sums` (a
 // score depends on its own key alone, so on no grouping of positions); L lanes-vectors a
 // head (the head size fixed at compile time), so the query stays in registers.
 template <int L>
@@ -115,7 +130,7 @@ void score_run(const float* q, const float* k, int64_t stride, int64_t t0, int64
       acc[j] = qv[0] * load_lanes(kt);
       for (int i = 1; i < L; ++i) acc[j] += qv[i] * load_lanes(kt + i * kLanes);
     }
-    const Lanes scores = sums16(acc) * scale;
+    const Lanes scores = sums(acc) * scale;
     for (int64_t j = 0; j < m; ++j)
       sh[t + j] = cap > 0.0f ? cap * std::tanh(scores[j] / cap) : scores[j];
   }
