@@ -144,6 +144,7 @@ VARIANTS = {
     # The GGUF in its own formats with float32 activations (the AVX2-only class's dtype).
     "own-gguf-fp32": Variant("own", "float32", "off", "auto"),
     "own-gguf-fp32-inv": Variant("own", "float32", "on", "auto"),
+    "own-gguf-fp32-noint": Variant("own", "float32", "off", "auto", int_rows=False),
     # --quantization none: the GGUF dequantized to bf16, its matmuls on the strip kernel or not
     "own-none": Variant("own", "auto", "auto", "none"),
     "own-none-onednn": Variant("own", "auto", "auto", "none", strips=False),
