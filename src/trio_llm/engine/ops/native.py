@@ -34,9 +34,9 @@ CPU. Serving leaves it unset."""
 
 
 def flags() -> list[str]:
-    """-fopenmp: `at::parallel_for` is inline in ATen's headers and runs on one thread unless the
-    extension is compiled with OpenMP; it then links torch's own libgomp (`_link_flags`), the
-    runtime torch's threads already live in, never a second one."""
+    """The compiler's flags. -fopenmp: `at::parallel_for` is inline in ATen's headers and runs
+    on one thread unless the extension is compiled with OpenMP; it then links torch's own libgomp
+    (`_link_flags`), the runtime torch's threads already live in, never a second one."""
     march = os.environ.get(MARCH) or "native"
     return ["-O3", f"-march={march}", "-fopenmp", "-fno-math-errno"]
 

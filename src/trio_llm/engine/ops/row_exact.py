@@ -45,6 +45,6 @@ def invariance_free(dtype: torch.dtype) -> bool:
     prefill 1.7-2.2x (an AMX Xeon, bench/results/step_profile_amx_attention.md) and served tok/s
     0.86-0.93x. Nor on AVX2 alone, though the integer kernel wins there at every row count:
     without AVX512-BF16 the attention attends each of a prompt's queries as a decode, and
-    invariance cost a 1,000-token prefill 3.7x (float32, every library held to AVX2 on an EPYC,
-    bench/results/step_profile_avx2.md)."""
+    invariance cost a prefill 1.35x at 1,000 tokens and 1.6x at 2,000 (float32, every library
+    held to AVX2 on an EPYC, bench/results/step_profile_avx2.md)."""
     return kernel(False, dtype) is not None and int4_rows.path() == "avx512_bf16"
