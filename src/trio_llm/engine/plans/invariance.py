@@ -292,9 +292,9 @@ def decide(
             fastest(dtype, device, flags),
             False,
             "quantized weights would keep every prefill chunk on the row-exact quantized "
-            "kernels (on an AMX Xeon a prompt 1.7-2.2x as long, served tok/s "
-            "0.86-0.93x under load; decode steps cost nothing there); --batch-invariant on "
-            "does that",
+            "kernels and attend each prompt query as a decode (a prompt 1.7-2.2x as long on "
+            "an AMX Xeon, served tok/s 0.86-0.93x under load; 1.35-1.6x on the AVX2-only "
+            "class; decode steps cost nothing on either); --batch-invariant on does that",
         )
     reason = unavailable_reason(
         dtype, device, backend=backend, single_token=single_token, model_path=model_path
