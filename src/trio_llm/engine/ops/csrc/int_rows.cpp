@@ -356,7 +356,8 @@ void strip_avx2(const Call& call, int64_t s, int64_t m0, float* totals) {
             w[i] = _mm256_and_si256(half ? _mm256_srli_epi16(v[i], 4) : v[i], nibble);
           for (int r = 0; r < R; ++r) {
             const __m256i a = row_bytes(r, quad + half);
-            for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_add_epi32(acc[r][i], dot4(w[i], a, ones));
+            for (int i = 0; i < 4; ++i)
+              acc[r][i] = _mm256_add_epi32(acc[r][i], dot4(w[i], a, ones));
           }
         }
       }
