@@ -1,6 +1,9 @@
 """The CPU attention kernels of a decode step, per source tree, the trees taking turns: the AMX
-kernel (engine/ops/paged_amx.py, where the CPU has AMX) and the float one (engine/ops/
-paged_decode.py), over every layer's cache of the default model's shape.
+kernel (engine/ops/paged_amx.py, where the CPU has AMX or AVX512-BF16) and the float one
+(engine/ops/paged_decode.py), over every layer's cache of the default model's shape. A case
+`Np` is one prompt of N tokens as batch invariance computes it (each query a decode of its own
+position), beside SDPA's causal flash kernel on the same keys, as the engine computes a prompt
+with invariance off: one layer, not thirty.
 
 Why its own benchmark: a step's attention is a third of a c=32 decode step on the AMX Xeon and
 bound by reading the KV cache, so a kernel change is worth a few percent of a step, which the
@@ -12,7 +15,8 @@ process of its own, the trees alternating round by round (this VM's speed drifts
 within an hour); a kernel is built per tree (its source's hash names the build).
 
 Usage: python bench/engine_step/paged_attention.py [--sources before=/tmp/before/src after=src]
-       [--cases 1x230 32x230 8x2100] [--rounds 3] [--out bench/results/paged_attention.md]
+       [--cases 1x230 32x230 8x2100 1000p] [--dtype bfloat16] [--rounds 3]
+       [--out bench/results/paged_attention.md]
 """
 
 from __future__ import annotations
@@ -35,31 +39,36 @@ LAYERS, KV_HEADS, HEADS, HEAD_SIZE, BLOCK = 30, 3, 9, 64, 16
 """SmolLM2-135M's attention, and the engine's block size."""
 
 
-def measure(cases: list[tuple[int, int]], repeats: int) -> dict[str, dict[str, float]]:
-    """Milliseconds for one step's attention (every layer once), median of `repeats`, per case
-    and kernel, in this process (the tree on its PYTHONPATH)."""
+def measure(cases: list[str], repeats: int, dtype_name: str) -> dict[str, dict[str, float]]:
+    """Milliseconds for one step's attention (every layer once; one layer for a prompt), median
+    of `repeats`, per case and kernel, in this process (the tree on its PYTHONPATH)."""
     import torch
 
     from trio_llm.engine.ops import paged_amx, paged_decode
 
+    dtype = getattr(torch, dtype_name)
     kernels = {}
-    if paged_amx.extension() is not None:
+    if paged_amx.extension() is not None and dtype == torch.bfloat16:
         kernels["amx"] = paged_amx.paged_attention
     if paged_decode.extension() is not None:
         kernels["float"] = paged_decode.paged_decode
     g = torch.Generator().manual_seed(0)
     out: dict[str, dict[str, float]] = {}
-    for batch, context in cases:
+    for case in cases:
+        if case.endswith("p"):
+            out[case] = prompt(int(case[:-1]), kernels, dtype, repeats, g)
+            continue
+        batch, context = (int(n) for n in case.split("x"))
         per_seq = -(-context // BLOCK)
         blocks = 2 * batch * per_seq
         shape = (blocks, BLOCK, KV_HEADS, HEAD_SIZE)
         caches = [
-            (torch.randn(shape, generator=g).bfloat16(), torch.randn(shape, generator=g).bfloat16())
+            (torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype))
             for _ in range(LAYERS)
         ]
         tables = torch.randperm(blocks, generator=g)[: batch * per_seq].view(batch, per_seq)
         lens = torch.full((batch,), context, dtype=torch.long)
-        q = torch.randn(batch, HEADS, HEAD_SIZE, generator=g).bfloat16()
+        q = torch.randn(batch, HEADS, HEAD_SIZE, generator=g).to(dtype)
         times = {}
         for name, kernel in kernels.items():
             kernel(q, *caches[0], tables, lens, HEAD_SIZE**-0.5)  # built and warm
@@ -70,8 +79,43 @@ def measure(cases: list[tuple[int, int]], repeats: int) -> dict[str, dict[str, f
                     kernel(q, k, v, tables, lens, HEAD_SIZE**-0.5)
                 samples.append(time.perf_counter() - t0)
             times[name] = statistics.median(samples) * 1e3
-        out[f"{batch}x{context}"] = times
+        out[case] = times
     return out
+
+
+def prompt(n: int, kernels: dict, dtype: object, repeats: int, g: object) -> dict[str, float]:  # type: ignore[type-arg]
+    """One layer of an n-token prompt: each kernel with the prompt's queries laid out as decodes
+    (one block table repeated, context lengths 1 to n), and SDPA's causal kernel over the same
+    keys gathered in order."""
+    import torch
+    import torch.nn.functional as F
+
+    blocks = -(-n // BLOCK)
+    shape = (2 * blocks, BLOCK, KV_HEADS, HEAD_SIZE)
+    k, v = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))  # type: ignore[arg-type]
+    table = torch.randperm(2 * blocks, generator=g)[:blocks]  # type: ignore[arg-type]
+    q = torch.randn(n, HEADS, HEAD_SIZE, generator=g).to(dtype)  # type: ignore[arg-type]
+    tables = table.expand(n, -1).contiguous()
+    lens = torch.arange(1, n + 1, dtype=torch.long)
+    slots = (table.view(-1, 1) * BLOCK + torch.arange(BLOCK)).view(-1)[:n]
+    kd, vd = (c.view(-1, KV_HEADS, HEAD_SIZE)[slots].transpose(0, 1)[None] for c in (k, v))
+    qd = q.transpose(0, 1)[None]
+    calls = {
+        name: (lambda f=f: f(q, k, v, tables, lens, HEAD_SIZE**-0.5)) for name, f in kernels.items()
+    }
+    calls["sdpa"] = lambda: F.scaled_dot_product_attention(
+        qd, kd, vd, is_causal=True, scale=HEAD_SIZE**-0.5, enable_gqa=True
+    )
+    times = {}
+    for name, call in calls.items():
+        call()  # built and warm
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            call()
+            samples.append(time.perf_counter() - t0)
+        times[name] = statistics.median(samples) * 1e3
+    return times
 
 
 def ratio(runs: list, base: list, case: str, kernel: str) -> float:  # type: ignore[type-arg]
@@ -84,14 +128,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sources", nargs="+", default=["this=src"], help="NAME=SRC trees to time")
     p.add_argument("--cases", nargs="+", default=["1x230", "32x230", "8x2100"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=7, help="steps timed per case and round")
     p.add_argument("--out", type=Path, default=BENCH / "results" / "paged_attention.md")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    cases = [tuple(int(n) for n in case.split("x")) for case in args.cases]
     if args.child:
-        print(json.dumps(measure(cases, args.repeats)))  # type: ignore[arg-type]
+        print(json.dumps(measure(args.cases, args.repeats, args.dtype)))
         return
     sources = dict(s.split("=", 1) for s in args.sources)
     load = os.getloadavg()
@@ -100,6 +144,7 @@ def main() -> None:
         for name, src in sources.items():
             env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
             child = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
+            child += ["--dtype", args.dtype]
             done = subprocess.run(
                 [*child, "--cases", *args.cases], env=env, capture_output=True, text=True
             )
@@ -115,11 +160,12 @@ def main() -> None:
         ),
         "",
         f"Milliseconds for one decode step's attention ({LAYERS} layers, {HEADS} query heads "
-        f"over {KV_HEADS} KV heads of {HEAD_SIZE}, blocks of {BLOCK} scattered at random), "
+        f"over {KV_HEADS} KV heads of {HEAD_SIZE}, blocks of {BLOCK} scattered at random; "
+        f"a case `Np`: one layer of an N-token prompt), caches in {args.dtype}, "
         f"median over {args.rounds} rounds of the median of {args.repeats} steps; the trees "
         f"took turns each round. Ratio: against {first} in the same round, then the median.",
         "",
-        "| case (sequences x context) | kernel | "
+        "| case (sequences x context, or prompt) | kernel | "
         + " | ".join(sources)
         + " | "
         + " | ".join(f"{n} / {first}" for n in list(sources)[1:])

@@ -92,6 +92,43 @@ def test_a_row_is_the_same_alone_and_in_any_batch(dtype: torch.dtype) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "window", "dtype"),
+    [
+        (9, 3, 64, 0, torch.float32),
+        (9, 3, 64, 0, torch.bfloat16),
+        (16, 2, 64, 37, torch.float32),
+        (8, 8, 128, 0, torch.float32),
+        (5, 1, 80, 70, torch.float32),
+    ],
+)
+def test_a_prompts_queries_in_tiles_equal_each_query_alone(
+    heads: int, kv_heads: int, dim: int, window: int, dtype: torch.dtype
+) -> None:
+    """Batch invariance lays a prompt out as decodes of one sequence, one per position; the
+    kernel computes up to 16 of them together, sharing key and value reads between the query
+    heads of a KV head. Each query's output must be the same bits as its decode alone, with
+    windows that start the queries' contexts at different positions and head groups the
+    kernel's blocks of four do not divide."""
+    n = 150
+    q, k_cache, v_cache, tables, _ = case([n + 20], heads, kv_heads, dim, dtype, seed=3)
+    q = torch.randn(n, heads, dim, generator=torch.Generator().manual_seed(4)).to(dtype)
+    table = tables.expand(n, -1).contiguous()
+    lens = torch.arange(21, n + 21, dtype=torch.int64)
+    scale = dim**-0.5
+    tiled = paged_decode.paged_decode(q, k_cache, v_cache, table, lens, scale, window=window)
+    for i in (0, 1, 15, 16, 17, 63, 64, 65, n - 1):
+        alone = paged_decode.paged_decode(
+            q[i : i + 1], k_cache, v_cache, table[i : i + 1], lens[i : i + 1], scale, window=window
+        )
+        assert torch.equal(alone[0], tiled[i]), i
+    want = decode_attention_ref(
+        q.float(), k_cache.float(), v_cache.float(), table, lens, scale, window=window
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(tiled.float(), want, atol=tolerance, rtol=tolerance)
+
+
 def test_a_head_size_it_cannot_vectorize_is_left_to_the_torch_path() -> None:
     assert paged_decode.supports(torch.empty(1, BLOCK, 2, 64))
     assert not paged_decode.supports(torch.empty(1, BLOCK, 2, 72))

@@ -11,6 +11,10 @@
 #include <cstdint>
 #include <cstring>
 
+#ifdef __FMA__
+#include <immintrin.h>
+#endif
+
 namespace {
 
 #ifdef __AVX512F__
@@ -25,6 +29,24 @@ inline Lanes load_lanes(const float* p) {
   Lanes out;
   std::memcpy(&out, p, sizeof out);
   return out;
+}
+
+// a * b + c in each lane, rounded once where the machine fuses it. Spelled out because whether
+// the compiler contracts `a * b + c` depends on the language mode and the optimizer's choice
+// at each site; a kernel that keeps batch invariance needs every site that computes a row to
+// round it the same way.
+inline Lanes fma_lanes(Lanes a, Lanes b, Lanes c) {
+#if defined(TRIO_LANES16)
+  return reinterpret_cast<Lanes>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a),
+                                                 reinterpret_cast<__m512>(b),
+                                                 reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+  return reinterpret_cast<Lanes>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a),
+                                                 reinterpret_cast<__m256>(b),
+                                                 reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
 }
 
 // Lanes' sum, the lanes halved into each other. A compiler's own vectorized reduction sums the

@@ -10,6 +10,14 @@
 // as decodes of one sequence): its query heads are scored against the keys in float32,
 // softmaxed, and the values accumulated in float32. A query's arithmetic depends only on its
 // own context, never on how many share the call or its tile.
+//
+// Both products are register tiles of a matrix product, the query heads of one KV head sharing
+// each key and value read: a score is a chain of fused multiply-adds over the head's elements
+// in its key's vector lane (the keys transposed in registers as they are read), a value sum a
+// chain over positions in its element's lane. Neither sums across lanes, so a tile of 16 queries
+// costs what SDPA's flash kernel does for a prompt's 1,000 queries where dot products summed
+// across lanes took twice that: batch invariance's price for a prompt on CPUs where this kernel
+// attends it (float32 caches, the AVX2-only class).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -68,110 +76,92 @@ inline float exp_and_sum(float* sh, int64_t n, float top) {
   return lanes_sum(total);
 }
 
-// kLanes vectors' sums at once: lane j of the result is a[j]'s lanes summed, halves into each
-// other (j's sum depends on a[j] alone).
-#ifdef TRIO_LANES16
-// Four rounds of two shuffles and an add a pair, 45 operations for 16 sums against
-// `lanes_sum`'s 8 each.
-inline Lanes sums(Lanes (&a)[kLanes]) {
-  Lanes b[8], c[4], d[2];
-  for (int i = 0; i < 8; ++i)
-    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
-                                   19, 20, 21, 22, 23) +
-           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
-                                   26, 27, 28, 29, 30, 31);
-  for (int i = 0; i < 4; ++i)
-    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
-                                   19, 24, 25, 26, 27) +
-           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
-                                   22, 23, 28, 29, 30, 31);
-  for (int i = 0; i < 2; ++i)
-    d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20,
-                                   21, 24, 25, 28, 29) +
-           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19,
-                                   22, 23, 26, 27, 30, 31);
-  return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
-                                 28, 30) +
-         __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
-                                 29, 31);
-}
-#else
-inline Lanes sums(Lanes (&a)[kLanes]) {
-  Lanes b[4], c[2];
-  for (int i = 0; i < 4; ++i)
-    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-  for (int i = 0; i < 2; ++i)
-    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
-           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15);
-}
-#endif
-
-// One query head's scores over positions [t0, t1) of a key chunk (`k`: position t's head at
-// k + t * stride): each a dot product in lanes, kLanes positions' summed at once by `sums` (a
-// score depends on its own key alone, so on no grouping of positions); L lanes-vectors a
-// head (the head size fixed at compile time), so the query stays in registers.
-template <int L>
-void score_run(const float* q, const float* k, int64_t stride, int64_t t0, int64_t t1,
-               float scale, float cap, float* sh) {
-  Lanes qv[L];
-  for (int i = 0; i < L; ++i) qv[i] = load_lanes(q + i * kLanes);
-  for (int64_t t = t0; t < t1; t += kLanes) {
-    const int64_t m = std::min<int64_t>(kLanes, t1 - t);
-    Lanes acc[kLanes];
-    for (int64_t j = 0; j < kLanes; ++j) {
-      if (j >= m) {
-        acc[j] = Lanes{};
-        continue;
-      }
-      const float* kt = k + (t + j) * stride;
-      acc[j] = qv[0] * load_lanes(kt);
-      for (int i = 1; i < L; ++i) acc[j] += qv[i] * load_lanes(kt + i * kLanes);
-    }
-    const Lanes scores = sums(acc) * scale;
-    for (int64_t j = 0; j < m; ++j)
-      sh[t + j] = cap > 0.0f ? cap * std::tanh(scores[j] / cap) : scores[j];
-  }
-}
-
-// One query head's values over positions [t0, t1), each added in order into `a`; the sums
-// stay in registers over the run.
-template <int L>
-void value_run(float* a, const float* v, int64_t stride, int64_t t0, int64_t t1,
-               const float* sh) {
-  Lanes acc[L];
-  for (int i = 0; i < L; ++i) acc[i] = load_lanes(a + i * kLanes);
-  for (int64_t t = t0; t < t1; ++t) {
-    const Lanes p = Lanes{} + sh[t];
-    for (int i = 0; i < L; ++i) acc[i] = acc[i] + p * load_lanes(v + t * stride + i * kLanes);
-  }
-  for (int i = 0; i < L; ++i) std::memcpy(a + i * kLanes, &acc[i], sizeof(Lanes));
-}
-
-// The head size's instance of both (any multiple of kLanes up to 256).
-using ScoreRun = void (*)(const float*, const float*, int64_t, int64_t, int64_t, float, float,
-                          float*);
-using ValueRun = void (*)(float*, const float*, int64_t, int64_t, int64_t, const float*);
-
-template <int... L>
-ScoreRun score_run_for(int64_t dim, std::integer_sequence<int, L...>) {
-  ScoreRun out = nullptr;
-  ((dim == (L + 1) * kLanes ? (out = &score_run<L + 1>, 0) : 0), ...);
-  return out;
-}
-
-template <int... L>
-ValueRun value_run_for(int64_t dim, std::integer_sequence<int, L...>) {
-  ValueRun out = nullptr;
-  ((dim == (L + 1) * kLanes ? (out = &value_run<L + 1>, 0) : 0), ...);
-  return out;
-}
-
 constexpr int64_t kAhead = 4;
 constexpr int64_t kTile = 16;   // queries of one sequence a task shares its key chunks among
 constexpr int64_t kChunk = 64;  // keys (and values) converted to float32 at a time
+constexpr int64_t kKeyVecs = kChunk / kLanes;
+constexpr int kQ = 4;  // query heads a block of scores or values takes at once
+// Key vectors a score block holds (kQ * kV sums in registers, beside kV keys and a query's
+// element): all of AVX-512's 32 registers are not needed for 16 sums, AVX2's 16 hold 8.
+constexpr int kV = kLanes == 16 ? 4 : 2;
+// Vectors of a head's values a value block holds for each of its queries (kQV * kS sums).
+constexpr int kS = 4;
+constexpr int kQV = kLanes == 16 ? 4 : 2;
+
+// Scores of Q query heads (`q[i]`, `dim` floats) against a chunk's keys transposed (`kt`: key
+// t's element d at kt[d * kChunk + t], kChunk keys, zeros past the chunk's end): out[i][j]'s
+// lane l is key j * kLanes + l's score. A score is one chain of fused multiply-adds over the
+// head's elements in order, in its key's lane, so it depends on its query and key alone: not on
+// Q, on which queries share the block, or on the tile. The block is a matrix product's
+// register tile (Q queries by kV key vectors), each key vector read once for Q queries, where
+// a dot product per key would need its lanes summed across, which costs as much as the
+// products at a head size of 64.
+template <int Q>
+void score_block(const float* const* q, const float* kt, int64_t dim, int64_t vecs,
+                 Lanes (*out)[kKeyVecs]) {
+  for (int64_t j0 = 0; j0 < vecs; j0 += kV) {
+    Lanes acc[Q][kV] = {};
+    for (int64_t d = 0; d < dim; ++d) {
+      Lanes k[kV];
+      for (int v = 0; v < kV; ++v) k[v] = load_lanes(kt + d * kChunk + (j0 + v) * kLanes);
+      for (int i = 0; i < Q; ++i) {
+        const Lanes b = Lanes{} + q[i][d];
+        for (int v = 0; v < kV; ++v) acc[i][v] = fma_lanes(b, k[v], acc[i][v]);
+      }
+    }
+    for (int i = 0; i < Q; ++i)
+      for (int v = 0; v < kV; ++v) out[i][j0 + v] = acc[i][v];
+  }
+}
+
+using ScoreBlock = void (*)(const float* const*, const float*, int64_t, int64_t,
+                            Lanes (*)[kKeyVecs]);
+constexpr ScoreBlock kScoreBlocks[kQ] = {&score_block<1>, &score_block<2>, &score_block<3>,
+                                         &score_block<4>};
+
+// Values of Q query heads of one KV head over positions [t0, t1), head elements [e, e + kS *
+// kLanes): each query's sums (`a[i]`) take the positions in order, p[i][t] * v[t] fused into
+// them, the value rows read once for all Q. A query's sums depend on its own probabilities
+// alone: not on Q, nor on which queries share the block (a decode is a block of its KV head's
+// query heads).
+template <int Q, int S>
+void value_block(float* const* a, const float* const* p, const float* v, int64_t stride,
+                 int64_t t0, int64_t t1, int64_t e) {
+  Lanes acc[Q][S];
+  for (int i = 0; i < Q; ++i)
+    for (int s = 0; s < S; ++s) acc[i][s] = load_lanes(a[i] + e + s * kLanes);
+  for (int64_t t = t0; t < t1; ++t) {
+    Lanes x[S];
+    for (int s = 0; s < S; ++s) x[s] = load_lanes(v + t * stride + e + s * kLanes);
+    for (int i = 0; i < Q; ++i) {
+      const Lanes b = Lanes{} + p[i][t];
+      for (int s = 0; s < S; ++s) acc[i][s] = fma_lanes(b, x[s], acc[i][s]);
+    }
+  }
+  for (int i = 0; i < Q; ++i)
+    for (int s = 0; s < S; ++s) std::memcpy(a[i] + e + s * kLanes, &acc[i][s], sizeof(Lanes));
+}
+
+// `value_block` over the whole head: kS vectors at a time, then one at a time.
+template <int Q>
+void value_head(float* const* a, const float* const* p, const float* v, int64_t stride,
+                int64_t t0, int64_t t1, int64_t dim) {
+  int64_t e = 0;
+  for (; e + kS * kLanes <= dim; e += kS * kLanes) value_block<Q, kS>(a, p, v, stride, t0, t1, e);
+  for (; e < dim; e += kLanes) value_block<Q, 1>(a, p, v, stride, t0, t1, e);
+}
+
+// `value_head` for n (1 to 4) query heads.
+inline void value_heads(int n, float* const* a, const float* const* p, const float* v,
+                        int64_t stride, int64_t t0, int64_t t1, int64_t dim) {
+  if (t0 >= t1) return;
+  switch (n) {
+    case 1: return value_head<1>(a, p, v, stride, t0, t1, dim);
+    case 2: return value_head<2>(a, p, v, stride, t0, t1, dim);
+    case 3: return value_head<3>(a, p, v, stride, t0, t1, dim);
+    default: return value_head<4>(a, p, v, stride, t0, t1, dim);
+  }
+}
 
 // The row `kAhead` tokens on asked for now: a sequence's blocks lie anywhere in the cache, and
 // the hardware prefetcher loses the stream at every block boundary.
@@ -197,6 +187,103 @@ void chunk_to_float(const T* cache, const Shape& s, const int64_t* table, int64_
   }
 }
 
+// kLanes rows of kLanes floats transposed: out[e]'s lane i is r[i]'s element e. In registers,
+// by the shuffles a matrix transpose takes on AVX2 (unpack, shuffle, 128-bit permute) and on
+// AVX-512 (unpack, shuffle, twice a 128-bit shuffle): a quarter of the element-by-element
+// stores' cost, which a decode's score blocks (three query heads sharing a transpose) felt.
+inline void transpose_block(const Lanes (&r)[kLanes], Lanes (&out)[kLanes]) {
+#ifdef TRIO_LANES16
+  Lanes t[16], u[16], v[16];
+  for (int p = 0; p < 8; ++p) {
+    t[2 * p] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8,
+                                       24, 9, 25, 12, 28, 13, 29);
+    t[2 * p + 1] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 2, 18, 3, 19, 6, 22, 7, 23,
+                                           10, 26, 11, 27, 14, 30, 15, 31);
+  }
+  // u[4g + c]: rows 4g..4g+3, elements c, c + 4, c + 8, c + 12 (one a 128-bit lane).
+  for (int g = 0; g < 4; ++g)
+    for (int h = 0; h < 2; ++h) {
+      const Lanes a = t[4 * g + h], b = t[4 * g + h + 2];
+      u[4 * g + 2 * h] = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25,
+                                                 12, 13, 28, 29);
+      u[4 * g + 2 * h + 1] = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11,
+                                                     26, 27, 14, 15, 30, 31);
+    }
+  // v[8k + 2c (+1)]: rows 8k..8k+7, elements c and c + 8 (c + 4 and c + 12).
+  for (int k = 0; k < 2; ++k)
+    for (int c = 0; c < 4; ++c) {
+      const Lanes a = u[8 * k + c], b = u[8 * k + 4 + c];
+      v[8 * k + 2 * c] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                                 24, 25, 26, 27);
+      v[8 * k + 2 * c + 1] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
+                                                     22, 23, 28, 29, 30, 31);
+    }
+  for (int c = 0; c < 4; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const Lanes a = v[2 * c + h], b = v[8 + 2 * c + h];
+      out[c + 4 * h] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                               24, 25, 26, 27);
+      out[c + 4 * h + 8] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                                   23, 28, 29, 30, 31);
+    }
+#else
+  Lanes t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[2 * p + 1] = __builtin_shufflevector(r[2 * p], r[2 * p + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  // u[4g + c]: rows 4g..4g+3, elements c and c + 4 (one a 128-bit lane).
+  for (int g = 0; g < 2; ++g)
+    for (int h = 0; h < 2; ++h) {
+      const Lanes a = t[4 * g + h], b = t[4 * g + h + 2];
+      u[4 * g + 2 * h] = __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13);
+      u[4 * g + 2 * h + 1] = __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int c = 0; c < 4; ++c) {
+    out[c] = __builtin_shufflevector(u[c], u[4 + c], 0, 1, 2, 3, 8, 9, 10, 11);
+    out[c + 4] = __builtin_shufflevector(u[c], u[4 + c], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+#endif
+}
+
+// kLanes elements of a cache row, in float32.
+template <typename T>
+inline Lanes load_row(const T* src) {
+  float out[kLanes];
+#pragma omp simd
+  for (int64_t e = 0; e < kLanes; ++e) out[e] = load(src, e);
+  return load_lanes(out);
+}
+
+// Positions [c, c + m) of the cache's KV heads as `chunk_to_float` reads them, transposed for
+// the score blocks: element j of position c + t at out[j * kChunk + t], zeros for positions
+// [m, kChunk). Read, widened and transposed kLanes rows at a time in registers: the keys
+// never pass through memory untransposed.
+template <typename T>
+void chunk_to_float_t(const T* cache, const Shape& s, const int64_t* table, int64_t c,
+                      int64_t m, int64_t end, int64_t offset, int64_t used, float* out) {
+  for (int64_t t0 = 0; t0 < kChunk; t0 += kLanes) {
+    if (t0 >= m) {
+      for (int64_t j = 0; j < used; ++j)
+        std::fill(out + j * kChunk + t0, out + j * kChunk + kChunk, 0.0f);
+      break;
+    }
+    const T* rows[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) {
+      const int64_t pos = c + t0 + i;
+      rows[i] = t0 + i < m ? cache + s.slot(table, pos) + offset : nullptr;
+      if (pos + kAhead < end) prefetch_row(cache, s, table, pos + kAhead, offset, used);
+    }
+    for (int64_t j0 = 0; j0 < used; j0 += kLanes) {
+      Lanes r[kLanes], o[kLanes];
+      for (int64_t i = 0; i < kLanes; ++i) r[i] = rows[i] ? load_row(rows[i] + j0) : Lanes{};
+      transpose_block(r, o);
+      for (int64_t e = 0; e < kLanes; ++e)
+        std::memcpy(out + (j0 + e) * kChunk + t0, &o[e], sizeof(Lanes));
+    }
+  }
+}
+
 struct Scratch {
   std::vector<float> qf, acc, keys, scores;
 };
@@ -214,12 +301,9 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
                  Scratch& w) {
   const int64_t dim = s.dim, group = s.group, rows = b1 - b0;
   const int64_t h0 = kv0 * group, h1 = kv1 * group;  // the query heads of these KV heads
-  const int64_t heads = h1 - h0;
-  const int64_t offset = kv0 * dim, used = (kv1 - kv0) * dim;  // their part of a cache row
+  const int64_t heads = h1 - h0, kvs = kv1 - kv0;
+  const int64_t offset = kv0 * dim, used = kvs * dim;  // their part of a cache row
   const int64_t* table = tables + b0 * s.table_width;
-  const auto lanes = std::make_integer_sequence<int, kMaxDim / kLanes>{};
-  const ScoreRun scores = score_run_for(dim, lanes);
-  const ValueRun add_values = value_run_for(dim, lanes);
   int64_t firsts[kTile], ns[kTile], starts[kTile + 1];
   int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
   starts[0] = 0;
@@ -236,18 +320,50 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
   w.scores.resize(starts[rows]);
   for (int64_t r = 0; r < rows; ++r)
     to_float(qp + ((b0 + r) * s.heads + h0) * dim, w.qf.data() + r * heads * dim, heads * dim);
+  // Where query head h of row r keeps its scores, by position (its first position at
+  // firsts[r]).
+  const auto scores_of = [&](int64_t r, int64_t h) {
+    return w.scores.data() + starts[r] + h * ns[r] - firsts[r];
+  };
+  // The query heads of one KV head that see positions of a chunk, gathered kQ at a time.
+  struct Block {
+    int n = 0;
+    const float* q[kQ];
+    float* sh[kQ];
+    float* a[kQ];
+    int64_t t0[kQ], t1[kQ];
+  };
   // Scores, a chunk of keys at a time for every query of the tile that sees them.
   for (int64_t c = lo; c < hi; c += kChunk) {
     const int64_t m = std::min(kChunk, hi - c);
-    chunk_to_float(kp, s, table, c, m, hi, offset, used, w.keys.data());
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* q = w.qf.data() + (r * heads + h) * dim;
-        float* sh = w.scores.data() + starts[r] + h * ns[r] - firsts[r];
-        const float* k = w.keys.data() + (h / group) * dim - c * used;
-        scores(q, k, used, t0, t1, scale, cap, sh);
+    const int64_t vecs = (m + kLanes - 1) / kLanes;
+    chunk_to_float_t(kp, s, table, c, m, hi, offset, used, w.keys.data());
+    for (int64_t kh = 0; kh < kvs; ++kh) {
+      const float* kt = w.keys.data() + kh * dim * kChunk;
+      Block blk;
+      const auto flush = [&] {
+        Lanes out[kQ][kKeyVecs];
+        kScoreBlocks[blk.n - 1](blk.q, kt, dim, vecs, out);
+        for (int i = 0; i < blk.n; ++i) {
+          const float* o = reinterpret_cast<const float*>(out[i]) - c;
+          for (int64_t t = blk.t0[i]; t < blk.t1[i]; ++t) {
+            const float score = o[t] * scale;
+            blk.sh[i][t] = cap > 0.0f ? cap * std::tanh(score / cap) : score;
+          }
+        }
+        blk.n = 0;
+      };
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
+        if (t0 >= t1) continue;
+        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+          blk.q[blk.n] = w.qf.data() + (r * heads + h) * dim;
+          blk.sh[blk.n] = scores_of(r, h);
+          blk.t0[blk.n] = t0, blk.t1[blk.n] = t1;
+          if (++blk.n == kQ) flush();
+        }
       }
+      if (blk.n > 0) flush();
     }
   }
   float sums[kTile * kMaxHeads];
@@ -261,19 +377,38 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
       sums[r * heads + h] = exp_and_sum(sh, n, top);
     }
   }
-  // Values, a chunk at a time: each query's sums take its positions in order.
+  // Values, a chunk at a time: each query's sums take its positions in order, kQV queries of a
+  // KV head sharing the chunk's rows over the positions they all see.
   float* values = w.keys.data();
   for (int64_t c = lo; c < hi; c += kChunk) {
     const int64_t m = std::min(kChunk, hi - c);
     chunk_to_float(vp, s, table, c, m, hi, offset, used, values);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* sh = w.scores.data() + starts[r] + h * ns[r] - firsts[r];
-        float* a = w.acc.data() + (r * heads + h) * dim;
-        const float* v = values + (h / group) * dim - c * used;
-        add_values(a, v, used, t0, t1, sh);
+    for (int64_t kh = 0; kh < kvs; ++kh) {
+      const float* v = values + kh * dim - c * used;
+      Block blk;
+      const auto flush = [&] {
+        const float* const* p = blk.sh;
+        int64_t cs = blk.t0[0], ce = blk.t1[0];
+        for (int i = 1; i < blk.n; ++i) cs = std::max(cs, blk.t0[i]), ce = std::min(ce, blk.t1[i]);
+        if (cs >= ce) cs = ce = blk.t1[0];
+        for (int i = 0; i < blk.n; ++i)
+          value_heads(1, blk.a + i, p + i, v, used, blk.t0[i], std::min(cs, blk.t1[i]), dim);
+        value_heads(blk.n, blk.a, p, v, used, cs, ce, dim);
+        for (int i = 0; i < blk.n; ++i)
+          value_heads(1, blk.a + i, p + i, v, used, std::max(ce, blk.t0[i]), blk.t1[i], dim);
+        blk.n = 0;
+      };
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
+        if (t0 >= t1) continue;
+        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+          blk.sh[blk.n] = scores_of(r, h);
+          blk.a[blk.n] = w.acc.data() + (r * heads + h) * dim;
+          blk.t0[blk.n] = t0, blk.t1[blk.n] = t1;
+          if (++blk.n == kQV) flush();
+        }
       }
+      if (blk.n > 0) flush();
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -304,18 +439,27 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const auto runs = runs_of(tables, s.batch, s.table_width, kTile);
   const int64_t count = static_cast<int64_t>(runs.size());
   // Fewer tiles than threads: each tile's KV heads split between tasks.
-  const int64_t threads = at::get_num_threads();
-  const int64_t parts = std::clamp<int64_t>((threads + count - 1) / count, 1, s.kv_heads);
-  at::parallel_for(0, count * parts, 1, [&](int64_t begin, int64_t end) {
+  const int64_t threads_wanted = at::get_num_threads();
+  const int64_t parts = std::clamp<int64_t>((threads_wanted + count - 1) / count, 1, s.kv_heads);
+  const int64_t tasks = count * parts;
+  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, tasks));
+  // Tasks differ in cost (a prompt's later tiles read more keys; a batch's sequences have
+  // different contexts): handed out one by one, the last first, so that no thread is left
+  // with a prompt's heaviest half (a 1,000-token prompt took 0.75 of its one-thread time on
+  // two threads cut in halves).
+#pragma omp parallel num_threads(threads)
+  {
     Scratch scratch;
-    for (int64_t task = begin; task < end; ++task) {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < tasks; ++i) {
+      const int64_t task = tasks - 1 - i;
       const auto [b0, b1] = runs[task / parts];
       const int64_t part = task % parts;
       decode_tile<T>(s, b0, b1, part * s.kv_heads / parts, (part + 1) * s.kv_heads / parts, qp,
                      kp, vp, tables, lens, static_cast<float>(scale),
                      static_cast<float>(softcap), window, op, scratch);
     }
-  });
+  }
 }
 
 }  // namespace
