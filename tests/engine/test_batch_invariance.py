@@ -498,12 +498,14 @@ def test_the_own_forward_s_weights_are_counted_on_any_plan(
 
 
 @pytest.mark.parametrize(
-    ("float_path", "int_path", "on", "exact"),
+    ("float_path", "int_path", "dtype", "on", "exact"),
     [
-        ("avx512_bf16", "vnni", True, True),  # the integer kernel: invariance nearly free
-        ("avx512_bf16", None, True, True),  # the float kernel: the same
-        ("amx", "vnni", False, True),  # the integer kernel, for few rows (prefill 1.7-2.2x with it)
-        ("amx", None, False, False),  # no integer kernel: torch's
+        ("avx512_bf16", "vnni", "bfloat16", True, True),  # the integer kernel: nearly free
+        ("avx512_bf16", None, "bfloat16", True, True),  # the float kernel: the same
+        ("avx512_bf16", "vnni", "float32", True, True),  # float32: prefill 1.01-1.04x
+        ("generic", "avx2", "float32", True, True),  # the AVX2-only class's default
+        ("amx", "vnni", "bfloat16", False, True),  # few rows (prefill 1.7-2.2x with it)
+        ("amx", None, "bfloat16", False, False),  # no integer kernel: torch's
     ],
 )
 def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
@@ -511,14 +513,16 @@ def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
     monkeypatch: pytest.MonkeyPatch,
     float_path: str,
     int_path: str | None,
+    dtype: str,
     on: bool,
     exact: bool,
 ) -> None:
-    """`auto` with quantized weights and bf16 activations: on where a row-exact kernel is the
-    default's for every row anyway (AVX512-BF16 without AMX, faked here: the integer kernel, or
-    the float one without VNNI) and attention reads the cache in place, every row on that kernel
-    and no dense copy; off on AMX, where a prefill would pay for it (ops/row_exact.py), its few
-    rows on the integer kernel or torch's."""
+    """`auto` with quantized weights: on where a row-exact kernel is the default's for every
+    row anyway (AVX512-BF16 without AMX, faked here: the integer kernel, or the float one
+    without VNNI; AVX2 alone, the integer kernel's AVX2 path, where the dtype is float32) and
+    attention reads the cache in place (float32: each prompt query on the decode kernel), every
+    row on that kernel and no dense copy; off on AMX, where a prefill would pay for it
+    (ops/row_exact.py), its few rows on the integer kernel or torch's."""
     if (
         int4_rows.KERNEL.extension() is None
         or int_rows.KERNEL.extension() is None
@@ -527,9 +531,7 @@ def test_auto_keeps_quantized_weights_invariant_where_it_costs_nothing(
         pytest.skip("the row-exact and in-place kernels need a C++ compiler")
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda best="vnni": int_path)
-    core = engine_helpers.make_core(
-        tiny_model_dir, quantization="int4", dtype="bfloat16", device="cpu"
-    )
+    core = engine_helpers.make_core(tiny_model_dir, quantization="int4", dtype=dtype, device="cpu")
     assert core.runner.invariance.on == on
     assert (core.runner.dense_copies is None) == on
     own = core.runner.own

@@ -37,14 +37,19 @@ def kernel(invariant: bool, dtype: torch.dtype) -> Packing | None:
 def invariance_free(dtype: torch.dtype) -> bool:
     """Whether `auto` may keep batch invariance on for quantized weights here: where the
     row-exact kernel is the default's for every row anyway, because nothing beats it on a
-    prompt's rows either, and a prompt's queries share the keys they read (ops/paged_amx.py).
+    prompt's rows either, and a prompt's queries share the keys they read (ops/paged_amx.py in
+    bf16, ops/paged_decode.py in float32).
     So on AVX512-BF16 without AMX (an AMD EPYC): the integer kernel takes 512 rows in 0.7-0.85x
-    oneDNN's bf16 time (bench/results/int_rows_epyc.md), the float one in 1.0-1.1x. Not on AMX:
-    there oneDNN's AMX matmuls on dense copies take a prompt's rows in a third of the integer
-    kernel's time, and invariance, which keeps every row on that kernel, cost a 1,000-2,000-token
-    prefill 1.7-2.2x (an AMX Xeon, bench/results/step_profile_amx_attention.md) and served tok/s
-    0.86-0.93x. Nor on AVX2 alone, though the integer kernel wins there at every row count:
-    without AVX512-BF16 the attention attends each of a prompt's queries as a decode, and
-    invariance cost a prefill 1.35x at 1,000 tokens and 1.6x at 2,000 (float32, every library
-    held to AVX2 on an EPYC, bench/results/step_profile_avx2.md)."""
-    return kernel(False, dtype) is not None and int4_rows.path() == "avx512_bf16"
+    oneDNN's bf16 time (bench/results/int_rows_epyc.md), the float one in 1.0-1.1x; a prefill
+    with invariance took 1.0x the time without it in bf16 (bench/results/
+    step_profile_int_rows_epyc.md) and 1.01-1.04x in float32 (step_profile_fp32_epyc.md). On
+    AVX2 alone (the integer kernel's AVX2 path, 0.55-0.75x torch's best at 512 rows,
+    int_rows_avx2.md): a prefill 1.0x at 1,000 tokens and 1.14x at 2,000, decode steps
+    0.98-1.02x (float32, every library held to AVX2 on an EPYC, step_profile_avx2.md). Not on
+    AMX: there oneDNN's AMX matmuls on dense copies take a prompt's rows in a third of the
+    integer kernel's time, and invariance, which keeps every row on that kernel, cost a
+    1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon, step_profile_amx_attention.md) and
+    served tok/s 0.86-0.93x."""
+    if kernel(False, dtype) is None:
+        return False
+    return int4_rows.path() == "avx512_bf16" or int_rows.path() == "avx2"

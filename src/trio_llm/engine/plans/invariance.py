@@ -73,13 +73,16 @@ KEY_BUCKET = 64
 so its attention has the same shape in any batch and on any path (StepLayout.key_bucket)."""
 QUANTIZED_PRICE = (
     "; quantized weights on the row-exact kernel, the fastest here with invariance or without, "
-    "every query on the bf16 attention kernel (AVX512-BF16): decode steps and a 2,000-token "
-    "prompt's prefill as fast as without invariance (measured on an AMD EPYC)"
+    "every query read from the cache in place: decode steps as fast as without invariance, a "
+    "1,000-token prompt's prefill too and a 2,000-token one up to 1.14x (measured on an AMD "
+    "EPYC, and with every library held to AVX2)"
 )
 """What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up:
 on an AMD EPYC with the integer kernel, decode steps of 1-32 rows 0.94-1.01x and a 1,000- or
-2,000-token prefill 0.99-1.0x the time without invariance
-(bench/results/step_profile_int_rows_epyc.md)."""
+2,000-token prefill 0.99-1.0x the time without invariance in bf16 (bench/results/
+step_profile_int_rows_epyc.md), 1.01-1.04x in float32 (step_profile_fp32_epyc.md); with every
+library held to AVX2, float32, decode steps 0.98-1.02x, prefill 1.0x and 1.14x
+(step_profile_avx2.md)."""
 CHECK_ROWS = 40
 """Distinct rows the start-up check computes alone; calls of more rows repeat them. Few rows
 can miss a kernel that sums a row another way, since the bf16 bits often agree: 40 and 128
@@ -274,8 +277,8 @@ def decide(
     `quantized_free`: the quantized matrices run on the row-exact kernel that is the default's
     for every row anyway (ops/row_exact.py's `invariance_free`) and every query reads the cache
     in place (ops/paged_amx.py on AVX512-BF16, else ops/paged_decode.py), where invariance was
-    measured to cost neither a decode step nor a prefill (`QUANTIZED_PRICE`, said at
-    start-up). `lora`: the engine serves LoRA adapters, whose updates are grouped calls
+    measured to cost a decode step nothing and a prefill at most 1.14x (`QUANTIZED_PRICE`,
+    said at start-up). `lora`: the engine serves LoRA adapters, whose updates are grouped calls
     shaped by how many rows share an adapter: `on` is refused; `auto` keeps invariance for the
     requests without one.
     `max_rows`: the most rows a matmul call takes (the step's token budget)."""
@@ -292,9 +295,8 @@ def decide(
             fastest(dtype, device, flags),
             False,
             "quantized weights would keep every prefill chunk on the row-exact quantized "
-            "kernels and attend each prompt query as a decode (a prompt 1.7-2.2x as long on "
-            "an AMX Xeon, served tok/s 0.86-0.93x under load; 1.35-1.6x on the AVX2-only "
-            "class; decode steps cost nothing on either); --batch-invariant on does that",
+            "kernels (a prompt 1.7-2.2x as long on an AMX Xeon, served tok/s 0.86-0.93x "
+            "under load; decode steps cost nothing); --batch-invariant on does that",
         )
     reason = unavailable_reason(
         dtype, device, backend=backend, single_token=single_token, model_path=model_path
