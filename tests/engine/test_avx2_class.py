@@ -121,3 +121,51 @@ def test_a_quantized_model_starts_and_serves_where_onednn_has_no_bf16(
 def test_onednn_reorders_float32_wherever_it_runs() -> None:
     assert matmul.reorders(torch.float32) == torch.backends.mkldnn.is_available()
     assert not matmul.reorders(torch.float16)
+
+
+INVARIANT = """
+import json, sys
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[3])
+from engine_helpers import make_core, random_prompts, request, run
+from trio_llm.engine.ops.machine_record import MachineRecord
+from trio_llm.engine.step import model_runner
+
+model_runner.MachineRecord = lambda: MachineRecord(Path(sys.argv[2]))
+# float32: the dtype this class's policy picks (no AVX512-BF16). `on`, not `auto`: `auto`'s
+# choice reads this machine's own kernels (test_int_rows fakes it); the libraries are faked here.
+core = make_core(
+    Path(sys.argv[1]), quantization="int4", dtype="float32", device="cpu", batch_invariant="on"
+)
+prompts = random_prompts([7, 30, 90, 150], seed=4, vocab=200)
+reqs = [
+    request(f"{i}{kind}", p, max_tokens=8, ignore_eos=True, **params)
+    for i, p in enumerate(prompts)
+    for kind, params in (("g", {}), ("s", {"temperature": 1.0, "seed": 40 + i}))
+]
+together = run(core, reqs)
+alone = {r.request_id: run(core, [r])[r.request_id] for r in reqs}
+print(json.dumps({
+    "on": core.runner.invariance.on,
+    "reason": core.runner.invariance.reason,
+    "errors": [o.error for o in together.values() if o.error],
+    "together": {k: v.token_ids for k, v in together.items()},
+    "alone": {k: v.token_ids for k, v in alone.items()},
+}))
+"""
+
+
+def test_the_default_float32_engine_is_batch_invariant_on_the_class_s_libraries(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`auto` keeps quantized weights invariant on this class (its integer kernel's AVX2 path
+    takes every row, a prompt's queries the in-place decode kernel; the choice is faked in
+    test_int_rows.py and test_batch_invariance.py): with torch's and oneDNN's AVX2 code under
+    the engine, the start-up check passes and each request's tokens, greedy or seeded, alone
+    equal its tokens beside the others."""
+    got = run_as_avx2_only(INVARIANT, str(tiny_model_dir), str(tmp_path / "m.json"), str(HERE))
+    assert got["on"], got["reason"]
+    assert got["errors"] == []
+    assert got["together"] == got["alone"]
+    assert all(len(tokens) == 8 for tokens in got["together"].values())  # type: ignore[union-attr]

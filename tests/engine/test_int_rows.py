@@ -167,7 +167,7 @@ def test_auto_keeps_invariance_only_where_its_price_was_measured_small(
     """On an AMX machine the integer kernel makes decode steps nearly free with invariance but a
     prefill 1.7-2.2x as long (bench/results/step_profile_amx_attention.md): `auto` keeps it off
     there. Without AMX nothing beats the row-exact kernel on a prompt's rows, whichever it is,
-    and a prompt's queries share the keys they read: on AVX2 alone a prefill costs 1.0-1.14x
+    and a prompt's queries share the keys they read: on AVX2 alone a prefill costs 1.03-1.07x
     (bench/results/step_profile_avx2.md)."""
     monkeypatch.setattr(int4_rows, "path", lambda allow_amx=True: float_path)
     monkeypatch.setattr(int_rows, "path", lambda best="vnni": int_path)

@@ -42,10 +42,10 @@ def invariance_free(dtype: torch.dtype) -> bool:
     So on AVX512-BF16 without AMX (an AMD EPYC): the integer kernel takes 512 rows in 0.7-0.85x
     oneDNN's bf16 time (bench/results/int_rows_epyc.md), the float one in 1.0-1.1x; a prefill
     with invariance took 1.0x the time without it in bf16 (bench/results/
-    step_profile_int_rows_epyc.md) and 1.01-1.04x in float32 (step_profile_fp32_epyc.md). On
+    step_profile_int_rows_epyc.md) and 0.97-1.02x in float32 (step_profile_fp32_epyc.md). On
     AVX2 alone (the integer kernel's AVX2 path, 0.55-0.75x torch's best at 512 rows,
-    int_rows_avx2.md): a prefill 1.0x at 1,000 tokens and 1.14x at 2,000, decode steps
-    0.98-1.02x (float32, every library held to AVX2 on an EPYC, step_profile_avx2.md). Not on
+    int_rows_avx2.md): a prefill 1.03x at 1,000 tokens and 1.07x at 2,000, decode steps
+    0.95-0.99x (float32, every library held to AVX2 on an EPYC, step_profile_avx2.md). Not on
     AMX: there oneDNN's AMX matmuls on dense copies take a prompt's rows in a third of the
     integer kernel's time, and invariance, which keeps every row on that kernel, cost a
     1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon, step_profile_amx_attention.md) and

@@ -74,14 +74,14 @@ so its attention has the same shape in any batch and on any path (StepLayout.key
 QUANTIZED_PRICE = (
     "; quantized weights on the row-exact kernel, the fastest here with invariance or without, "
     "every query read from the cache in place: decode steps as fast as without invariance, a "
-    "1,000-token prompt's prefill too and a 2,000-token one up to 1.14x (measured on an AMD "
+    "1,000- or 2,000-token prompt's prefill up to 1.07x (measured on an AMD "
     "EPYC, and with every library held to AVX2)"
 )
 """What `auto`'s invariance with quantized weights costs (`quantized_free`), said at start-up:
 on an AMD EPYC with the integer kernel, decode steps of 1-32 rows 0.94-1.01x and a 1,000- or
 2,000-token prefill 0.99-1.0x the time without invariance in bf16 (bench/results/
-step_profile_int_rows_epyc.md), 1.01-1.04x in float32 (step_profile_fp32_epyc.md); with every
-library held to AVX2, float32, decode steps 0.98-1.02x, prefill 1.0x and 1.14x
+step_profile_int_rows_epyc.md), 0.97-1.02x in float32 (step_profile_fp32_epyc.md); with every
+library held to AVX2, float32, decode steps 0.95-0.99x, prefill 1.03x and 1.07x
 (step_profile_avx2.md)."""
 CHECK_ROWS = 40
 """Distinct rows the start-up check computes alone; calls of more rows repeat them. Few rows
@@ -277,7 +277,7 @@ def decide(
     `quantized_free`: the quantized matrices run on the row-exact kernel that is the default's
     for every row anyway (ops/row_exact.py's `invariance_free`) and every query reads the cache
     in place (ops/paged_amx.py on AVX512-BF16, else ops/paged_decode.py), where invariance was
-    measured to cost a decode step nothing and a prefill at most 1.14x (`QUANTIZED_PRICE`,
+    measured to cost a decode step nothing and a prefill at most 1.07x (`QUANTIZED_PRICE`,
     said at start-up). `lora`: the engine serves LoRA adapters, whose updates are grouped calls
     shaped by how many rows share an adapter: `on` is refused; `auto` keeps invariance for the
     requests without one.
