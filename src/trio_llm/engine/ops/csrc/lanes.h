@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __FMA__
+#if defined(__FMA__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 

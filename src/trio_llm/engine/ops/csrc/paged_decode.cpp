@@ -187,6 +187,18 @@ void chunk_to_float(const T* cache, const Shape& s, const int64_t* table, int64_
   }
 }
 
+#ifdef TRIO_LANES16
+// a's 128-bit quarters 0 and 2, then b's (`even_quarters`), or 1 and 3 (`odd_quarters`):
+// AVX-512's 128-bit shuffle, the last two rounds of a 16x16 transpose.
+inline Lanes even_quarters(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+}
+
+inline Lanes odd_quarters(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+}
+#endif
+
 // kLanes rows of kLanes floats transposed: out[e]'s lane i is r[i]'s element e. In registers,
 // by the shuffles a matrix transpose takes on AVX2 (unpack, shuffle, 128-bit permute) and on
 // AVX-512 (unpack, shuffle, twice a 128-bit shuffle). Element by element, a decode step's
@@ -213,19 +225,13 @@ inline void transpose_block(const Lanes (&r)[kLanes], Lanes (&out)[kLanes]) {
   // v[8k + 2c (+1)]: rows 8k..8k+7, elements c and c + 8 (c + 4 and c + 12).
   for (int k = 0; k < 2; ++k)
     for (int c = 0; c < 4; ++c) {
-      const Lanes a = u[8 * k + c], b = u[8 * k + 4 + c];
-      v[8 * k + 2 * c] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                                 24, 25, 26, 27);
-      v[8 * k + 2 * c + 1] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
-                                                     22, 23, 28, 29, 30, 31);
+      v[8 * k + 2 * c] = even_quarters(u[8 * k + c], u[8 * k + 4 + c]);
+      v[8 * k + 2 * c + 1] = odd_quarters(u[8 * k + c], u[8 * k + 4 + c]);
     }
   for (int c = 0; c < 4; ++c)
     for (int h = 0; h < 2; ++h) {
-      const Lanes a = v[2 * c + h], b = v[8 + 2 * c + h];
-      out[c + 4 * h] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                               24, 25, 26, 27);
-      out[c + 4 * h + 8] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
-                                                   23, 28, 29, 30, 31);
+      out[c + 4 * h] = even_quarters(v[2 * c + h], v[8 + 2 * c + h]);
+      out[c + 4 * h + 8] = odd_quarters(v[2 * c + h], v[8 + 2 * c + h]);
     }
 #else
   Lanes t[8], u[8];
@@ -314,6 +320,24 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
     float* a[kQ];
     int64_t t0[kQ], t1[kQ];
   };
+  // Each query head of KV head kh that sees positions of chunk [c, c + m), `size` at a time
+  // into a Block handed to `flush`.
+  const auto in_blocks = [&](int64_t c, int64_t m, int64_t kh, int size, const auto& flush) {
+    Block blk;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
+      if (t0 >= t1) continue;
+      for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+        const int i = blk.n++;
+        blk.q[i] = w.qf.data() + (r * heads + h) * dim;
+        blk.sh[i] = scores_of(r, h);
+        blk.a[i] = w.acc.data() + (r * heads + h) * dim;
+        blk.t0[i] = t0, blk.t1[i] = t1;
+        if (blk.n == size) flush(blk), blk.n = 0;
+      }
+    }
+    if (blk.n > 0) flush(blk);
+  };
   // Scores, a chunk of keys at a time for every query of the tile that sees them.
   for (int64_t c = lo; c < hi; c += kChunk) {
     const int64_t m = std::min(kChunk, hi - c);
@@ -322,8 +346,7 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
     transpose_keys(w.keys.data(), m, used, w.keys_t.data());
     for (int64_t kh = 0; kh < kvs; ++kh) {
       const float* kt = w.keys_t.data() + kh * dim * kChunk;
-      Block blk;
-      const auto flush = [&] {
+      in_blocks(c, m, kh, kQ, [&](const Block& blk) {
         Lanes out[kQ][kKeyVecs];
         kScoreBlocks[blk.n - 1](blk.q, kt, dim, vecs, out);
         for (int i = 0; i < blk.n; ++i) {
@@ -333,19 +356,7 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
             blk.sh[i][t] = cap > 0.0f ? cap * std::tanh(score / cap) : score;
           }
         }
-        blk.n = 0;
-      };
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
-        if (t0 >= t1) continue;
-        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-          blk.q[blk.n] = w.qf.data() + (r * heads + h) * dim;
-          blk.sh[blk.n] = scores_of(r, h);
-          blk.t0[blk.n] = t0, blk.t1[blk.n] = t1;
-          if (++blk.n == kQ) flush();
-        }
-      }
-      if (blk.n > 0) flush();
+      });
     }
   }
   float sums[kTile * kMaxHeads];
@@ -367,30 +378,18 @@ void decode_tile(const Shape& s, int64_t b0, int64_t b1, int64_t kv0, int64_t kv
     chunk_to_float(vp, s, table, c, m, hi, offset, used, values);
     for (int64_t kh = 0; kh < kvs; ++kh) {
       const float* v = values + kh * dim - c * used;
-      Block blk;
-      const auto flush = [&] {
+      in_blocks(c, m, kh, kQV, [&](const Block& blk) {
+        float* const* a = blk.a;
         const float* const* p = blk.sh;
         int64_t cs = blk.t0[0], ce = blk.t1[0];
         for (int i = 1; i < blk.n; ++i) cs = std::max(cs, blk.t0[i]), ce = std::min(ce, blk.t1[i]);
         if (cs >= ce) cs = ce = blk.t1[0];
         for (int i = 0; i < blk.n; ++i)
-          value_heads(1, blk.a + i, p + i, v, used, blk.t0[i], std::min(cs, blk.t1[i]), dim);
-        value_heads(blk.n, blk.a, p, v, used, cs, ce, dim);
+          value_heads(1, a + i, p + i, v, used, blk.t0[i], std::min(cs, blk.t1[i]), dim);
+        value_heads(blk.n, a, p, v, used, cs, ce, dim);
         for (int i = 0; i < blk.n; ++i)
-          value_heads(1, blk.a + i, p + i, v, used, std::max(ce, blk.t0[i]), blk.t1[i], dim);
-        blk.n = 0;
-      };
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t0 = std::max(c, firsts[r]), t1 = std::min(c + m, firsts[r] + ns[r]);
-        if (t0 >= t1) continue;
-        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-          blk.sh[blk.n] = scores_of(r, h);
-          blk.a[blk.n] = w.acc.data() + (r * heads + h) * dim;
-          blk.t0[blk.n] = t0, blk.t1[blk.n] = t1;
-          if (++blk.n == kQV) flush();
-        }
-      }
-      if (blk.n > 0) flush();
+          value_heads(1, a + i, p + i, v, used, std::max(ce, blk.t0[i]), blk.t1[i], dim);
+      });
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
