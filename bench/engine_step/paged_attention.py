@@ -22,18 +22,24 @@ Usage: python bench/engine_step/paged_attention.py [--sources before=/tmp/before
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 LAYERS, KV_HEADS, HEADS, HEAD_SIZE, BLOCK = 30, 3, 9, 64, 16
 """SmolLM2-135M's attention, and the engine's block size."""
@@ -69,21 +75,34 @@ def measure(cases: list[str], repeats: int, dtype_name: str) -> dict[str, dict[s
         tables = torch.randperm(blocks, generator=g)[: batch * per_seq].view(batch, per_seq)
         lens = torch.full((batch,), context, dtype=torch.long)
         q = torch.randn(batch, HEADS, HEAD_SIZE, generator=g).to(dtype)
-        times = {}
-        for name, kernel in kernels.items():
-            kernel(q, *caches[0], tables, lens, HEAD_SIZE**-0.5)  # built and warm
-            samples = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for k, v in caches:
-                    kernel(q, k, v, tables, lens, HEAD_SIZE**-0.5)
-                samples.append(time.perf_counter() - t0)
-            times[name] = statistics.median(samples) * 1e3
-        out[case] = times
+        out[case] = {
+            name: median_ms(
+                functools.partial(every_layer, kernel, q, caches, tables, lens), repeats
+            )
+            for name, kernel in kernels.items()
+        }
     return out
 
 
-def prompt(n: int, kernels: dict, dtype: object, repeats: int, g: object) -> dict[str, float]:  # type: ignore[type-arg]
+def every_layer(
+    kernel: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+) -> None:
+    """One decode step's attention: the kernel over each layer's cache in turn."""
+    for k, v in caches:
+        kernel(q, k, v, tables, lens, HEAD_SIZE**-0.5)
+
+
+def prompt(
+    n: int,
+    kernels: dict[str, Callable[..., torch.Tensor]],
+    dtype: torch.dtype,
+    repeats: int,
+    g: torch.Generator,
+) -> dict[str, float]:
     """One layer of an n-token prompt: each kernel with the prompt's queries laid out as decodes
     (one block table repeated, context lengths 1 to n), and SDPA's causal kernel over the same
     keys gathered in order."""
@@ -92,9 +111,9 @@ def prompt(n: int, kernels: dict, dtype: object, repeats: int, g: object) -> dic
 
     blocks = -(-n // BLOCK)
     shape = (2 * blocks, BLOCK, KV_HEADS, HEAD_SIZE)
-    k, v = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))  # type: ignore[arg-type]
-    table = torch.randperm(2 * blocks, generator=g)[:blocks]  # type: ignore[arg-type]
-    q = torch.randn(n, HEADS, HEAD_SIZE, generator=g).to(dtype)  # type: ignore[arg-type]
+    k, v = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
+    table = torch.randperm(2 * blocks, generator=g)[:blocks]
+    q = torch.randn(n, HEADS, HEAD_SIZE, generator=g).to(dtype)
     tables = table.expand(n, -1).contiguous()
     lens = torch.arange(1, n + 1, dtype=torch.long)
     slots = (table.view(-1, 1) * BLOCK + torch.arange(BLOCK)).view(-1)[:n]
@@ -106,16 +125,7 @@ def prompt(n: int, kernels: dict, dtype: object, repeats: int, g: object) -> dic
     calls["sdpa"] = lambda: F.scaled_dot_product_attention(
         qd, kd, vd, is_causal=True, scale=HEAD_SIZE**-0.5, enable_gqa=True
     )
-    times = {}
-    for name, call in calls.items():
-        call()  # built and warm
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            call()
-            samples.append(time.perf_counter() - t0)
-        times[name] = statistics.median(samples) * 1e3
-    return times
+    return {name: median_ms(call, repeats) for name, call in calls.items()}
 
 
 def ratio(runs: list, base: list, case: str, kernel: str) -> float:  # type: ignore[type-arg]

@@ -13,10 +13,7 @@ Usage: python bench/weights/float32_gemv.py [--repeats 5] [--out bench/results/f
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,20 +23,11 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 """SmolLM2-135M's q, k, v, o, gate, up and down projections (out, in)."""
 SHAPES = LAYER * 30 + [(49152, 576)]
-
-
-def median_seconds(call: Callable[[], object], repeats: int) -> float:
-    call()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -80,7 +68,7 @@ def main() -> None:
     for count in (1, 2):
         torch.set_num_threads(count)
         for name, (call, size) in cases.items():
-            seconds = median_seconds(call, args.repeats)
+            seconds = median_ms(call, args.repeats) / 1e3
             lines.append(f"| {count} | {name} | {seconds * 1e3:.1f} | {size / seconds / 1e9:.1f} |")
     torch.set_num_threads(threads)
     text = "\n".join(lines) + "\n"
