@@ -55,6 +55,8 @@ build_kernels() {
         || echo "bootstrap: the row-exact 4-bit kernel did not build; torch's int4 serves" >&2
     "$venv/bin/python" -m trio_llm.engine.ops.int_rows >/dev/null 2>&1 \
         || echo "bootstrap: the integer row-exact kernel did not build; torch's int4 serves" >&2
+    "$venv/bin/python" -m trio_llm.engine.ops.f32_rows >/dev/null 2>&1 \
+        || echo "bootstrap: the float32 row-exact kernel did not build; oneDNN serves" >&2
     "$venv/bin/python" -m trio_llm.engine.ops.fused >/dev/null 2>&1 \
         || echo "bootstrap: the fused elementwise kernels did not build; torch's ops serve" >&2
 }

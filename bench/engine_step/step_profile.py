@@ -31,6 +31,7 @@ import torch
 from trio_llm.config import EngineArgs
 from trio_llm.engine.ops import (
     bf16_rows,
+    f32_rows,
     fused,
     int4_rows,
     int_rows,
@@ -63,6 +64,7 @@ class Variant:
     fused: bool = True  # the elementwise ops in engine/ops/fused.py's kernels where they run
     amx: bool = True  # attention on engine/ops/paged_amx.py's kernel where it runs
     strips: bool = True  # plain bf16 weights on engine/ops/bf16_rows.py's kernel where chosen
+    f32_strips: bool = True  # plain float32 weights on engine/ops/f32_rows.py's kernel
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
@@ -72,6 +74,7 @@ class Variant:
             int4_rows.ENV: self.int4_rows,
             int_rows.ENV: self.int_rows,
             bf16_rows.ENV: self.strips,
+            f32_rows.ENV: self.f32_strips,
         }
         before = {name: os.environ.get(name) for name in wanted}
         os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
@@ -93,6 +96,7 @@ class Variant:
         eager = "" if self.fused else ", eager elementwise ops"
         eager += "" if self.amx else ", attention without AMX"
         eager += "" if self.strips else ", bf16 weights on oneDNN"
+        eager += "" if self.f32_strips else ", float32 weights on oneDNN"
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
             f"{integer}{eager}"
@@ -115,6 +119,9 @@ class Variant:
 VARIANTS = {
     "own-fp32": Variant("own", "float32", "off"),
     "own-fp32-inv": Variant("own", "float32", "on"),
+    # float32 weights on oneDNN's plans rather than engine/ops/f32_rows.py's kernel
+    "own-fp32-onednn": Variant("own", "float32", "off", f32_strips=False),
+    "own-fp32-inv-onednn": Variant("own", "float32", "on", f32_strips=False),
     "own-bf16-noinv": Variant("own", "bfloat16", "off"),
     "own-bf16": Variant("own", "bfloat16", "on"),
     "hf-fp32": Variant("hf", "float32", "off"),

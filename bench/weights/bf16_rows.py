@@ -1,6 +1,8 @@
 """The strip kernel for plain bf16 weights (engine/ops/bf16_rows.py) against the plan it replaces
 under batch invariance on AVX512-BF16 without AMX (oneDNN's inner product on reordered weights,
-a lone row padded to two), by rows per call, on the default model's matmul shapes.
+a lone row padded to two), by rows per call, on the default model's matmul shapes; with
+`--dtype float32`, the float32 strip kernel (engine/ops/f32_rows.py) against float32's plan
+(oneDNN's inner product on reordered weights, inner dimensions split at 1,024).
 
 Each case multiplies --matrices distinct matrices of the shape in turn (a model's layers), so
 each call reads its weight from memory rather than from a cache the call before warmed, which
@@ -8,8 +10,8 @@ is what a decode step does: a lone row is bound by reading the weights. The two 
 turns call by call (weights/int4_rows.py's `medians_us`), so drift on a shared VM falls on both
 alike; medians of --repeats passes, per matrix. The LM head is one matrix (the model has one).
 
-Usage: python bench/weights/bf16_rows.py [--threads 2] [--repeats 7] [--matrices 30]
-       [--out bench/results/bf16_rows.md]
+Usage: python bench/weights/bf16_rows.py [--dtype bfloat16|float32] [--threads 2] [--repeats 7]
+       [--matrices 30] [--out bench/results/bf16_rows.md (f32_rows.md for float32)]
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from trio_llm.engine.ops import bf16_rows
+from trio_llm.engine.ops import bf16_rows, f32_rows
 from trio_llm.engine.ops.bf16_rows import StripWeight
-from trio_llm.engine.ops.matmul import BF16_AVX512, Matmul
+from trio_llm.engine.ops.f32_rows import F32StripWeight
+from trio_llm.engine.ops.matmul import BF16_AVX512, FP32_ONEDNN, Matmul
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
@@ -38,18 +41,24 @@ ROWS = (1, 2, 8, 32, 128, 512)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--matrices", type=int, default=30)
-    p.add_argument("--out", type=Path, default=BENCH / "results" / "bf16_rows.md")
+    p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    if not bf16_rows.available():
+    dtype = getattr(torch, args.dtype)
+    f32 = dtype is torch.float32
+    if not (f32_rows.available() if f32 else bf16_rows.available()):
         raise SystemExit("the strip kernel is not built here (no C++ compiler)")
-    onednn = Matmul(BF16_AVX512)
+    onednn = Matmul(FP32_ONEDNN if f32 else BF16_AVX512)
+    pack = F32StripWeight.pack if f32 else StripWeight.pack
+    out = args.out or BENCH / "results" / ("f32_rows.md" if f32 else "bf16_rows.md")
     lines = [
         *hostinfo.heading(
-            "Plain bf16 weights: the strip kernel against oneDNN's row-exact plan",
+            f"Plain {'float32' if f32 else 'bf16'} weights: the strip kernel against oneDNN's "
+            "row-exact plan",
             f"Threads {args.threads}; load average at the start "
             f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         ),
@@ -63,12 +72,12 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for name, (n, k) in SHAPES.items():
         count = 1 if name.startswith("LM head") else args.matrices
-        plain = [torch.randn(n, k, generator=gen).to(torch.bfloat16) for _ in range(count)]
+        plain = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(count)]
         packed = [onednn.prepare(w) for w in plain]
-        strips = [StripWeight.pack(w) for w in plain]
+        strips = [pack(w) for w in plain]
         del plain
         for rows in ROWS:
-            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+            x = torch.randn(rows, k, generator=gen).to(dtype)
             fns: dict[str, Callable[[], object]] = {
                 "oneDNN": lambda x=x, ws=packed: [onednn(x, w) for w in ws],
                 "strips": lambda x=x, ws=strips: [w.matmul(x) for w in ws],
@@ -79,8 +88,8 @@ def main() -> None:
                 f"{t['strips'] / t['oneDNN']:.2f} |"
             )
             print(lines[-1], flush=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """How fast one row reads a float32 model's weights: the default model's matrices (30 layers'
 seven, then the tied LM head) multiplied by one row with MKL (`F.linear`, `torch.mv`), beside
-the machine's read rate (`torch.sum` over one contiguous GiB), on one thread and two.
+the machine's read rate (`torch.sum` over one contiguous GiB), on one thread and two; and the
+engine's own float32 strip kernel (engine/ops/f32_rows.py) over the same matrices.
 
 Why: `--dtype float32 --quantization none` serves a lone stream at a quarter of the default's
 tok/s (bench/results/serving_matrix_epyc.md). Earlier notes put that down to memory bandwidth
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from trio_llm.engine.ops import f32_rows
+from trio_llm.engine.ops.f32_rows import F32StripWeight
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
@@ -49,9 +53,16 @@ def main() -> None:
         for w in weights:
             torch.mv(w, rows[w.shape[1]][0])
 
+    strips = [F32StripWeight.pack(w) for w in weights] if f32_rows.available() else []
+
+    def strip_kernel() -> None:
+        for w in strips:
+            w.matmul(rows[w.shape[1]])
+
     cases = {
         "F.linear, one row, every matrix": (linear, nbytes),
         "torch.mv, every matrix": (mv, nbytes),
+        **({"strip kernel, one row, every matrix": (strip_kernel, nbytes)} if strips else {}),
         "torch.sum over 1 GiB (the read rate)": (block.sum, block.numel() * 4),
     }
     lines = [

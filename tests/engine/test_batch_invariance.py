@@ -23,13 +23,22 @@ from trio_llm.engine.attention import StepLayout
 from trio_llm.engine.attention.torch_backend import TorchAttentionMetadata
 from trio_llm.engine.models import loader
 from trio_llm.engine.models.gguf_weights import weights_nbytes
-from trio_llm.engine.ops import bf16_rows, int4_rows, int_rows, matmul, paged_decode, threads
+from trio_llm.engine.ops import (
+    bf16_rows,
+    f32_rows,
+    int4_rows,
+    int_rows,
+    matmul,
+    paged_decode,
+    threads,
+)
 from trio_llm.engine.ops.matmul import (
     BF16_AMX,
     BF16_AVX512,
     BF16_PLAIN,
     BF16_STRIPS,
     FP32_ONEDNN,
+    FP32_STRIPS,
     PADDED,
     Matmul,
     MatmulPlan,
@@ -304,6 +313,7 @@ def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
     ("plan", "dtype"),
     [
         (FP32_ONEDNN, torch.float32),
+        (FP32_STRIPS, torch.float32),
         (BF16_AVX512, torch.bfloat16),
         (BF16_STRIPS, torch.bfloat16),
         (BF16_AMX, torch.bfloat16),
@@ -327,6 +337,8 @@ def test_a_plan_computes_each_row_as_alone_at_any_offset(
         pytest.skip(f"the plan of another CPU class (this one's: {own and own.name})")
     if plan is BF16_STRIPS and int4_rows.path() not in int4_rows.FAST_PATHS:
         pytest.skip("the strip kernel's scalar path (tests/engine/test_bf16_rows.py) is slow")
+    if plan is FP32_STRIPS and not f32_rows.available():
+        pytest.skip("the float32 strip kernel needs a C++ compiler and FMA")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -361,11 +373,15 @@ def test_the_check_tries_calls_as_large_as_the_step_budget() -> None:
     assert failed is not None and "calls of 512 rows" in failed
 
 
-@pytest.mark.parametrize("plan", [FP32_ONEDNN, BF16_AVX512, BF16_STRIPS, BF16_AMX, PADDED])
+@pytest.mark.parametrize(
+    "plan", [FP32_ONEDNN, FP32_STRIPS, BF16_AVX512, BF16_STRIPS, BF16_AMX, PADDED]
+)
 def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> None:
     if plan is BF16_STRIPS and not bf16_rows.available():
         pytest.skip("the strip kernel needs a C++ compiler")
-    dtype = torch.float32 if plan is FP32_ONEDNN else torch.bfloat16
+    if plan is FP32_STRIPS and not f32_rows.available():
+        pytest.skip("the float32 strip kernel needs a C++ compiler and FMA")
+    dtype = torch.float32 if plan in (FP32_ONEDNN, FP32_STRIPS) else torch.bfloat16
     x, w = torch.randn(77, 2100).to(dtype), torch.randn(40, 2100).to(dtype)
     b = torch.randn(40).to(dtype)
     matmul = Matmul(plan)
@@ -379,9 +395,9 @@ def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> 
 @pytest.mark.parametrize(
     ("flags", "bf16", "fp32"),
     [
-        (AVX2_ONLY, BF16_PLAIN, FP32_ONEDNN),
-        (AVX512_BF16, BF16_STRIPS, FP32_ONEDNN),
-        (AMX, BF16_AMX, FP32_ONEDNN),
+        (AVX2_ONLY, BF16_PLAIN, FP32_STRIPS),
+        (AVX512_BF16, BF16_STRIPS, FP32_STRIPS),
+        (AMX, BF16_AMX, FP32_STRIPS),
     ],
     ids=["avx2-only", "avx512-bf16", "amx"],
 )
@@ -389,6 +405,7 @@ def test_each_cpu_class_gets_its_plan(
     flags: frozenset[str], bf16: MatmulPlan, fp32: MatmulPlan, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bf16_rows, "available", lambda: True)
+    monkeypatch.setattr(f32_rows, "available", lambda: True)
     assert matmul.plan_for(torch.bfloat16, flags) is bf16
     assert matmul.plan_for(torch.float32, flags) is fp32
     assert matmul.plan_for(torch.float16, flags) is None

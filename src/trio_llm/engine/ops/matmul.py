@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trio_llm.engine.ops import bf16_rows
+from trio_llm.engine.ops import bf16_rows, f32_rows
 from trio_llm.engine.ops.bf16_rows import StripWeight
+from trio_llm.engine.ops.f32_rows import F32StripWeight
 
 K_CHUNK = 1024
 """The longest inner dimension oneDNN computes one way for every number of rows."""
@@ -46,14 +47,21 @@ class MatmulPlan:
     invariant: bool = True
     """A plan for batch invariance (the forward then runs its activations row by row too);
     `PACKED` is the one plan for speed alone."""
-    strips: bool = False
-    """bf16 weights with an even inner dimension on our own row-exact kernel
-    (ops/bf16_rows.py) instead, every call of theirs unpadded."""
+    strips: torch.dtype | None = None
+    """Weights of this dtype that our own row-exact strip kernel for it takes (bf16 with an
+    even inner dimension: ops/bf16_rows.py; float32: ops/f32_rows.py) on that instead, every
+    call of theirs unpadded."""
 
 
 FP32_ONEDNN = MatmulPlan(
     "fp32: oneDNN on reordered weights, inner chunks <= 1024", packed=True, k_chunk=K_CHUNK
 )
+FP32_STRIPS = MatmulPlan(
+    "fp32: the own strip kernel, one FMA chain an output", strips=torch.float32
+)
+"""Where the float32 strip kernel is built with vector FMAs (AVX-512 or AVX2): one row 0.4-0.7x
+`FP32_ONEDNN`'s time on the default model's shapes, 512 rows 0.95-1.06x (an AMD EPYC, 2
+threads, bench/results/f32_rows.md); every call unsplit and unpadded."""
 BF16_AVX512 = MatmulPlan(
     "bf16: oneDNN on reordered weights, lone rows padded to 2", packed=True, min_rows=2
 )
@@ -67,7 +75,7 @@ BF16_STRIPS = MatmulPlan(
     "bf16: the own strip kernel, others oneDNN on reordered weights with lone rows padded to 2",
     packed=True,
     min_rows=2,
-    strips=True,
+    strips=torch.bfloat16,
 )
 """AVX512-BF16 without AMX where our kernel is built: a lone row on oneDNN read the weights at
 about a third of what the kernel does (ops/bf16_rows.py); `BF16_AVX512` for what it does not
@@ -84,7 +92,7 @@ def plan_for(dtype: torch.dtype, flags: frozenset[str]) -> MatmulPlan | None:
     if not torch.backends.mkldnn.is_available():
         return None
     if dtype is torch.float32:
-        return FP32_ONEDNN
+        return FP32_STRIPS if f32_rows.available() else FP32_ONEDNN
     if dtype is torch.bfloat16:
         if "amx_bf16" in flags:
             return BF16_AMX
@@ -113,7 +121,17 @@ class PackedWeight:
         return sum(p.numel() * p.element_size() for p in self.parts)
 
 
-Weight = Tensor | PackedWeight | StripWeight
+Weight = Tensor | PackedWeight | StripWeight | F32StripWeight
+
+
+def strip_form(weight: Tensor, dtype: torch.dtype) -> StripWeight | F32StripWeight | None:
+    """`weight` in the layout of `dtype`'s strip kernel where that kernel takes it, else None
+    (the plan leaves it to oneDNN)."""
+    if dtype is torch.bfloat16 and bf16_rows.takes(weight):
+        return StripWeight.pack(weight)
+    if dtype is torch.float32 and f32_rows.takes(weight) and f32_rows.available():
+        return F32StripWeight.pack(weight)
+    return None
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -147,8 +165,9 @@ class Matmul:
         """The form of `weight` its calls take: reordered (and split) for a packed plan."""
         plan = self.plan
         weight = weight.detach()
-        if plan is not None and plan.strips and bf16_rows.takes(weight):
-            return StripWeight.pack(weight)
+        strips = strip_form(weight, plan.strips) if plan is not None and plan.strips else None
+        if strips is not None:
+            return strips
         if plan is None or not plan.packed or not reorders(weight.dtype):
             return weight
         in_features = weight.shape[1]
@@ -171,7 +190,7 @@ class Matmul:
         if plan is None:
             assert isinstance(weight, Tensor)
             return F.linear(x, weight, bias)
-        if isinstance(weight, StripWeight):
+        if isinstance(weight, (StripWeight, F32StripWeight)):
             return weight.matmul(x, bias)
         rows = x.shape[0]
         min_rows = plan.min_rows if weight.shape[1] > plan.min_rows_k else 1
@@ -206,24 +225,32 @@ measured on the AMD EPYC (bf16, 2 threads, 30 gate-up matrices in turn) 1.9x fas
 STRIPS_FAST = MatmulPlan(
     "bf16: the own strip kernel, others oneDNN on weights reordered once",
     packed=True,
-    strips=True,
+    strips=torch.bfloat16,
     invariant=False,
 )
 """`PACKED` with the strip kernel where `BF16_STRIPS` would take it: as fast as oneDNN from 128
 rows and up to 3x faster for few rows (ops/bf16_rows.py), so a forward without invariance
 takes it too."""
+FP32_STRIPS_FAST = MatmulPlan(
+    "fp32: the own strip kernel", packed=True, strips=torch.float32, invariant=False
+)
+"""`FP32_STRIPS` for a forward without invariance: `PACKED` for few rows reads the weights at
+the rate that makes `FP32_STRIPS` 1.5-2.7x faster, and for 512 rows is within 6% of it."""
 
 
 def fastest(dtype: torch.dtype, device: torch.device, flags: frozenset[str]) -> Matmul:
     """The matmul for a forward that keeps no batch invariance: `PACKED` where oneDNN runs
-    this dtype on this device (`STRIPS_FAST` for bf16 where the CPU class's plan takes the
-    strip kernel), `F.linear` elsewhere."""
+    this dtype on this device (`STRIPS_FAST` or `FP32_STRIPS_FAST` where the CPU class's plan
+    takes a strip kernel), `F.linear` elsewhere."""
     if (
         device.type == "cpu"
         and torch.backends.mkldnn.is_available()
         and dtype in (torch.float32, torch.bfloat16)
     ):
-        return Matmul(STRIPS_FAST if plan_for(dtype, flags) is BF16_STRIPS else PACKED)
+        plan = plan_for(dtype, flags)
+        if plan is FP32_STRIPS:
+            return Matmul(FP32_STRIPS_FAST)
+        return Matmul(STRIPS_FAST if plan is BF16_STRIPS else PACKED)
     return Matmul()
 
 
@@ -238,7 +265,7 @@ def multiply(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
     """`x @ weight.T + bias` on a plain, a packed or a strip weight, one call per packed part."""
     if isinstance(weight, Tensor):
         return F.linear(x, weight, bias)
-    if isinstance(weight, StripWeight):
+    if isinstance(weight, (StripWeight, F32StripWeight)):
         return weight.matmul(x, bias)
     linear = torch.ops.mkldnn._linear_pointwise
     out: Tensor | None = None
