@@ -7,7 +7,7 @@ a lone row padded to two), by rows per call, on the default model's matmul shape
 Each case multiplies --matrices distinct matrices of the shape in turn (a model's layers), so
 each call reads its weight from memory rather than from a cache the call before warmed, which
 is what a decode step does: a lone row is bound by reading the weights. The two variants take
-turns call by call (weights/int4_rows.py's `medians_us`), so drift on a shared VM falls on both
+turns call by call (timing.py's `medians_us`), so drift on a shared VM falls on both
 alike; medians of --repeats passes, per matrix. The LM head is one matrix (the model has one).
 
 Usage: python bench/weights/bf16_rows.py [--dtype bfloat16|float32] [--threads 2] [--repeats 7]
@@ -33,7 +33,7 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
-from weights.int4_rows import medians_us  # noqa: E402
+from timing import medians_us  # noqa: E402
 from weights.quant_kernels import SHAPES  # noqa: E402
 
 ROWS = (1, 2, 8, 32, 128, 512)

@@ -8,7 +8,7 @@ tok/s (bench/results/serving_matrix_epyc.md). Earlier notes put that down to mem
 (538 MB of weights a token). This benchmark asks whether the weights are read at the rate the
 memory gives, or at the rate one-row products over many small matrices reach.
 
-Usage: python bench/weights/float32_gemv.py [--repeats 5] [--out bench/results/float32_gemv.md]
+Usage: python bench/weights/float32_gemv.py [--repeats 9] [--out bench/results/float32_gemv.md]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
-from timing import median_ms  # noqa: E402
+from timing import medians_us  # noqa: E402
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 """SmolLM2-135M's q, k, v, o, gate, up and down projections (out, in)."""
@@ -36,7 +36,7 @@ SHAPES = LAYER * 30 + [(49152, 576)]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", type=Path, default=BENCH / "results" / "float32_gemv.md")
     args = p.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -70,7 +70,7 @@ def main() -> None:
         "",
         f"The default model's {len(SHAPES)} matrices in float32 ({nbytes / 1e6:.0f} MB, what "
         "one decode step of a float32 model reads), median of "
-        f"{args.repeats} passes after a warm-up.",
+        f"{args.repeats} passes after a warm-up, the cases taking turns pass by pass.",
         "",
         "| threads | case | ms | GB/s |",
         "|---|---|---|---|",
@@ -78,8 +78,9 @@ def main() -> None:
     threads = torch.get_num_threads()
     for count in (1, 2):
         torch.set_num_threads(count)
-        for name, (call, size) in cases.items():
-            seconds = median_ms(call, args.repeats) / 1e3
+        medians = medians_us({name: call for name, (call, _) in cases.items()}, args.repeats)
+        for name, (_, size) in cases.items():
+            seconds = medians[name] / 1e6
             lines.append(f"| {count} | {name} | {seconds * 1e3:.1f} | {size / seconds / 1e9:.1f} |")
     torch.set_num_threads(threads)
     text = "\n".join(lines) + "\n"

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -35,21 +33,10 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
+from timing import medians_us  # noqa: E402
 from weights.quant_kernels import SHAPES  # noqa: E402
 
 ROWS = (1, 4, 8, 16, 32, 64, 128, 512)
-
-
-def medians_us(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
 def main() -> None:

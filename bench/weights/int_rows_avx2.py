@@ -48,7 +48,7 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))  # bench/: bench modules are imported by their path under it
 
 import hostinfo  # noqa: E402
-from weights.int4_rows import medians_us  # noqa: E402
+from timing import medians_us  # noqa: E402
 from weights.quant_kernels import SHAPES  # noqa: E402
 
 ROWS = (1, 8, 32, 128, 512)
