@@ -16,14 +16,13 @@ of the unquantized model 0.58x (one stream) and 0.73x (8), a 1,000-token prefill
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.ops import int4_rows
 from trio_llm.engine.ops.int4_rows import STRIP
+from trio_llm.engine.ops.strips import StripMatrix
 
 ENV = "TRIO_LLM_BF16_ROWS"
 
@@ -38,33 +37,20 @@ def takes(weight: Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.shape[1] % 2 == 0
 
 
-@dataclass(slots=True, eq=False)
-class StripWeight:
+class StripWeight(StripMatrix):
     """A bf16 matrix as the kernel reads it: strips of 32 outputs, [strips, K / 2, 32, 2]
     (flattened to [strips, K * 32]), the outputs padded to whole strips with zeros."""
 
-    strips: Tensor
-    shape: torch.Size
+    __slots__ = ()
 
     @classmethod
     def pack(cls, weight: Tensor) -> StripWeight:
-        n, k = weight.shape
-        padded = F.pad(weight.detach(), (0, 0, 0, -n % STRIP))
-        count = padded.shape[0] // STRIP
-        strips = padded.view(count, STRIP, k // 2, 2).transpose(1, 2).reshape(count, k * STRIP)
+        rows = cls.by_strip(weight)
+        count, _, k = rows.shape
+        strips = rows.view(count, STRIP, k // 2, 2).transpose(1, 2).reshape(count, k * STRIP)
         return cls(strips.contiguous(), weight.shape)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.strips.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.strips.numel() * self.strips.element_size()
-
-    def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x [M, K] bf16 by the matrix: [M, N] bf16."""
+    def linear(self, x: Tensor) -> Tensor:
         ext = int4_rows.KERNEL.extension()
         assert ext is not None, "StripWeight.matmul called where the kernel is not built"
-        out = ext.bf16_linear(x.contiguous(), self.strips, self.shape[0])
-        return out if bias is None else out + bias
+        return ext.bf16_linear(x, self.strips, self.shape[0])

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from trio_llm.engine.ops.native import Kernel
+from trio_llm.engine.ops.strips import STRIP, StripMatrix
 
 KERNEL = Kernel("f32_rows.cpp")
-STRIP = 32
-"""Outputs a strip: the packing pads the outputs to a multiple."""
 ENV = "TRIO_LLM_F32_ROWS"
 FAST_PATHS = ("avx512", "avx2")
 """Where the kernel sums with vector FMAs; its generic path is correct but slow, so there the
@@ -53,36 +50,22 @@ def takes(weight: Tensor) -> bool:
     return weight.dtype == torch.float32 and weight.dim() == 2 and weight.device.type == "cpu"
 
 
-@dataclass(slots=True, eq=False)
-class F32StripWeight:
+class F32StripWeight(StripMatrix):
     """A float32 matrix as the kernel reads it: strips of 32 outputs, [strips, K, 32]
     (flattened to [strips, K * 32]), the outputs padded to whole strips with zeros."""
 
-    strips: Tensor
-    shape: torch.Size
+    __slots__ = ()
 
     @classmethod
     def pack(cls, weight: Tensor) -> F32StripWeight:
-        n, k = weight.shape
-        padded = F.pad(weight.detach(), (0, 0, 0, -n % STRIP))
-        count = padded.shape[0] // STRIP
-        strips = padded.view(count, STRIP, k).transpose(1, 2).reshape(count, k * STRIP)
-        return cls(strips.contiguous(), weight.shape)
+        rows = cls.by_strip(weight)
+        count, _, k = rows.shape
+        return cls(rows.transpose(1, 2).reshape(count, k * STRIP).contiguous(), weight.shape)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.strips.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.strips.numel() * self.strips.element_size()
-
-    def matmul(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        """x [M, K] float32 by the matrix: [M, N] float32."""
+    def linear(self, x: Tensor) -> Tensor:
         ext = KERNEL.extension()
         assert ext is not None, "F32StripWeight.matmul called where the kernel is not built"
-        out = ext.f32_linear(x.contiguous(), self.strips, self.shape[0])
-        return out if bias is None else out + bias
+        return ext.f32_linear(x, self.strips, self.shape[0])
 
 
 if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start

@@ -20,6 +20,7 @@ from torch import Tensor
 from trio_llm.engine.ops import bf16_rows, f32_rows
 from trio_llm.engine.ops.bf16_rows import StripWeight
 from trio_llm.engine.ops.f32_rows import F32StripWeight
+from trio_llm.engine.ops.strips import StripMatrix
 
 K_CHUNK = 1024
 """The longest inner dimension oneDNN computes one way for every number of rows."""
@@ -121,10 +122,10 @@ class PackedWeight:
         return sum(p.numel() * p.element_size() for p in self.parts)
 
 
-Weight = Tensor | PackedWeight | StripWeight | F32StripWeight
+Weight = Tensor | PackedWeight | StripMatrix
 
 
-def strip_form(weight: Tensor, dtype: torch.dtype) -> StripWeight | F32StripWeight | None:
+def strip_form(weight: Tensor, dtype: torch.dtype) -> StripMatrix | None:
     """`weight` in the layout of `dtype`'s strip kernel where that kernel takes it, else None
     (the plan leaves it to oneDNN)."""
     if dtype is torch.bfloat16 and bf16_rows.takes(weight):
@@ -190,7 +191,7 @@ class Matmul:
         if plan is None:
             assert isinstance(weight, Tensor)
             return F.linear(x, weight, bias)
-        if isinstance(weight, (StripWeight, F32StripWeight)):
+        if isinstance(weight, StripMatrix):
             return weight.matmul(x, bias)
         rows = x.shape[0]
         min_rows = plan.min_rows if weight.shape[1] > plan.min_rows_k else 1
@@ -265,7 +266,7 @@ def multiply(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
     """`x @ weight.T + bias` on a plain, a packed or a strip weight, one call per packed part."""
     if isinstance(weight, Tensor):
         return F.linear(x, weight, bias)
-    if isinstance(weight, (StripWeight, F32StripWeight)):
+    if isinstance(weight, StripMatrix):
         return weight.matmul(x, bias)
     linear = torch.ops.mkldnn._linear_pointwise
     out: Tensor | None = None
