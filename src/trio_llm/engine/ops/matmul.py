@@ -60,9 +60,10 @@ FP32_ONEDNN = MatmulPlan(
 FP32_STRIPS = MatmulPlan(
     "fp32: the own strip kernel, one FMA chain an output", strips=torch.float32
 )
-"""Where the float32 strip kernel is built with vector FMAs (AVX-512 or AVX2): one row 0.4-0.7x
-`FP32_ONEDNN`'s time on the default model's shapes, 512 rows 0.95-1.06x (an AMD EPYC, 2
-threads, bench/results/f32_rows.md); every call unsplit and unpadded."""
+"""Where the float32 strip kernel is built with vector FMAs (AVX-512 or AVX2): 1-2 rows
+0.43-0.81x `FP32_ONEDNN`'s time on the default model's shapes, 32 rows 0.71-0.97x, 512 rows
+0.85-1.02x (an AMD EPYC, 2 threads, bench/results/f32_rows.md); every call unsplit and
+unpadded."""
 BF16_AVX512 = MatmulPlan(
     "bf16: oneDNN on reordered weights, lone rows padded to 2", packed=True, min_rows=2
 )
@@ -235,8 +236,9 @@ takes it too."""
 FP32_STRIPS_FAST = MatmulPlan(
     "fp32: the own strip kernel", packed=True, strips=torch.float32, invariant=False
 )
-"""`FP32_STRIPS` for a forward without invariance: `PACKED` for few rows reads the weights at
-the rate that makes `FP32_STRIPS` 1.5-2.7x faster, and for 512 rows is within 6% of it."""
+"""`FP32_STRIPS` for a forward without invariance: `PACKED`, oneDNN's float32 inner product,
+reads a lone row's weights at 0.43-0.81x the kernel's rate and is no faster at 512
+rows (bench/results/f32_rows.md), so nothing is gained by leaving the chain for speed."""
 
 
 def fastest(dtype: torch.dtype, device: torch.device, flags: frozenset[str]) -> Matmul:
