@@ -13,9 +13,13 @@
 // result never depends on its call. It is how llama.cpp multiplies its quantized blocks (Q8_1
 // activations), on AVX2 as here.
 //
-// AMX tiles were tried and dropped: a block's int32 sums must leave the tile for their scales
-// every 32 inputs, and those tile stores and the scaling left AMX slower than VNNI at every
-// row count measured (1 to 512 rows, an AMX Xeon).
+// AMX tiles were tried twice and dropped (an AMX Xeon, the fifth and thirteenth sittings): a
+// block's int32 sums must leave the tiles for their scales every 32 inputs. A tile store costs
+// as long as the product before it, 16 rows of 64 bytes (a micro-benchmark: 4 products at 32
+// inputs, 16.5 ns; with their 4 stores, 31 ns), and then the join below, the same float
+// operations for every path, bounds AMX as it bounds VNNI. With the join a block behind the
+// tiles from a second buffer and passes of 128 rows, AMX took 1.1-1.7x VNNI's time from 16 to
+// 512 rows.
 //
 // The weight: w = (q - 8) * scale + zero for 4 bits (q in 0..15), w = q * scale for 8 bits
 // (signed), scale and zero per output and group of inputs. The kernel reads unsigned bytes u
