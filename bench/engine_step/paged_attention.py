@@ -15,7 +15,7 @@ process of its own, the trees alternating round by round (this VM's speed drifts
 within an hour); a kernel is built per tree (its source's hash names the build).
 
 Usage: python bench/engine_step/paged_attention.py [--sources before=/tmp/before/src after=src]
-       [--cases 1x230 32x230 8x2100 1000p] [--dtype bfloat16] [--rounds 3]
+       [--cases 1x230 32x230 8x2100 1000p] [--dtype bfloat16] [--rounds 3] [--evict MB]
        [--out bench/results/paged_attention.md]
 """
 
@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,9 +46,13 @@ LAYERS, KV_HEADS, HEADS, HEAD_SIZE, BLOCK = 30, 3, 9, 64, 16
 """SmolLM2-135M's attention, and the engine's block size."""
 
 
-def measure(cases: list[str], repeats: int, dtype_name: str) -> dict[str, dict[str, float]]:
+def measure(
+    cases: list[str], repeats: int, dtype_name: str, evict_mb: int = 0
+) -> dict[str, dict[str, float]]:
     """Milliseconds for one step's attention (every layer once; one layer for a prompt), median
-    of `repeats`, per case and kernel, in this process (the tree on its PYTHONPATH)."""
+    of `repeats`, per case and kernel, in this process (the tree on its PYTHONPATH).
+    `evict_mb`: a decode step's attention is timed after reading that many MB of other memory
+    (untimed), as a step's matmuls read their weights between two steps' attention."""
     import torch
 
     from trio_llm.engine.ops import paged_amx, paged_decode
@@ -76,12 +81,35 @@ def measure(cases: list[str], repeats: int, dtype_name: str) -> dict[str, dict[s
         lens = torch.full((batch,), context, dtype=torch.long)
         q = torch.randn(batch, HEADS, HEAD_SIZE, generator=g).to(dtype)
         out[case] = {
-            name: median_ms(
-                functools.partial(every_layer, kernel, q, caches, tables, lens), repeats
+            name: after_eviction(
+                functools.partial(every_layer, kernel, q, caches, tables, lens),
+                repeats,
+                evict_mb,
             )
             for name, kernel in kernels.items()
         }
     return out
+
+
+def after_eviction(call: Callable[[], object], repeats: int, evict_mb: int) -> float:
+    """`median_ms` of `call`, each timed call after an untimed read of `evict_mb` MB.
+
+    Why: a CPU's last-level cache may hold a whole step's KV reads (an AMX Xeon VM reports
+    300 MB of L3), so that steps timed back to back read the cache from L3; in an engine's step
+    the weights' reads come between, and the attention reads memory."""
+    import torch
+
+    if not evict_mb:
+        return median_ms(call, repeats)
+    other = torch.ones(evict_mb << 18)  # float32: 4 bytes each
+    call()
+    samples = []
+    for _ in range(repeats):
+        other.sum()
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e3
 
 
 def every_layer(
@@ -141,11 +169,14 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=7, help="steps timed per case and round")
+    p.add_argument(
+        "--evict", type=int, default=0, metavar="MB", help="MB read (untimed) before each step"
+    )
     p.add_argument("--out", type=Path, default=BENCH / "results" / "paged_attention.md")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(measure(args.cases, args.repeats, args.dtype)))
+        print(json.dumps(measure(args.cases, args.repeats, args.dtype, args.evict)))
         return
     sources = dict(s.split("=", 1) for s in args.sources)
     load = os.getloadavg()
@@ -154,7 +185,7 @@ def main() -> None:
         for name, src in sources.items():
             env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
             child = [sys.executable, __file__, "--child", "--repeats", str(args.repeats)]
-            child += ["--dtype", args.dtype]
+            child += ["--dtype", args.dtype, "--evict", str(args.evict)]
             done = subprocess.run(
                 [*child, "--cases", *args.cases], env=env, capture_output=True, text=True
             )
@@ -172,7 +203,8 @@ def main() -> None:
         f"Milliseconds for one decode step's attention ({LAYERS} layers, {HEADS} query heads "
         f"over {KV_HEADS} KV heads of {HEAD_SIZE}, blocks of {BLOCK} scattered at random; "
         f"a case `Np`: one layer of an N-token prompt), caches in {args.dtype}, "
-        f"median over {args.rounds} rounds of the median of {args.repeats} steps; the trees "
+        + (f"{args.evict} MB of other memory read before each decode step, " if args.evict else "")
+        + f"median over {args.rounds} rounds of the median of {args.repeats} steps; the trees "
         f"took turns each round. Ratio: against {first} in the same round, then the median.",
         "",
         "| case (sequences x context, or prompt) | kernel | "

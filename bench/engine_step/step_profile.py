@@ -65,6 +65,7 @@ class Variant:
     amx: bool = True  # attention on engine/ops/paged_amx.py's kernel where it runs
     strips: bool = True  # plain bf16 weights on engine/ops/bf16_rows.py's kernel where chosen
     f32_strips: bool = True  # plain float32 weights on engine/ops/f32_rows.py's kernel
+    dense_from: int = 0  # the layers' calls take their dense copies from at least these rows
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
         """Its core; the row-exact kernels are chosen at start-up (`TRIO_LLM_INT4_ROWS`,
@@ -79,13 +80,19 @@ class Variant:
         before = {name: os.environ.get(name) for name in wanted}
         os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
         try:
-            return EngineCore(self.args(threads, kv_cache_memory))
+            core = EngineCore(self.args(threads, kv_cache_memory))
         finally:
             for name, value in before.items():
                 if value is None:
                     del os.environ[name]
                 else:
                     os.environ[name] = value
+        own = core.runner.own
+        if self.dense_from and own is not None:  # the layers' crossovers raised (not the head's)
+            for weight in own.matrices()[:-1]:
+                if getattr(weight, "dense", None) is not None:
+                    weight.dense_rows = max(weight.dense_rows, self.dense_from)  # type: ignore[union-attr]
+        return core
 
     @property
     def label(self) -> str:
@@ -97,6 +104,7 @@ class Variant:
         eager += "" if self.amx else ", attention without AMX"
         eager += "" if self.strips else ", bf16 weights on oneDNN"
         eager += "" if self.f32_strips else ", float32 weights on oneDNN"
+        eager += f", dense copies from {self.dense_from} rows" if self.dense_from else ""
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
             f"{integer}{eager}"
@@ -147,6 +155,9 @@ VARIANTS = {
     # The attention on the float kernel and SDPA instead of AMX tiles (where they run).
     "own-gguf-noamx": Variant("own", "auto", "off", "auto", amx=False),
     "own-gguf-inv-noamx": Variant("own", "auto", "on", "auto", amx=False),
+    # The default with the layers' dense copies taken from 64 rows at least (the LM head's as
+    # measured).
+    "own-gguf-dense64": Variant("own", "auto", "off", "auto", dense_from=64),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
     # The GGUF in its own formats with float32 activations (the AVX2-only class's dtype).
     "own-gguf-fp32": Variant("own", "float32", "off", "auto"),
