@@ -49,7 +49,9 @@ def invariance_free(dtype: torch.dtype) -> bool:
     AMX: there oneDNN's AMX matmuls on dense copies take a prompt's rows in a third of the
     integer kernel's time, and invariance, which keeps every row on that kernel, cost a
     1,000-2,000-token prefill 1.7-2.2x (an AMX Xeon, step_profile_amx_attention.md) and
-    served tok/s 0.86-0.93x."""
+    served tok/s 0.90-0.94x at 1 stream, 0.73-0.85x at 8 and 0.66-0.71x at 32 (the
+    thirteenth sitting, bench/results/serving_vs_vllm_amx.md). An AMX path of the integer
+    kernel does not change that: it took 1.1-1.7x VNNI's time (csrc/int_rows.cpp)."""
     if kernel(False, dtype) is None:
         return False
     return int4_rows.path() == "avx512_bf16" or int_rows.path() == "avx2"

@@ -297,8 +297,8 @@ def decide(
             fastest(dtype, device, flags),
             False,
             "quantized weights would keep every prefill chunk on the row-exact quantized "
-            "kernels (a prompt 1.7-2.2x as long on an AMX Xeon, served tok/s 0.86-0.93x "
-            "under load; decode steps cost nothing); --batch-invariant on does that",
+            "kernels (a prompt 1.7-2.2x as long on an AMX Xeon, served tok/s 0.66-0.71x "
+            "at 32 streams; decode steps cost nothing); --batch-invariant on does that",
         )
     reason = unavailable_reason(
         dtype, device, backend=backend, single_token=single_token, model_path=model_path
