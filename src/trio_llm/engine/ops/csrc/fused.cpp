@@ -48,8 +48,10 @@ inline Lanes load_row(const at::BFloat16* p, int64_t i, int64_t n) {
   return out;
 }
 
+// A whole vector is one store; only a row's tail takes a copy of its length.
 inline void store_row(float* p, int64_t i, int64_t n, Lanes v) {
-  std::memcpy(p + i, &v, std::min<int64_t>(kLanes, n - i) * sizeof(float));
+  if (i + kLanes <= n) std::memcpy(p + i, &v, sizeof v);
+  else std::memcpy(p + i, &v, (n - i) * sizeof(float));
 }
 
 inline Words round_words(Lanes v) {
@@ -62,7 +64,8 @@ inline Words round_words(Lanes v) {
 
 inline void store_row(at::BFloat16* p, int64_t i, int64_t n, Lanes v) {
   const Words w = round_words(v);
-  std::memcpy(p + i, &w, std::min<int64_t>(kLanes, n - i) * sizeof(uint16_t));
+  if (i + kLanes <= n) std::memcpy(p + i, &w, sizeof w);
+  else std::memcpy(p + i, &w, (n - i) * sizeof(uint16_t));
 }
 
 // What a value rounded to the row dtype reads back as (bf16: rounded; float32: itself).
@@ -78,7 +81,8 @@ inline Lanes as_row_dtype(Lanes v, const at::BFloat16*) {
 // silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (an argument <= 0, as exp_lanes takes).
 inline Lanes silu_lanes(Lanes g) {
   const Lanes e = exp_lanes(g < 0.0f ? g : -g);
-  const Lanes sigmoid = g < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
+  // One division for both signs (a vector select evaluates both of its arms).
+  const Lanes sigmoid = (g < 0.0f ? e : Lanes{} + 1.0f) / (1.0f + e);
   return g * sigmoid;
 }
 
