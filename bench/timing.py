@@ -7,12 +7,17 @@ import time
 from collections.abc import Callable
 
 
-def median_ms(call: Callable[[], object], repeats: int) -> float:
+def median_ms(
+    call: Callable[[], object], repeats: int, before: Callable[[], object] | None = None
+) -> float:
     """Milliseconds: the median of `repeats` timed calls after one untimed (whatever the call
-    builds or loads on first use, and the caches it warms, stay out of the timing)."""
+    builds or loads on first use, and the caches it warms, stay out of the timing); `before`:
+    untimed work before each timed call."""
     call()
     samples = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         call()
         samples.append(time.perf_counter() - t0)

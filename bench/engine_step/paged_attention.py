@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,14 +101,7 @@ def after_eviction(call: Callable[[], object], repeats: int, evict_mb: int) -> f
     if not evict_mb:
         return median_ms(call, repeats)
     other = torch.ones(evict_mb << 18)  # float32: 4 bytes each
-    call()
-    samples = []
-    for _ in range(repeats):
-        other.sum()
-        t0 = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
+    return median_ms(call, repeats, before=other.sum)
 
 
 def every_layer(
