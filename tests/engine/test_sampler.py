@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trio_llm.engine.step.sampler import Sampler, SamplingTensors, compute_logprobs
+from trio_llm.engine.step.sampler import Sampler, SamplingTensors, compute_logprobs, row_max
 from trio_llm.engine.step.sequence import DEAD_END, Sequence
 from trio_llm.engine.step.token_bans import TokenBans
 from trio_llm.sampling_params import SamplingParams
@@ -359,3 +359,22 @@ def test_penalties_read_from_the_persistent_rows_equal_those_from_the_sequences(
     apply_penalties(from_rows, SamplingTensors.build(seqs, frozenset({EOS}), 40, CPU, columns))
     assert torch.equal(from_lists, from_rows)
     assert not torch.equal(from_lists, logits)  # the penalties did something
+
+
+def test_row_max_is_torchs_max_with_ties_nans_and_infinities() -> None:
+    """The greedy token is the first of equal maxima, a NaN's first index where a row has one,
+    and an all -inf row's maximum is -inf: numpy's argmax on a CPU must agree with torch.max."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (12, 1000), generator=gen).float()  # many ties
+    logits[1, 17] = float("nan")
+    logits[1, 500] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, [5, 900]] = float("inf")
+    logits[4, 999] = 10.0
+    logits[5, 0] = 10.0
+    for rows in (logits, logits[1:2], logits[::2], logits[:0]):
+        top, index = row_max(rows)
+        expected_top, expected_index = rows.max(dim=-1)
+        assert torch.equal(index, expected_index)
+        assert torch.equal(top.isnan(), expected_top.isnan())
+        assert torch.equal(top.nan_to_num(), expected_top.nan_to_num())

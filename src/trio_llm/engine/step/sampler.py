@@ -251,9 +251,7 @@ class Sampler:
             apply_logit_bias(logits, st)
             apply_penalties(logits, st)
             apply_bans(logits, st)
-        # `max` gives argmax's index (the first of equal maxima, NaN first) in 0.6x its time on
-        # a CPU, and the maximum with it.
-        top, greedy = logits.max(dim=-1)
+        top, greedy = row_max(logits)
         tokens = greedy if st.all_greedy else self._sample(logits, st, greedy)
         if masked or banned:
             # The maximum of an all -inf row is -inf: nothing may be sampled there.
@@ -287,6 +285,19 @@ class Sampler:
                 [uniform(s) for s in seeds.values()], dtype=torch.float64, device=probs.device
             )
         return draw(probs, uniforms)
+
+
+def row_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's maximum and its index, the first of equal maxima (a NaN counts as the
+    maximum, its first index taken): what `logits.max(dim=-1)` gives.
+
+    Why not that on a CPU: torch's reduction with indices runs at 2-3 G elements/s there,
+    0.6 ms of a 32-stream step's 35 ms for [32, 49152] float32, where numpy's vectorized argmax
+    took 0.23 ms (one row: 8 us against 40; an AMX Xeon, 2 threads for torch, 1 for numpy)."""
+    if logits.device.type != "cpu" or logits.dim() != 2 or logits.shape[1] == 0:
+        return logits.max(dim=-1)
+    index = torch.from_numpy(logits.numpy().argmax(axis=1).astype(np.int64, copy=False))
+    return logits.gather(1, index[:, None])[:, 0], index
 
 
 def uniform(noise: int) -> float:
