@@ -98,10 +98,8 @@ def after_eviction(call: Callable[[], object], repeats: int, evict_mb: int) -> f
     the weights' reads come between, and the attention reads memory."""
     import torch
 
-    if not evict_mb:
-        return median_ms(call, repeats)
-    other = torch.ones(evict_mb << 18)  # float32: 4 bytes each
-    return median_ms(call, repeats, before=other.sum)
+    before = torch.ones(evict_mb << 18).sum if evict_mb else None  # float32: 4 bytes each
+    return median_ms(call, repeats, before=before)
 
 
 def every_layer(

@@ -89,8 +89,8 @@ class Variant:
                     os.environ[name] = value
         own = core.runner.own
         if self.dense_from and own is not None:  # the layers' crossovers raised (not the head's)
-            for weight in own.matrices()[:-1]:
-                if getattr(weight, "dense", None) is not None:
+            for weight in own.matrices():
+                if weight is not own.lm_head and getattr(weight, "dense", None) is not None:
                     weight.dense_rows = max(weight.dense_rows, self.dense_from)  # type: ignore[union-attr]
         return core
 
