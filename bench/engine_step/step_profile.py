@@ -65,6 +65,7 @@ class Variant:
     amx: bool = True  # attention on engine/ops/paged_amx.py's kernel where it runs
     strips: bool = True  # plain bf16 weights on engine/ops/bf16_rows.py's kernel where chosen
     f32_strips: bool = True  # plain float32 weights on engine/ops/f32_rows.py's kernel
+    f32_blocks: bool = True  # float32 from the GGUF's blocks there (dense copies when False)
     dense_from: int = 0  # the layers' calls take their dense copies from at least these rows
 
     def make(self, threads: int, kv_cache_memory: int) -> EngineCore:
@@ -76,6 +77,7 @@ class Variant:
             int_rows.ENV: self.int_rows,
             bf16_rows.ENV: self.strips,
             f32_rows.ENV: self.f32_strips,
+            f32_rows.BLOCKS_ENV: self.f32_blocks,
         }
         before = {name: os.environ.get(name) for name in wanted}
         os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
@@ -104,6 +106,7 @@ class Variant:
         eager += "" if self.amx else ", attention without AMX"
         eager += "" if self.strips else ", bf16 weights on oneDNN"
         eager += "" if self.f32_strips else ", float32 weights on oneDNN"
+        eager += "" if self.f32_blocks else ", float32 weights dense"
         eager += f", dense copies from {self.dense_from} rows" if self.dense_from else ""
         return (
             f"{self.impl}, {self.dtype}, invariance {self.invariant}{quantized}{gather}{torch4}"
@@ -130,6 +133,9 @@ VARIANTS = {
     # float32 weights on oneDNN's plans rather than engine/ops/f32_rows.py's kernel
     "own-fp32-onednn": Variant("own", "float32", "off", f32_strips=False),
     "own-fp32-inv-onednn": Variant("own", "float32", "on", f32_strips=False),
+    # the file's blocks dequantized in the kernel (the default of float32 x none) or dense copies
+    "own-fp32-dense": Variant("own", "float32", "off", f32_blocks=False),
+    "own-fp32-inv-dense": Variant("own", "float32", "on", f32_blocks=False),
     "own-bf16-noinv": Variant("own", "bfloat16", "off"),
     "own-bf16": Variant("own", "bfloat16", "on"),
     "hf-fp32": Variant("hf", "float32", "off"),

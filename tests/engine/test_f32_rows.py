@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from trio_llm.engine.ops import f32_rows, matmul
-from trio_llm.engine.ops.f32_rows import F32StripWeight
+from trio_llm.engine.ops.f32_rows import F32BlockWeight, F32StripWeight
 from trio_llm.engine.ops.matmul import FP32_ONEDNN, FP32_STRIPS, FP32_STRIPS_FAST, Matmul
 
 pytestmark = pytest.mark.skipif(
@@ -74,17 +74,23 @@ def test_an_output_is_one_fma_chain_over_the_inputs_in_order() -> None:
 
 def test_the_avx2_class_build_gives_the_same_bits(tmp_path: Path) -> None:
     """The pool's AVX2-only CPUs run the kernel built for x86-64-v3 (FMA3, 8 lanes, 3 rows a
-    pass): the same chain an output, so the same bits as this machine's build."""
+    pass): the same chain an output, so the same bits as this machine's build, for plain
+    weights and for a GGUF's blocks dequantized as they are multiplied."""
     gen = torch.Generator().manual_seed(3)
-    w, x = torch.randn(70, 300, generator=gen), torch.randn(17, 300, generator=gen)
-    torch.save({"w": w, "x": x}, tmp_path / "inputs.pt")
+    w, x = torch.randn(70, 320, generator=gen), torch.randn(17, 320, generator=gen)
+    # A GGUF block weight (`F32BlockWeight`, Q4_1's form): 5 rows dequantize in registers, 17
+    # through the buffer on AVX2.
+    q = torch.randint(0, 16, (70, 320), generator=gen, dtype=torch.int8)
+    d, m = torch.rand(70, 10, generator=gen), torch.randn(70, 10, generator=gen)
+    torch.save({"w": w, "x": x, "q": q, "d": d, "m": m}, tmp_path / "inputs.pt")
     script = (
         "import sys, torch\n"
         "from trio_llm.engine.ops import f32_rows\n"
-        "from trio_llm.engine.ops.f32_rows import F32StripWeight\n"
+        "from trio_llm.engine.ops.f32_rows import F32BlockWeight, F32StripWeight\n"
         "t = torch.load(sys.argv[1])\n"
-        "torch.save({'path': f32_rows.path(), 'y': F32StripWeight.pack(t['w']).matmul(t['x'])},"
-        " sys.argv[2])\n"
+        "b = F32BlockWeight.pack_blocks(t['q'], t['d'], t['m'])\n"
+        "torch.save({'path': f32_rows.path(), 'y': F32StripWeight.pack(t['w']).matmul(t['x']),"
+        " 'blocks': [b.matmul(t['x'][:5]), b.matmul(t['x'])]}, sys.argv[2])\n"
     )
     env = {**os.environ, "TRIO_LLM_MARCH": "x86-64-v3"}
     done = subprocess.run(
@@ -98,6 +104,9 @@ def test_the_avx2_class_build_gives_the_same_bits(tmp_path: Path) -> None:
     avx2 = torch.load(tmp_path / "out.pt")
     assert avx2["path"] == "avx2"
     assert torch.equal(avx2["y"], F32StripWeight.pack(w).matmul(x))
+    dense = F32StripWeight.pack(F32BlockWeight.pack_blocks(q, d, m).dequantize())
+    assert torch.equal(avx2["blocks"][0], dense.matmul(x[:5]))
+    assert torch.equal(avx2["blocks"][1], dense.matmul(x))
 
 
 def test_turned_off_by_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:

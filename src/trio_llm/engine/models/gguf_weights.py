@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from trio_llm.engine.models.llama import LlamaForward, Weights, _Layer
+from trio_llm.engine.ops.f32_rows import F32BlockWeight
 from trio_llm.engine.quant import gguf_blocks, gguf_file
 from trio_llm.engine.quant.weights import (
     Int4Weight,
@@ -100,14 +101,32 @@ class _Int8Blocks:
         return self.q.float() * self.d.repeat_interleave(32, 1)
 
 
-_Read = _Int4Values | _Int8Blocks | Int8Weight | torch.Tensor
+@dataclass(slots=True)
+class _FloatBlocks:
+    """A Q4_0, Q4_1 or Q8_0 tensor whose float32 values are asked for (`float_blocks`):
+    `w = d * q (+ m)` per group of 32, as the `gguf` package computes it."""
+
+    q: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+
+    def dequantize(self) -> torch.Tensor:
+        w = self.d.repeat_interleave(32, 1) * self.q.float()
+        return w if self.m is None else w + self.m.repeat_interleave(32, 1)
+
+
+_Read = _Int4Values | _Int8Blocks | _FloatBlocks | Int8Weight | torch.Tensor
 
 
 class GGUFWeights:
     """The file's tensors by name, each turned into what the forward multiplies by."""
 
-    def __init__(self, path: Path, dtype: torch.dtype) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype, *, float_blocks: bool = False) -> None:
         file = gguf_file.read(path)
+        self.float_blocks = float_blocks
+        """float32 values asked for (`--quantization none`): Q4_0, Q4_1 and Q8_0 matrices stay
+        blocks the float32 kernel dequantizes exactly (`F32BlockWeight`), the other formats
+        dense float32, the token table dense."""
         self.tensors = file.tensors
         self.architecture = file.architecture
         self.dtype = dtype
@@ -135,6 +154,15 @@ class GGUFWeights:
         raw = t.data
         if rows is not None:
             raw = raw[rows]
+        if self.float_blocks and kind in gguf_blocks.FLOAT_BLOCK_FORMATS:
+            q, d, m = gguf_blocks.unpack_float_blocks(kind, raw)
+            self.formats[f"{kind.name} as float32 from its blocks"] += 1
+            return _FloatBlocks(
+                torch.from_numpy(q), torch.from_numpy(d), None if m is None else torch.from_numpy(m)
+            )
+        if self.float_blocks and kind not in gguf_blocks.FLOAT_FORMATS:
+            self.formats[f"{kind.name} as float32"] += 1
+            return gguf_blocks.dequantize(kind, raw, (out_features, in_features))
         if kind in gguf_blocks.INT4_FORMATS:
             q, scale, zero = gguf_blocks.unpack_int4(kind, raw)
             self.formats[f"{kind.name} as int4"] += 1
@@ -157,6 +185,8 @@ class GGUFWeights:
         one form; a file that gives them different formats (V in finer bits than Q and K, say)
         gets them as int8 rows, which hold each one's values to within half a step."""
         parts = [self.read(n, rows=r) for n, r in zip_longest(names, rows)]
+        if self.float_blocks:
+            return self._float_matrix(parts)
         if all(isinstance(p, _Int4Values) for p in parts):
             int4 = [p for p in parts if isinstance(p, _Int4Values)]
             if len({p.scale.shape[1] for p in int4}) == 1:
@@ -177,6 +207,29 @@ class GGUFWeights:
             return torch.cat(parts)  # type: ignore[arg-type]
         int8 = [self._int8(p) for p in parts]
         return Int8Weight(torch.cat([p.q for p in int8]), torch.cat([p.scales for p in int8]))
+
+    @staticmethod
+    def _float_matrix(parts: Sequence[_Read]) -> F32BlockWeight | torch.Tensor:
+        """Parts read with `float_blocks` as one float32 weight: blocks where every part is
+        blocks of one kind (with offsets or without), else dense."""
+        blocks = [p for p in parts if isinstance(p, _FloatBlocks)]
+        if len(blocks) == len(parts) and len({p.m is None for p in blocks}) == 1:
+            offsets = [p.m for p in blocks if p.m is not None]
+            return F32BlockWeight.pack_blocks(
+                torch.cat([p.q for p in blocks]),
+                torch.cat([p.d for p in blocks]),
+                torch.cat(offsets) if offsets else None,
+            )
+        dense = [p.dequantize() if isinstance(p, _FloatBlocks) else p for p in parts]
+        return torch.cat(dense)  # type: ignore[arg-type]
+
+    def table(self, name: str) -> torch.Tensor:
+        """The token table as dense float32 rows (`float_blocks`): what the embedding reads a
+        few rows of a step."""
+        t = self.tensors[name]
+        self.formats[f"{t.tensor_type.name} token table as float32"] += 1
+        shape = (int(t.shape[1]), int(t.shape[0]))
+        return gguf_blocks.dequantize(t.tensor_type, t.data, shape).to(self.dtype)
 
     def vocabulary(self, name: str) -> QuantizedWeight | torch.Tensor:
         """The embedding table or LM head: a Q8_0 one as int8 rows rather than two int4
@@ -204,9 +257,12 @@ def _interleave_rows(out_features: int, heads: int) -> np.ndarray:
     return np.arange(out_features).reshape(heads, half, 2).swapaxes(1, 2).reshape(-1)
 
 
-def load_weights(path: Path, config: PretrainedConfig, dtype: torch.dtype) -> Weights:
-    """The forward's weights from the GGUF file at `path`, in its own formats."""
-    g = GGUFWeights(path, dtype)
+def load_weights(
+    path: Path, config: PretrainedConfig, dtype: torch.dtype, *, float_blocks: bool = False
+) -> Weights:
+    """The forward's weights from the GGUF file at `path`, in its own formats; with
+    `float_blocks`, as float32 values (`GGUFWeights.float_blocks`)."""
+    g = GGUFWeights(path, dtype, float_blocks=float_blocks)
     heads = int(config.num_attention_heads)
     kv_heads = int(config.num_key_value_heads or heads)
     permute = g.architecture in _PERMUTED_ARCHITECTURES
@@ -236,11 +292,18 @@ def load_weights(path: Path, config: PretrainedConfig, dtype: torch.dtype) -> We
                 down=g.matrix(p + "ffn_down.weight"),  # type: ignore[arg-type]
             )
         )
-    embed = g.vocabulary("token_embd.weight")
-    head = g.vocabulary("output.weight") if g.has("output.weight") else embed
+    if float_blocks:
+        embed = g.table("token_embd.weight")
+        head = g.matrix("output.weight" if g.has("output.weight") else "token_embd.weight")
+    else:
+        embed = g.vocabulary("token_embd.weight")
+        head = g.vocabulary("output.weight") if g.has("output.weight") else embed
     log.info(
-        "%s runs in its own formats: %s",
+        "%s runs in %s: %s",
         path.name,
+        "float32, its block formats dequantized in the kernel"
+        if float_blocks
+        else "its own formats",
         ", ".join(f"{n} {k}" for k, n in sorted(g.formats.items()) if n),
     )
     return Weights(

@@ -16,6 +16,7 @@ from torch import Tensor
 from trio_llm.engine import attention
 from trio_llm.engine.models import llama, loader
 from trio_llm.engine.models.gguf_weights import gguf_path_of, is_quantized_file
+from trio_llm.engine.ops import f32_rows
 from trio_llm.engine.quant import (
     Int8Weight,
     QuantizedWeight,
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
 """auto: a quantized GGUF file runs in its own formats, a float checkpoint in its float dtype;
-none: every weight dequantized to the float dtype (what transformers' GGUF reader gives);
+none: every weight dequantized to the float dtype (what transformers' GGUF reader gives; in
+float32 on the own forward the same values, the file's Q4_0, Q4_1 and Q8_0 blocks kept and
+dequantized by the float32 kernel as it multiplies);
 int8 / int4: the linear layers quantized at load (int8 per row; int4 in groups of 32), the
 LM head and embeddings in int8; w8a8: every matrix in int8 per row (a GGUF's values requantized)
 multiplied by int8 activations (`Int8Weight.int8_activations`)."""
@@ -46,22 +49,33 @@ AT_LOAD = ("int8", "int4", "w8a8")
 
 
 def plan(
-    quantization: str, source: ModelSource, config: PretrainedConfig, device: str, model_impl: str
+    quantization: str,
+    source: ModelSource,
+    config: PretrainedConfig,
+    device: str,
+    model_impl: str,
+    dtype: torch.dtype | None = None,
 ) -> tuple[str, Path | None]:
     """How this model's weights run: ("gguf", its file) on the own forward, ("gguf-modules",
     its file) in transformers' modules (models/gguf_modules.py: the families the own forward
-    does not compute), ("int8" | "int4", None), or ("none", None). Quantized weights need a
-    CPU (their kernels are CPU ones), and quantizing at load the own forward; elsewhere `auto`
-    keeps the float path and an explicit request is refused."""
+    does not compute), ("gguf-float32", its file) the file's float32 values on the own forward
+    (`none` in float32: `gguf_weights.GGUFWeights.float_blocks`), ("int8" | "int4", None), or
+    ("none", None). Quantized weights need a CPU (their kernels are CPU ones), and quantizing
+    at load the own forward; elsewhere `auto` keeps the float path and an explicit request is
+    refused."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use {', '.join(QUANTIZATIONS)}")
-    if quantization == "none":
-        return "none", None
     runnable = (
         device == "cpu"
         and model_impl in ("auto", "own")
         and bool(set(getattr(config, "architectures", None) or ()) & llama.ARCHITECTURES)
     )
+    if quantization == "none":
+        # The same values as the dense copy transformers' reader makes, a quarter of the bytes.
+        path = gguf_path_of(source) if runnable and dtype is torch.float32 else None
+        if path is not None and f32_rows.keeps_blocks() and is_quantized_file(path):
+            return "gguf-float32", path
+        return "none", None
     if quantization in AT_LOAD:
         if not runnable:
             raise ValueError(

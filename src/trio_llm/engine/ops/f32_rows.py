@@ -26,6 +26,9 @@ from trio_llm.engine.ops.strips import STRIP, StripMatrix
 
 KERNEL = Kernel("f32_rows.cpp")
 ENV = "TRIO_LLM_F32_ROWS"
+BLOCKS_ENV = "TRIO_LLM_F32_BLOCKS"
+BLOCK = 32
+"""Inputs a GGUF block's scale and offset cover."""
 FAST_PATHS = ("avx512", "avx2")
 """Where the kernel sums with vector FMAs; its generic path is correct but slow, so there the
 libraries stay."""
@@ -43,6 +46,12 @@ def path() -> str | None:
 def available() -> bool:
     """Whether the engine should multiply float32 weights with this kernel here."""
     return path() in FAST_PATHS
+
+
+def keeps_blocks() -> bool:
+    """Whether float32 weights from a GGUF's Q4_0, Q4_1 and Q8_0 blocks stay blocks here
+    (`F32BlockWeight`) rather than dense copies; `TRIO_LLM_F32_BLOCKS=0` keeps dense ones."""
+    return available() and os.environ.get(BLOCKS_ENV, "1") != "0"
 
 
 def takes(weight: Tensor) -> bool:
@@ -66,6 +75,69 @@ class F32StripWeight(StripMatrix):
         ext = KERNEL.extension()
         assert ext is not None, "F32StripWeight.matmul called where the kernel is not built"
         return ext.f32_linear(x, self.strips, self.shape[0])
+
+
+class F32BlockWeight(StripMatrix):
+    """A GGUF block weight (`w = d * q + m` per 32 inputs: Q4_0, Q4_1, Q8_0) that the kernel
+    multiplies as the float32 values a dense copy of the file holds, bitwise: `strips` holds
+    q as int8 in the strips' order, [strips, K * 32]; `scale` and `offset` each block's d and m
+    for its 32 outputs, [strips, K / 32 * 32] (`offset` empty where the format has none).
+
+    Why: `--dtype float32 --quantization none` asks for the file's values in float32 arithmetic,
+    and a lone stream's step is the time its weights take to read (4 bytes a weight, 538 MB a
+    token for the default model). Kept as blocks, they are 1.25 bytes a weight, dequantized by
+    each thread a pass at a time into the cache (csrc/f32_rows.cpp)."""
+
+    __slots__ = ("offset", "scale")
+
+    def __init__(self, strips: Tensor, shape: torch.Size, scale: Tensor, offset: Tensor) -> None:
+        super().__init__(strips, shape)
+        self.scale = scale
+        self.offset = offset
+
+    @classmethod
+    def pack_blocks(cls, q: Tensor, d: Tensor, m: Tensor | None) -> F32BlockWeight:
+        """q [N, K] int8 (the format's integer values), d and m [N, K / 32] float32."""
+        n, k = q.shape
+        if k % BLOCK or d.shape != (n, k // BLOCK) or (m is not None and m.shape != d.shape):
+            raise ValueError(f"blocks of {BLOCK}: q {tuple(q.shape)}, d {tuple(d.shape)}")
+        strips = cls.by_strip(q.to(torch.int8))
+        count = strips.shape[0]
+        q_strips = strips.transpose(1, 2).reshape(count, k * STRIP).contiguous()
+
+        def per_block(values: Tensor) -> Tensor:
+            return cls.by_strip(values.float()).transpose(1, 2).reshape(count, k).contiguous()
+
+        offset = per_block(m) if m is not None else torch.empty(0)
+        return cls(q_strips, torch.Size((n, k)), per_block(d), offset)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The values' dtype: what the kernel multiplies in."""
+        return torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.strips, self.scale, self.offset))
+
+    def linear(self, x: Tensor) -> Tensor:
+        ext = KERNEL.extension()
+        assert ext is not None, "F32BlockWeight.matmul called where the kernel is not built"
+        return ext.f32_blocks_linear(x, self.strips, self.scale, self.offset, self.shape[0])
+
+    def dequantize(self) -> Tensor:
+        """The dense [N, K] float32 values, as the `gguf` package computes them."""
+        count, k = self.scale.shape
+        n_k = self.strips.shape[1] // STRIP
+
+        def dense(t: Tensor, width: int) -> Tensor:
+            return t.reshape(count, width, STRIP).transpose(1, 2).reshape(-1, width)
+
+        q = dense(self.strips, n_k).float()
+        w = dense(self.scale, k // BLOCK).repeat_interleave(BLOCK, 1) * q
+        if self.offset.numel():
+            w = w + dense(self.offset, k // BLOCK).repeat_interleave(BLOCK, 1)
+        return w[: self.shape[0]]
 
 
 if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start

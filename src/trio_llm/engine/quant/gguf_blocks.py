@@ -26,6 +26,10 @@ INT4_FORMATS = frozenset({Q.Q4_0, Q.Q4_1, Q.Q4_K})
 SPLIT_FORMATS = frozenset({Q.Q8_0})
 """Run as two int4 planes (`weights.split_int8`)."""
 FLOAT_FORMATS = frozenset({Q.F32, Q.F16, Q.BF16})
+FLOAT_BLOCK_FORMATS = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})
+"""Kept as their blocks where float32 values are asked for (`--dtype float32 --quantization
+none`): `w = d * q (+ m)` per 32 weights, which the float32 strip kernel dequantizes as the
+`gguf` package does (ops/f32_rows.py's `F32BlockWeight`)."""
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -83,6 +87,24 @@ def unpack_q8_0(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blocks = raw.reshape(raw.shape[0], -1, 34)
     q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(raw.shape[0], -1)
     return q, _f16(blocks[..., 0:2])
+
+
+def unpack_float_blocks(
+    kind: Q, raw: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`raw` [rows, bytes per row] of a `FLOAT_BLOCK_FORMATS` tensor -> (q [rows, K] int8, d
+    and m [rows, K / 32] float32, m None where the format has none) with the `gguf` package's
+    values: `d * q` rounded, then `+ m` rounded (Q4_0's q is its nibble less 8)."""
+    if kind == Q.Q8_0:
+        q8, d = unpack_q8_0(raw)
+        return q8, d, None
+    q, d, _ = unpack_int4(kind, raw)
+    if kind == Q.Q4_0:
+        return (q.astype(np.int8) - 8).astype(np.int8), d, None
+    if kind == Q.Q4_1:
+        m = _f16(raw.reshape(raw.shape[0], -1, 20)[..., 2:4])
+        return q.astype(np.int8), d, m
+    raise ValueError(f"{kind.name} is not kept as float blocks")
 
 
 def dequantize(kind: Q, raw: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:

@@ -79,16 +79,18 @@ def generation_parts(
     this machine runs fastest (measured where the CPU could run bf16), the KV cache it holds,
     and the model runner over them."""
     backend = resolve_backend(args.attention_backend, device)
-    how, gguf = quantized.plan(args.quantization, source, config, device, args.model_impl)
+    how, gguf = quantized.plan(args.quantization, source, config, device, args.model_impl, dtype)
     weights = None
-    if how != "none":
+    if how not in ("none", "gguf-float32"):
         dtype = quantized.activation_dtype(args.dtype)
     # Where the CPU could run bf16 fast, auto measures which dtype this model is faster in.
     measure = how == "none" and args.dtype == "auto" and device == "cpu" and dtype is torch.bfloat16
     attention_layers.check_class(config, source.name)
-    if gguf is not None and how == "gguf":
+    if gguf is not None and how in ("gguf", "gguf-float32"):
         model = quantized.meta_model(source, dtype)
-        weights = gguf_weights.load_weights(gguf, model.config, dtype)
+        weights = gguf_weights.load_weights(
+            gguf, model.config, dtype, float_blocks=how == "gguf-float32"
+        )
     else:
         model = loader.load_model(source, torch.float32 if measure else dtype, device)
     if gguf is not None and how == "gguf-modules":
