@@ -84,6 +84,8 @@ def test_every_flag() -> None:
     assert hc.bind == ["0.0.0.0:9000"]
     assert hc.alpn_protocols == ["h2", "http/1.1"]
     assert hc.graceful_timeout == 2.5
+    # Hypercorn waits for the lifespan (the engine's start) as long as the engine may take.
+    assert hc.startup_timeout == e.startup_timeout
 
 
 def test_environment_supplies_defaults_and_flags_win() -> None:

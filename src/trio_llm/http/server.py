@@ -36,6 +36,10 @@ def hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc.keyfile = config.keyfile
     hc.alpn_protocols = ["h2", "http/1.1"]
     hc.graceful_timeout = config.shutdown_timeout
+    # The engines start inside the lifespan, each within its own `startup_timeout`; Hypercorn's
+    # own 60 s default cut off a first start that built the kernels on 2 cores (found starting a
+    # checkout whose kernels were not yet built).
+    hc.startup_timeout = sum(s.args.startup_timeout * s.replicas for s in config.model_specs)
     hc.accesslog = logging.getLogger("trio_llm.access")
     hc.access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(D)sus'
     hc.errorlog = logging.getLogger("hypercorn.error")
