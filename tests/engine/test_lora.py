@@ -373,8 +373,11 @@ def test_the_default_model_with_an_adapter_equals_pefts_merged_model(
         ],
     )
     # Measured on the quantized kernels' paths (bf16 activations against PEFT's float32 of the
-    # dequantized file): 0.095, 0.11 and 0.17 at most over the 16 tokens, by kernel choice.
-    tolerance = 2e-4 if weights == "float" else 0.25
+    # dequantized file): 0.095, 0.11 and 0.17 at most over the 16 tokens, by kernel choice; on
+    # an AMD EPYC, where the integer kernel (int8 activations per block of 32) takes every row,
+    # 0.32. The base model's are 3.1 off at most on the same tokens (mean 0.48, against the
+    # adapter's 0.06), which the mean below tells apart without a bound tuned to a class.
+    tolerance = 2e-4 if weights == "float" else 0.5
     expected = peft_greedy(reference, prompt_ids, 16)
     # Greedy tokens agree while PEFT's choice leads by more than the kernels' rounding; past a
     # nearer tie (the adapter's 7th token leads by 0.07 nats) either is a right answer, and the
@@ -384,6 +387,14 @@ def test_the_default_model_with_an_adapter_equals_pefts_merged_model(
     assert got["lora"].token_ids[:decided] == expected[:decided]
     _check_logprobs(reference, prompt_ids, got["lora"].token_ids, got["lora"].logprobs, tolerance)
     assert got["base"].token_ids != got["lora"].token_ids
+    if weights == "gguf":  # nearer PEFT's merged model than its base, by far, token by token
+        tokens = got["lora"].token_ids
+        ours = torch.tensor([lp.logprobs[0] for lp in got["lora"].logprobs])
+        rows = torch.arange(len(tokens)), torch.tensor(tokens)
+        start = len(prompt_ids) - 1
+        merged = peft_logprobs(reference, prompt_ids + tokens)[start:][rows]
+        base = peft_logprobs(merged_model(default_model.path, None), prompt_ids + tokens)[start:]  # type: ignore[attr-defined]
+        assert (ours - merged).abs().mean() < 0.5 * (ours - base[rows]).abs().mean()
 
 
 def test_single_token_weight_copies_keep_the_adapters(
