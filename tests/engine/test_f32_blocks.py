@@ -126,3 +126,27 @@ def test_only_float32_on_the_own_forward_keeps_blocks(
     assert how(torch.float32, model_impl="transformers") == "none"
     monkeypatch.setenv(f32_rows.BLOCKS_ENV, "0")
     assert how(torch.float32) == "none"
+
+
+def test_a_float_token_table_tied_to_the_head_is_held_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q4_0 matrices with a float32 token table (not a block format), and no `output.weight`
+    (llama.cpp's converter leaves it out of a tied model; this writer writes it, so the file
+    is read as if it had not): the layers are blocks, and the tied head is the embedding's own
+    dense table, not a second copy."""
+    from transformers import AutoModelForCausalLM
+
+    from trio_llm.engine.models import gguf_weights
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS["llama"](), dtype=torch.float32).eval()
+    path = write(model, tmp_path / "llama-Q4_0.gguf", model_files.default_gguf_path(), Q.Q4_0)
+    has = gguf_weights.GGUFWeights.has
+    monkeypatch.setattr(
+        gguf_weights.GGUFWeights, "has", lambda g, name: name != "output.weight" and has(g, name)
+    )
+    weights = gguf_weights.load_weights(path, model.config, torch.float32, float_blocks=True)
+    assert weights.lm_head is weights.embed
+    assert all(isinstance(layer.qkv, F32BlockWeight) for layer in weights.layers)
+    assert torch.equal(weights.embed, model.model.embed_tokens.weight.detach())

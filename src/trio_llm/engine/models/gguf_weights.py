@@ -294,7 +294,14 @@ def load_weights(
         )
     if float_blocks:
         embed = g.table("token_embd.weight")
-        head = g.matrix("output.weight" if g.has("output.weight") else "token_embd.weight")
+        tied = not g.has("output.weight")
+        if (
+            tied
+            and g.tensors["token_embd.weight"].tensor_type not in gguf_blocks.FLOAT_BLOCK_FORMATS
+        ):
+            head: QuantizedWeight | F32BlockWeight | torch.Tensor = embed  # dense either way: one
+        else:
+            head = g.matrix("token_embd.weight" if tied else "output.weight")
     else:
         embed = g.vocabulary("token_embd.weight")
         head = g.vocabulary("output.weight") if g.has("output.weight") else embed

@@ -85,8 +85,9 @@ class F32BlockWeight(StripMatrix):
 
     Why: `--dtype float32 --quantization none` asks for the file's values in float32 arithmetic,
     and a lone stream's step is the time its weights take to read (4 bytes a weight, 538 MB a
-    token for the default model). Kept as blocks, they are 1.25 bytes a weight, dequantized by
-    each thread a pass at a time into the cache (csrc/f32_rows.cpp)."""
+    token for the default model). Kept as blocks, they are 1.25 bytes a weight, dequantized in
+    the registers of each pass for calls of few rows, into a thread's buffer once a block of
+    rows for larger calls (csrc/f32_rows.cpp)."""
 
     __slots__ = ("offset", "scale")
 
