@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trio_llm.engine.models.llama import LlamaForward, Weights, _Layer
-from trio_llm.engine.ops.f32_rows import F32BlockWeight
+from trio_llm.engine.ops.f32_rows import F32BlockWeight, block_values
 from trio_llm.engine.quant import gguf_blocks, gguf_file
 from trio_llm.engine.quant.weights import (
     Int4Weight,
@@ -111,8 +111,7 @@ class _FloatBlocks:
     m: torch.Tensor | None
 
     def dequantize(self) -> torch.Tensor:
-        w = self.d.repeat_interleave(32, 1) * self.q.float()
-        return w if self.m is None else w + self.m.repeat_interleave(32, 1)
+        return block_values(self.q, self.d, self.m)
 
 
 _Read = _Int4Values | _Int8Blocks | _FloatBlocks | Int8Weight | torch.Tensor
@@ -293,15 +292,10 @@ def load_weights(
             )
         )
     if float_blocks:
-        embed = g.table("token_embd.weight")
         tied = not g.has("output.weight")
-        if (
-            tied
-            and g.tensors["token_embd.weight"].tensor_type not in gguf_blocks.FLOAT_BLOCK_FORMATS
-        ):
-            head: QuantizedWeight | F32BlockWeight | torch.Tensor = embed  # dense either way: one
-        else:
-            head = g.matrix("token_embd.weight" if tied else "output.weight")
+        head = g.matrix("token_embd.weight" if tied else "output.weight")
+        # A tied table that is not blocks is dense already: the embedding reads that one.
+        embed = head if tied and isinstance(head, torch.Tensor) else g.table("token_embd.weight")
     else:
         embed = g.vocabulary("token_embd.weight")
         head = g.vocabulary("output.weight") if g.has("output.weight") else embed

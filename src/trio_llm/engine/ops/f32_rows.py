@@ -129,16 +129,20 @@ class F32BlockWeight(StripMatrix):
     def dequantize(self) -> Tensor:
         """The dense [N, K] float32 values, as the `gguf` package computes them."""
         count, k = self.scale.shape
-        n_k = self.strips.shape[1] // STRIP
 
         def dense(t: Tensor, width: int) -> Tensor:
             return t.reshape(count, width, STRIP).transpose(1, 2).reshape(-1, width)
 
-        q = dense(self.strips, n_k).float()
-        w = dense(self.scale, k // BLOCK).repeat_interleave(BLOCK, 1) * q
-        if self.offset.numel():
-            w = w + dense(self.offset, k // BLOCK).repeat_interleave(BLOCK, 1)
-        return w[: self.shape[0]]
+        offset = dense(self.offset, k // BLOCK) if self.offset.numel() else None
+        q = dense(self.strips, self.strips.shape[1] // STRIP)
+        return block_values(q, dense(self.scale, k // BLOCK), offset)[: self.shape[0]]
+
+
+def block_values(q: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
+    """q [N, K] by blocks of 32 with scales d and offsets m [N, K / 32] as dense float32:
+    `d * q`, then `+ m`, each rounded, as the `gguf` package and the kernel compute them."""
+    w = d.repeat_interleave(BLOCK, 1) * q.float()
+    return w if m is None else w + m.repeat_interleave(BLOCK, 1)
 
 
 if __name__ == "__main__":  # scripts/bootstrap.sh: build now, not at the first engine's start
