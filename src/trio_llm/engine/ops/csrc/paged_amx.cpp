@@ -27,10 +27,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,7 +118,6 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
                 uint16_t* vp, int64_t vstride) {
   const int64_t dim = s.dim, dks = dim / 32, dbs = dim / 16;
   const int64_t valid = std::min(kKeys, end - c);
-  const int64_t row_bytes = (g1 - g0) * dim * 2;
   const uint16_t* krow[kKeys];
   const uint16_t* vrow[kKeys];
   alignas(64) static thread_local uint16_t zeros[kMaxHeads * kMaxDim] = {};
@@ -126,17 +128,6 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
       vrow[n] = vc + at;
     } else {
       krow[n] = vrow[n] = zeros;
-    }
-  }
-  // The chunk after this one, asked for now: a sequence's blocks lie anywhere in the cache, and
-  // the hardware prefetcher loses the stream at every block boundary (a decode's attention is
-  // bound by reading the cache).
-  const int64_t ahead = std::min(kKeys, end - c - kKeys);
-  for (int64_t n = 0; n < ahead; ++n) {
-    const int64_t at = s.slot(table, c + kKeys + n) + g0 * dim;
-    for (int64_t b = 0; b < row_bytes; b += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(kc + at) + b);
-      __builtin_prefetch(reinterpret_cast<const char*>(vc + at) + b);
     }
   }
   for (int64_t kb = 0; kb < kKeys / 16; ++kb) {
@@ -174,6 +165,71 @@ void pack_chunk(const uint16_t* kc, const uint16_t* vc, const Shape& s, const in
     }
   }
 }
+
+// The next chunk's cache rows, asked for a few lines at a time from inside the current chunk's
+// arithmetic (`pump` in the scores', softmax's and values' loops), so that reading the cache
+// overlaps the work. A sequence's blocks lie anywhere in the cache, so the hardware prefetcher
+// loses the stream at every block boundary; and asking for a whole chunk at once (98 KiB on the
+// default model) filled the core's queue of misses and stalled it until the chunk had arrived:
+// 8 decodes at 1,800 positions on one thread of an AMD EPYC read the cache at 9 GB/s, where the
+// same work with the caches already in L3 ran at 24 GB/s, as if reading and arithmetic took
+// turns. Spread out, the two overlap: 0.56-0.73x the time of a decode step's attention
+// (bench/results/paged_attention_ahead_epyc.md).
+class Ahead {
+ public:
+  // The chunk at position c of the sequence (rows at or past `end` are not read), KV heads
+  // [g0, g1), spread over about `sites` calls of `pump`.
+  void start(const uint16_t* kc, const uint16_t* vc, const Shape& s, const int64_t* table,
+             int64_t g0, int64_t g1, int64_t c, int64_t end, int64_t sites) {
+    kc_ = reinterpret_cast<const char*>(kc);
+    vc_ = reinterpret_cast<const char*>(vc);
+    table_ = table;
+    offset_ = g0 * s.dim * 2;
+    block_bytes_ = s.block_stride * 2;
+    row_bytes_ = s.token_stride * 2;
+    block_size_ = s.block_size;
+    keys_ = std::clamp<int64_t>(end - c, 0, kKeys);
+    lines_ = ((g1 - g0) * s.dim * 2 + 63) / 64;
+    key_ = line_ = 0;
+    if (keys_ > 0) {
+      block_ = c / block_size_;
+      in_block_ = c % block_size_;
+      at_ = table_[block_] * block_bytes_ + in_block_ * row_bytes_ + offset_;
+    }
+    per_ = std::max<int64_t>(1, (keys_ * lines_ * 2 + sites - 1) / std::max<int64_t>(sites, 1));
+  }
+
+  // About one share of the chunk's lines: each a line of keys and the same line of values.
+  __attribute__((always_inline)) void pump() {
+    for (int64_t asked = 0; asked < per_ && key_ < keys_; asked += 2) {
+      __builtin_prefetch(kc_ + at_ + line_ * 64);
+      __builtin_prefetch(vc_ + at_ + line_ * 64);
+      if (++line_ < lines_) continue;
+      line_ = 0;
+      ++key_;
+      if (++in_block_ < block_size_) {
+        at_ += row_bytes_;
+      } else if (key_ < keys_) {
+        in_block_ = 0;
+        at_ = table_[++block_] * block_bytes_ + offset_;
+      }
+    }
+  }
+
+  // Whatever is left, before the chunk is read.
+  void finish() {
+    per_ = keys_ * lines_ * 2;
+    pump();
+  }
+
+ private:
+  const char* kc_ = nullptr;
+  const char* vc_ = nullptr;
+  const int64_t* table_ = nullptr;
+  int64_t offset_ = 0, block_bytes_ = 0, row_bytes_ = 0, block_size_ = 1;
+  int64_t keys_ = 0, lines_ = 0, key_ = 0, line_ = 0, block_ = 0, in_block_ = 0, at_ = 0;
+  int64_t per_ = 1;
+};
 
 // The per-row state of a tile: the running max, the running sum of the (rounded) probabilities
 // and the float32 value sums, and the row's output and context length.
@@ -223,7 +279,7 @@ inline Lanes widen_bits(__m256i bits) {
 #ifdef TRIO_AMX
 // Scores by AMX: tiles 0-3 take four key blocks of 16 at a time, each summed over the input
 // chunks in order.
-void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
+void scores_of(Tile& t, const Shape& s, const uint32_t* kp, Ahead& ahead) {
   const int64_t dim = s.dim, dks = dim / 32;
   for (int64_t kb = 0; kb < kKeys / 16; kb += 4) {
     _tile_zero(0);
@@ -231,6 +287,7 @@ void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t dk = 0; dk < dks; ++dk) {
+      ahead.pump();
       _tile_loadd(4, t.qbuf + dk * 32, dim * 2);
       _tile_loadd(5, kp + ((kb + 0) * dks + dk) * 256, 64);
       _tile_loadd(6, kp + ((kb + 1) * dks + dk) * 256, 64);
@@ -260,14 +317,17 @@ inline __m512bh as_bh(T v) {
 }
 
 // Rows [r0, r0 + R) against 64 keys (four blocks of 16) from block kb: 4R sums in registers.
+// Never inlined (nor `value_rows`): where GCC inlined some of them into their callers, by
+// choices that moved with unrelated edits, a prompt's attention took 1.3x as long.
 template <int R>
-inline void score_rows(Tile& t, int64_t r0, int64_t kb, int64_t dks, const uint32_t* kp,
-                       int64_t dim) {
+__attribute__((noinline)) void score_rows(Tile& t, int64_t r0, int64_t kb, int64_t dks,
+                                          const uint32_t* kp, int64_t dim, Ahead& ahead) {
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
   const auto* q = reinterpret_cast<const uint32_t*>(t.qbuf) + r0 * dim / 2;
   for (int64_t dk = 0; dk < dks; ++dk) {
+    ahead.pump();
     for (int64_t i = 0; i < 16; ++i) {
       __m512i b[4];
       for (int j = 0; j < 4; ++j)
@@ -298,10 +358,12 @@ inline void by_rows(int64_t rows, F&& f) {
   else f(std::integral_constant<int, 5>{}, r0);
 }
 
-void scores_of(Tile& t, const Shape& s, const uint32_t* kp) {
+void scores_of(Tile& t, const Shape& s, const uint32_t* kp, Ahead& ahead) {
   const int64_t dim = s.dim, dks = dim / 32;
   for (int64_t kb = 0; kb < kKeys / 16; kb += 4)
-    by_rows<6>(t.rows, [&](auto R, int64_t r0) { score_rows<R.value>(t, r0, kb, dks, kp, dim); });
+    by_rows<6>(t.rows, [&](auto R, int64_t r0) {
+      score_rows<R.value>(t, r0, kb, dks, kp, dim, ahead);
+    });
 }
 #endif  // TRIO_AMX
 
@@ -342,12 +404,13 @@ inline Lanes exp2_lanes(Lanes x) {
 // scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
 // a row's context length get probability 0; a chunk wholly past it leaves the row as it was.
 template <bool Split>
-void softmax_of(Tile& t, int64_t c, float scale) {
+void softmax_of(Tile& t, int64_t c, float scale, Ahead& ahead) {
   constexpr int kDegree = Split ? 6 : 4;
   const float ninf = -std::numeric_limits<float>::infinity();
   LanesInt index;
   for (int j = 0; j < 16; ++j) index[j] = j;
   for (int64_t r = 0; r < t.rows; ++r) {
+    ahead.pump();
     uint16_t* pr = t.probs + r * kKeys;
     uint16_t* rr = t.residues + r * kKeys;
     const int64_t valid = std::clamp<int64_t>(t.len[r] - c, 0, kKeys);
@@ -394,7 +457,7 @@ void softmax_of(Tile& t, int64_t c, float scale) {
 #ifdef TRIO_AMX
 // The probabilities times the values by AMX (tiles 0-3 take four output blocks at a time, each
 // summed over the key halves in order).
-void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
+void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split, Ahead& ahead) {
   const int64_t dim = s.dim, dbs = dim / 16;
   const int parts = split ? 2 : 1;
   const uint16_t* weights[2] = {t.probs, t.residues};
@@ -407,6 +470,7 @@ void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
     // Each key quarter twice: the rounded probabilities, then their residues (so the
     // weights carry 16 bits, not bf16's 8; the values are bf16 as the cache holds them).
     for (int64_t kh = 0; kh < kKeys / 32; ++kh) {
+      ahead.pump();
       const uint16_t* vb = vp + (kh * dbs + db0) * 512;
       _tile_loadd(5, vb, 64);
       if (nb > 1) _tile_loadd(6, vb + 512, 64);
@@ -433,19 +497,27 @@ void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
   }
 }
 
+// The calls of `Ahead::pump` a tile of `rows` rows makes per chunk: the scores' and values'
+// tile loops and the softmax's rows.
+int64_t pump_sites(int64_t rows, int64_t dim) {
+  return kKeys / 64 * (dim / 32) + (dim / 16 + 3) / 4 * (kKeys / 32) + rows;
+}
+
 #else
 // Rows [r0, r0 + R) times output blocks [db0, db0 + 4) of the values: per key quarter and
 // pair of keys, the rows' broadcast probability pairs (and their residues, `split`) times the
 // values' packed pairs, each sum one chain in the same order whichever rows share it.
 template <int R>
-inline void value_rows(Tile& t, int64_t r0, int64_t db0, int64_t nb, int64_t dbs,
-                       const uint16_t* vp, int parts, int64_t dim) {
+__attribute__((noinline)) void value_rows(Tile& t, int64_t r0, int64_t db0, int64_t nb,
+                                          int64_t dbs, const uint16_t* vp, int parts,
+                                          int64_t dim, Ahead& ahead) {
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
   const uint32_t* weights[2] = {reinterpret_cast<const uint32_t*>(t.probs),
                                 reinterpret_cast<const uint32_t*>(t.residues)};
   for (int64_t kh = 0; kh < kKeys / 32; ++kh) {
+    ahead.pump();
     for (int64_t i = 0; i < 16; ++i) {
       __m512i b[4];
       for (int j = 0; j < 4; ++j)
@@ -466,15 +538,22 @@ inline void value_rows(Tile& t, int64_t r0, int64_t db0, int64_t nb, int64_t dbs
       _mm512_storeu_ps(t.values + (r0 + r) * dim + (db0 + j) * 16, acc[r][j]);
 }
 
-void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split) {
+void values_of(Tile& t, const Shape& s, const uint16_t* vp, bool split, Ahead& ahead) {
   const int64_t dim = s.dim, dbs = dim / 16;
   const int parts = split ? 2 : 1;
   for (int64_t db0 = 0; db0 < dbs; db0 += 4) {
     const int64_t nb = std::min<int64_t>(4, dbs - db0);
     by_rows<6>(t.rows, [&](auto R, int64_t r0) {
-      value_rows<R.value>(t, r0, db0, nb, dbs, vp, parts, dim);
+      value_rows<R.value>(t, r0, db0, nb, dbs, vp, parts, dim, ahead);
     });
   }
+}
+
+// The calls of `Ahead::pump` a tile of `rows` rows makes per chunk: one per input chunk or key
+// quarter in each group of rows' scores and values, and one per row in the softmax.
+int64_t pump_sites(int64_t rows, int64_t dim) {
+  const int64_t groups = (rows + 5) / 6;
+  return groups * (kKeys / 64 * (dim / 32) + (dim / 16 + 3) / 4 * (kKeys / 32)) + rows;
 }
 #endif  // TRIO_AMX
 
@@ -499,6 +578,7 @@ struct Work {
   std::vector<uint32_t> kp;  // two chunks (read, packed) of each head's keys
   std::vector<uint16_t> vp;  // and values
   std::vector<Tile> tiles;
+  Ahead ahead;
   int64_t rows = 0;  // the rows the tiles are configured for
 
   // The tiles configured for `t`'s rows (`configure`), where they are not already (vector
@@ -510,12 +590,24 @@ struct Work {
   }
 };
 
-// One run of queries and KV heads [g0, g1): each head's rows (query, head) in tiles of 16,
-// the chunks of the run's keys read once for all of them.
-void run_heads(const Shape& s, int64_t b0, int64_t b1, int64_t g0, int64_t g1,
-               const uint16_t* qp, const uint16_t* kc, const uint16_t* vc,
-               const int64_t* tables, const int64_t* lens, float scale, bool split,
-               uint16_t* op, Work& w) {
+// A task: a run of queries [b0, b1) of one sequence and its KV heads [g0, g1).
+struct Task {
+  int64_t b0 = 0, b1 = 0, g0 = 0, g1 = 0;
+
+  // The furthest any of its queries reads: its chunks are those below this.
+  int64_t end(const int64_t* lens) const { return *std::max_element(lens + b0, lens + b1); }
+};
+
+// One task: each head's rows (query, head) in tiles of 16, the chunks of the run's keys read
+// once for all of them. `claim()` is called once, as the task's last chunk is packed (or at
+// once, where it reads none), and gives the thread's next task, or none: that task's first
+// chunk is asked for during this task's last one (a decode's task reads two chunks at 250
+// positions, and its first one, read cold, took as long as the other).
+void run_heads(const Shape& s, const Task& task, const uint16_t* qp, const uint16_t* kc,
+               const uint16_t* vc, const int64_t* tables, const int64_t* lens, float scale,
+               bool split, uint16_t* op, Work& w,
+               const std::function<std::optional<Task>()>& claim) {
+  const int64_t b0 = task.b0, b1 = task.b1, g0 = task.g0, g1 = task.g1;
   const int64_t dim = s.dim, group = s.group, heads = g1 - g0;
   const int64_t rows = (b1 - b0) * group, per_head = (rows + kRows - 1) / kRows;
   const int64_t ntiles = per_head * heads;
@@ -524,11 +616,12 @@ void run_heads(const Shape& s, int64_t b0, int64_t b1, int64_t g0, int64_t g1,
   const int64_t kn = kKeys * dim / 2, vn = kKeys * dim;  // a head's chunk, packed
   if (static_cast<int64_t>(w.kp.size()) < 2 * heads * kn) w.kp.resize(2 * heads * kn);
   if (static_cast<int64_t>(w.vp.size()) < 2 * heads * vn) w.vp.resize(2 * heads * vn);
-  int64_t hi = 0;
+  int64_t hi = 0, sites = 0;
   for (int64_t i = 0; i < ntiles; ++i) {
     Tile& t = w.tiles[i];
     const int64_t g = g0 + i / per_head, first = (i % per_head) * kRows;
     t.rows = std::min(kRows, rows - first);
+    sites += pump_sites(t.rows, dim);
     for (int64_t r = 0; r < kRows; ++r) t.m[r] = ninf, t.l[r] = 0.0f;
     for (int64_t r = 0; r < t.rows; ++r) {
       const int64_t row = first + r, b = b0 + row / group, h = g * group + row % group;
@@ -550,24 +643,39 @@ void run_heads(const Shape& s, int64_t b0, int64_t b1, int64_t g0, int64_t g1,
   auto values = [&](int64_t n, int64_t i) {
     return w.vp.data() + ((n % 2) * heads + i / per_head) * vn;
   };
-  if (hi > 0) pack_chunk(kc, vc, s, table, g0, g1, 0, hi, keys(0, 0), kn, values(0, 0), vn);
+  // Chunk n + 1 is asked for while chunk n is worked on (`Ahead`), and packed before chunk n's
+  // values are summed; after the last chunk comes the next task's first.
+  Ahead& ahead = w.ahead;
+  auto ask_ahead = [&](int64_t c) {
+    if (c < hi) return ahead.start(kc, vc, s, table, g0, g1, c, hi, sites);
+    if (const std::optional<Task> next = claim())
+      ahead.start(kc, vc, s, tables + next->b0 * s.table_width, next->g0, next->g1, 0,
+                  next->end(lens), sites);
+  };
+  ahead.finish();  // this task's first chunk, if the previous task asked for it
+  if (hi == 0) claim();
+  else pack_chunk(kc, vc, s, table, g0, g1, 0, hi, keys(0, 0), kn, values(0, 0), vn);
+  if (hi > 0) ask_ahead(kKeys);
   for (int64_t c = 0, n = 0; c < hi; c += kKeys, ++n) {
     for (int64_t i = 0; i < ntiles; ++i) {
       w.fit(w.tiles[i]);
-      scores_of(w.tiles[i], s, keys(n, i));
+      scores_of(w.tiles[i], s, keys(n, i), ahead);
     }
     if (c > 0)
       for (int64_t i = 0; i < ntiles; ++i) accumulate(w.tiles[i], s, c - kKeys);
     for (int64_t i = 0; i < ntiles; ++i) {
-      if (split) softmax_of<true>(w.tiles[i], c, base2);
-      else softmax_of<false>(w.tiles[i], c, base2);
+      if (split) softmax_of<true>(w.tiles[i], c, base2, ahead);
+      else softmax_of<false>(w.tiles[i], c, base2, ahead);
     }
-    if (c + kKeys < hi)
+    if (c + kKeys < hi) {
+      ahead.finish();
       pack_chunk(kc, vc, s, table, g0, g1, c + kKeys, hi, keys(n + 1, 0), kn, values(n + 1, 0),
                  vn);
+      ask_ahead(c + 2 * kKeys);
+    }
     for (int64_t i = 0; i < ntiles; ++i) {
       w.fit(w.tiles[i]);
-      values_of(w.tiles[i], s, values(n, i), split);
+      values_of(w.tiles[i], s, values(n, i), split, ahead);
     }
   }
   if (hi > 0)
@@ -653,7 +761,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t heads_apart = s.kv_heads / per_task;
   const int64_t tasks = static_cast<int64_t>(runs.size()) * heads_apart;
   const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, tasks));
-  // Causal runs differ in cost (a later run reads more keys): tasks are handed out one by one.
+  auto task_of = [&](int64_t i) {
+    const auto [b0, b1] = runs[i / heads_apart];
+    const int64_t g0 = i % heads_apart * per_task;
+    return Task{b0, b1, g0, g0 + per_task};
+  };
+  // Causal runs differ in cost (a later run reads more keys): tasks are handed out one by one,
+  // each thread claiming its next as its current one reaches its last chunk (`run_heads`).
+  std::atomic<int64_t> handed{0};
 #pragma omp parallel num_threads(threads)
   {
     static thread_local Work w;
@@ -661,12 +776,16 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
     SavedTiles saved;
     configure(w.rows = kRows);
 #endif
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const auto [b0, b1] = runs[task / heads_apart];
-      const int64_t g0 = task % heads_apart * per_task;
-      run_heads(s, b0, b1, g0, g0 + per_task, qp, kc, vc, tables, lens,
-                static_cast<float>(scale), split, op, w);
+    w.ahead = Ahead{};  // nothing asked for by an earlier call (another layer's cache)
+    for (int64_t i = handed++; i < tasks;) {
+      int64_t next = -1;
+      const std::function<std::optional<Task>()> claim = [&]() -> std::optional<Task> {
+        next = handed++;
+        return next < tasks ? std::optional<Task>(task_of(next)) : std::nullopt;
+      };
+      run_heads(s, task_of(i), qp, kc, vc, tables, lens, static_cast<float>(scale), split, op, w,
+                claim);
+      i = next;
     }
   }
 #endif
