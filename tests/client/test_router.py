@@ -29,8 +29,12 @@ from trio_llm.client import ModelNotServedError
 from trio_llm.sampling_params import SamplingParamsError
 
 LONG = SamplingParams(
-    max_tokens=400, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA
+    max_tokens=2000, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA
 )
+"""Long enough to be running through every check of a test that cancels it: the tiny model
+decodes about a token a millisecond on a fast VM, and 400 tokens were over before an abort's
+effect could be seen there (the replica's other request had finished too). Within the tiny
+model's 2,048 positions."""
 pytestmark = pytest.mark.anyio
 
 ENGINE = {"dtype": "float32", "kv_cache_memory": "16MiB", "num_threads": 1, "max_num_seqs": 8}

@@ -81,8 +81,9 @@ constexpr int64_t kChunk = 64;  // keys (and values) converted to float32 at a t
 // How far ahead of the row being read a chunk asks for rows: about 24 KiB of them (a chunk of
 // 64 positions in bf16 on the default model). 4 rows, as before, left the reads short of the
 // cache's latency: a decode step's attention over bf16 caches took 0.72-0.96x the time with 64
-// (an AMD EPYC; 0.77-0.90x built for AVX2), while float32 caches gained nothing from more
-// than 32 (0.91-1.02x; at 64, 1.07x: too many misses in flight).
+// on an AMD EPYC, 0.75-0.93x built for AVX2 (bench/results/paged_decode_ahead_avx2.md), while
+// float32 caches gained nothing at 32 (0.91-1.02x) and lost at 64 (1.07-1.08x: too many misses
+// in flight).
 constexpr int64_t kAheadBytes = 24 * 1024;
 constexpr int64_t kKeyVecs = kChunk / kLanes;
 constexpr int kQ = 4;  // query heads a block of scores or values takes at once
