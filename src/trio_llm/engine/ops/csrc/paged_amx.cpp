@@ -31,7 +31,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -598,15 +597,39 @@ struct Task {
   int64_t end(const int64_t* lens) const { return *std::max_element(lens + b0, lens + b1); }
 };
 
+// A call's tasks, handed out one by one in order to whichever thread asks: causal runs differ in
+// cost (a later run reads more keys).
+class Tasks {
+ public:
+  Tasks(const std::vector<std::pair<int64_t, int64_t>>& runs, int64_t per_task, int64_t apart)
+      : runs_(runs), per_task_(per_task), apart_(apart),
+        count_(static_cast<int64_t>(runs.size()) * apart) {}
+
+  int64_t count() const { return count_; }
+
+  // The next task not yet handed out, or none.
+  std::optional<Task> take() {
+    const int64_t i = next_++;
+    if (i >= count_) return std::nullopt;
+    const auto [b0, b1] = runs_[i / apart_];
+    const int64_t g0 = i % apart_ * per_task_;
+    return Task{b0, b1, g0, g0 + per_task_};
+  }
+
+ private:
+  const std::vector<std::pair<int64_t, int64_t>>& runs_;
+  const int64_t per_task_, apart_, count_;
+  std::atomic<int64_t> next_{0};
+};
+
 // One task: each head's rows (query, head) in tiles of 16, the chunks of the run's keys read
-// once for all of them. `claim()` is called once, as the task's last chunk is packed (or at
-// once, where it reads none), and gives the thread's next task, or none: that task's first
-// chunk is asked for during this task's last one (a decode's task reads two chunks at 250
-// positions, and its first one, read cold, took as long as the other).
-void run_heads(const Shape& s, const Task& task, const uint16_t* qp, const uint16_t* kc,
-               const uint16_t* vc, const int64_t* tables, const int64_t* lens, float scale,
-               bool split, uint16_t* op, Work& w,
-               const std::function<std::optional<Task>()>& claim) {
+// once for all of them. Returns the thread's next task, taken from `tasks` as this one packs its
+// last chunk, so that its first chunk is asked for during this one's last (a decode's task reads
+// two chunks at 250 positions, and its first one, read cold, took as long as the other).
+std::optional<Task> run_heads(const Shape& s, const Task& task, const uint16_t* qp,
+                              const uint16_t* kc, const uint16_t* vc, const int64_t* tables,
+                              const int64_t* lens, float scale, bool split, uint16_t* op,
+                              Work& w, Tasks& tasks) {
   const int64_t b0 = task.b0, b1 = task.b1, g0 = task.g0, g1 = task.g1;
   const int64_t dim = s.dim, group = s.group, heads = g1 - g0;
   const int64_t rows = (b1 - b0) * group, per_head = (rows + kRows - 1) / kRows;
@@ -646,16 +669,21 @@ void run_heads(const Shape& s, const Task& task, const uint16_t* qp, const uint1
   // Chunk n + 1 is asked for while chunk n is worked on (`Ahead`), and packed before chunk n's
   // values are summed; after the last chunk comes the next task's first.
   Ahead& ahead = w.ahead;
+  std::optional<Task> next;
+  bool taken = false;
   auto ask_ahead = [&](int64_t c) {
     if (c < hi) return ahead.start(kc, vc, s, table, g0, g1, c, hi, sites);
-    if (const std::optional<Task> next = claim())
+    next = tasks.take();
+    taken = true;
+    if (next)
       ahead.start(kc, vc, s, tables + next->b0 * s.table_width, next->g0, next->g1, 0,
                   next->end(lens), sites);
   };
   ahead.finish();  // this task's first chunk, if the previous task asked for it
-  if (hi == 0) claim();
-  else pack_chunk(kc, vc, s, table, g0, g1, 0, hi, keys(0, 0), kn, values(0, 0), vn);
-  if (hi > 0) ask_ahead(kKeys);
+  if (hi > 0) {
+    pack_chunk(kc, vc, s, table, g0, g1, 0, hi, keys(0, 0), kn, values(0, 0), vn);
+    ask_ahead(kKeys);
+  }
   for (int64_t c = 0, n = 0; c < hi; c += kKeys, ++n) {
     for (int64_t i = 0; i < ntiles; ++i) {
       w.fit(w.tiles[i]);
@@ -691,6 +719,7 @@ void run_heads(const Shape& s, const Task& task, const uint16_t* qp, const uint1
       for (int64_t d = 0; d < dim; ++d) t.out[r][d] = round_bf16(t.acc[r * dim + d] * inv);
     }
   }
+  return taken ? next : tasks.take();  // a task that read no chunk took none
 }
 
 #endif  // TRIO_BF16_DOT
@@ -759,16 +788,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                ? s.kv_heads
                                : 1;
   const int64_t heads_apart = s.kv_heads / per_task;
-  const int64_t tasks = static_cast<int64_t>(runs.size()) * heads_apart;
-  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, tasks));
-  auto task_of = [&](int64_t i) {
-    const auto [b0, b1] = runs[i / heads_apart];
-    const int64_t g0 = i % heads_apart * per_task;
-    return Task{b0, b1, g0, g0 + per_task};
-  };
-  // Causal runs differ in cost (a later run reads more keys): tasks are handed out one by one,
-  // each thread claiming its next as its current one reaches its last chunk (`run_heads`).
-  std::atomic<int64_t> handed{0};
+  Tasks tasks(runs, per_task, heads_apart);
+  const int threads = static_cast<int>(std::min<int64_t>(threads_wanted, tasks.count()));
 #pragma omp parallel num_threads(threads)
   {
     static thread_local Work w;
@@ -777,16 +798,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
     configure(w.rows = kRows);
 #endif
     w.ahead = Ahead{};  // nothing asked for by an earlier call (another layer's cache)
-    for (int64_t i = handed++; i < tasks;) {
-      int64_t next = -1;
-      const std::function<std::optional<Task>()> claim = [&]() -> std::optional<Task> {
-        next = handed++;
-        return next < tasks ? std::optional<Task>(task_of(next)) : std::nullopt;
-      };
-      run_heads(s, task_of(i), qp, kc, vc, tables, lens, static_cast<float>(scale), split, op, w,
-                claim);
-      i = next;
-    }
+    for (std::optional<Task> t = tasks.take(); t;)
+      t = run_heads(s, *t, qp, kc, vc, tables, lens, static_cast<float>(scale), split, op, w,
+                    tasks);
   }
 #endif
   return out;
