@@ -78,13 +78,14 @@ inline float exp_and_sum(float* sh, int64_t n, float top) {
 
 constexpr int64_t kTile = 16;   // queries of one sequence a task shares its key chunks among
 constexpr int64_t kChunk = 64;  // keys (and values) converted to float32 at a time
-// How far ahead of the row being read a chunk asks for rows: about 24 KiB of them (a chunk of
-// 64 positions in bf16 on the default model). 4 rows, as before, left the reads short of the
-// cache's latency: a decode step's attention over bf16 caches took 0.72-0.96x the time with 64
-// on an AMD EPYC, 0.75-0.93x built for AVX2 (bench/results/paged_decode_ahead_avx2.md), while
-// float32 caches gained nothing at 32 (0.91-1.02x) and lost at 64 (1.07-1.08x: too many misses
-// in flight).
+// How far ahead of the row being read a chunk asks for rows of 16-bit caches: about 24 KiB of
+// them (a chunk of 64 positions in bf16 on the default model). 4 rows left the reads short of
+// the cache's latency: a decode step's attention over bf16 caches took 0.72-0.96x the time with
+// 64 on an AMD EPYC, 0.75-0.93x built for AVX2 (bench/results/paged_decode_ahead_avx2.md).
+// float32 caches keep 4 rows: they gained nothing at 32 (0.91-1.02x), lost at 64 (1.07-1.08x:
+// too many misses in flight), and served float32 x int8 measured 0.93x at one stream with 32.
 constexpr int64_t kAheadBytes = 24 * 1024;
+constexpr int64_t kAheadRows = 4;
 constexpr int64_t kKeyVecs = kChunk / kLanes;
 constexpr int kQ = 4;  // query heads a block of scores or values takes at once
 // Key vectors a score block holds (kQ * kV sums in registers, beside kV keys and a query's
@@ -186,7 +187,8 @@ template <typename T>
 void chunk_to_float(const T* cache, const Shape& s, const int64_t* table, int64_t c, int64_t m,
                     int64_t end, int64_t offset, int64_t used, float* out) {
   const int64_t ahead =
-      std::clamp<int64_t>(kAheadBytes / (used * static_cast<int64_t>(sizeof(T))), 4, kChunk);
+      sizeof(T) == 2 ? std::clamp<int64_t>(kAheadBytes / (used * 2), kAheadRows, kChunk)
+                     : kAheadRows;
   for (int64_t t = 0; t < m; ++t) {
     const int64_t pos = c + t;
     if (pos + ahead < end) prefetch_row(cache, s, table, pos + ahead, offset, used);
