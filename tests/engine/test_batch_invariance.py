@@ -324,17 +324,15 @@ def test_a_query_attends_alike_as_a_decode_and_in_any_prefill_chunk(
 def test_a_plan_computes_each_row_as_alone_at_any_offset(
     plan: MatmulPlan, dtype: torch.dtype, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A CPU class's bf16 plan holds on that class only: oneDNN takes AMX tiles where the CPU
-    # has them, and there the AVX512-BF16 plan's call shapes are not row-exact.
-    own = matmul.plan_for(torch.bfloat16, loader.cpu_flags())
-    # The strip plan's own kernel sums one way on any machine; every shape here is the kernel's.
+    # A oneDNN bf16 plan holds on its CPU class only: oneDNN takes AMX tiles where the CPU
+    # has them, and there the AVX512-BF16 plan's call shapes are not row-exact. The strip
+    # plan's own kernel sums one way on any machine; every shape here is the kernel's.
+    flags = loader.cpu_flags()
+    machine = "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else None
     avx512 = (BF16_AVX512, BF16_STRIPS)
-
-    def cpu_class(p: MatmulPlan | None) -> str | None:
-        return "amx" if p is BF16_AMX else "avx512_bf16" if p in avx512 else None
-
-    if plan is not BF16_STRIPS and cpu_class(plan) not in (None, cpu_class(own)):
-        pytest.skip(f"the plan of another CPU class (this one's: {own and own.name})")
+    onednn_class = {BF16_AMX: "amx", BF16_AVX512: "avx512_bf16"}.get(plan)
+    if onednn_class not in (None, machine):
+        pytest.skip(f"the plan of another CPU class (this one's: {machine})")
     if plan is BF16_STRIPS and int4_rows.path() not in int4_rows.FAST_PATHS:
         pytest.skip("the strip kernel's scalar path (tests/engine/test_bf16_rows.py) is slow")
     if plan is FP32_STRIPS and not f32_rows.available():
@@ -397,7 +395,7 @@ def test_a_plan_computes_what_a_plain_matmul_does_in_value(plan: MatmulPlan) -> 
     [
         (AVX2_ONLY, BF16_PLAIN, FP32_STRIPS),
         (AVX512_BF16, BF16_STRIPS, FP32_STRIPS),
-        (AMX, BF16_AMX, FP32_STRIPS),
+        (AMX, BF16_STRIPS, FP32_STRIPS),
     ],
     ids=["avx2-only", "avx512-bf16", "amx"],
 )
@@ -412,15 +410,19 @@ def test_each_cpu_class_gets_its_plan(
 
 
 def test_without_the_strip_kernel_avx512_bf16_takes_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`TRIO_LLM_BF16_ROWS=0`, or no C++ compiler: oneDNN's inner product, lone rows padded."""
+    """`TRIO_LLM_BF16_ROWS=0`, or no C++ compiler: oneDNN's inner product, lone rows padded;
+    with AMX, oneDNN in calls of at most 32 rows."""
     monkeypatch.setenv(bf16_rows.ENV, "0")
     assert matmul.plan_for(torch.bfloat16, AVX512_BF16) is BF16_AVX512
+    assert matmul.plan_for(torch.bfloat16, AMX) is BF16_AMX
 
 
 def test_an_amx_plan_tiles_its_calls(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With an AMX machine's flags, bf16 matmuls go in calls of at most 32 rows; this machine's
-    oneDNN computes those row-exactly where no inner dimension passes 1024 (the tiny model)."""
+    """With an AMX machine's flags and no strip kernel, bf16 matmuls go in calls of at most 32
+    rows; this machine's oneDNN computes those row-exactly where no inner dimension passes 1024
+    (the tiny model)."""
     monkeypatch.setattr(loader, "cpu_flags", lambda: AMX)
+    monkeypatch.setenv(bf16_rows.ENV, "0")
     core = make_core(tiny_model_dir, dtype="bfloat16")
     engine_matmul = core.runner.invariance.matmul
     assert core.runner.invariance.on and engine_matmul.plan is BF16_AMX

@@ -1,5 +1,5 @@
 """Plain bf16 weights multiplied row-exactly by a kernel of our own (csrc/int4_rows.cpp's
-`bf16_linear`), for CPUs with AVX512-BF16 and no AMX, with batch invariance or without.
+`bf16_linear`), for CPUs with AVX512-BF16 (AMX or not), with batch invariance or without.
 
 Why: oneDNN's inner product, the plan it replaces, computes a row alike from two rows up but
 reads the weights poorly for a lone row: on an AMD EPYC, a decode step of the default model
@@ -11,10 +11,19 @@ matrices of each of the default model's shapes in turn, 2 threads, an AMD EPYC):
 time at one row, 0.7-0.9x at 32, 0.98-1.07x at 512 (bench/results/bf16_rows.md); a decode step
 of the unquantized model 0.58x (one stream) and 0.73x (8), a 1,000-token prefill 0.97x
 (bench/results/step_profile_bf16_rows.md).
+
+With AMX the kernel takes every call on the tiles, straight from the same strips (`tiles`):
+oneDNN's AMX matmul read a lone row's weights at a third to a half of the kernel's rate there,
+as it did on the EPYC, while the `vdpbf16ps` chains lost to oneDNN from 8 rows on. On the
+tiles, 30 matrices of each of the default model's shapes in turn (2 threads, an AMX Xeon,
+bench/results/bf16_rows_amx.md): 0.28-0.83x oneDNN's time from 1 to 64 rows, 0.56-1.25x at
+512. Every call of a weight takes the tiles, so a row's result still does not depend on its
+call's rows.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -30,6 +39,14 @@ ENV = "TRIO_LLM_BF16_ROWS"
 def available() -> bool:
     """Whether the kernel is built here and not turned off (`TRIO_LLM_BF16_ROWS=0`)."""
     return os.environ.get(ENV, "1") != "0" and int4_rows.KERNEL.extension() is not None
+
+
+@functools.cache
+def tiles() -> bool:
+    """Whether the kernel multiplies on AMX tiles here (an AMX CPU the process may use them
+    on): every call of every weight whose inner dimension is a multiple of 32."""
+    ext = int4_rows.KERNEL.extension()
+    return ext is not None and ext.path(True) == "amx"
 
 
 def takes(weight: Tensor) -> bool:
@@ -53,4 +70,4 @@ class StripWeight(StripMatrix):
     def linear(self, x: Tensor) -> Tensor:
         ext = int4_rows.KERNEL.extension()
         assert ext is not None, "StripWeight.matmul called where the kernel is not built"
-        return ext.bf16_linear(x, self.strips, self.shape[0])
+        return ext.bf16_linear(x, self.strips, self.shape[0], tiles())

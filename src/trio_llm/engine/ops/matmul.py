@@ -79,10 +79,12 @@ BF16_STRIPS = MatmulPlan(
     min_rows=2,
     strips=torch.bfloat16,
 )
-"""AVX512-BF16 without AMX where our kernel is built: a lone row on oneDNN read the weights at
+"""AVX512-BF16 where our kernel is built, AMX or not: a lone row on oneDNN read the weights at
 about a third of what the kernel does (ops/bf16_rows.py); `BF16_AVX512` for what it does not
-take."""
+take. With AMX the kernel runs every call on the tiles: 0.21-0.55x `BF16_AMX`'s time at every
+row count from 1 to 512 on the default model's shapes (bench/results/bf16_rows_amx.md)."""
 BF16_AMX = MatmulPlan("bf16: oneDNN in calls of at most 32 rows", row_tile=32)
+"""AMX where our kernel is not built."""
 BF16_PLAIN = MatmulPlan("bf16: torch's own kernel (no oneDNN bf16 here)")
 PADDED = MatmulPlan("padded calls of exactly 8 rows", min_rows=8, row_tile=8)
 """The fallback of `on` where a class's plan fails the check: one call shape for every row,
@@ -97,7 +99,7 @@ def plan_for(dtype: torch.dtype, flags: frozenset[str]) -> MatmulPlan | None:
         return FP32_STRIPS if f32_rows.available() else FP32_ONEDNN
     if dtype is torch.bfloat16:
         if "amx_bf16" in flags:
-            return BF16_AMX
+            return BF16_STRIPS if bf16_rows.available() else BF16_AMX
         if "avx512_bf16" in flags:
             return BF16_STRIPS if bf16_rows.available() else BF16_AVX512
         return BF16_PLAIN
@@ -231,8 +233,10 @@ STRIPS_FAST = MatmulPlan(
     invariant=False,
 )
 """`PACKED` with the strip kernel where `BF16_STRIPS` would take it: as fast as oneDNN from 128
-rows and up to 3x faster for few rows (ops/bf16_rows.py), so a forward without invariance
-takes it too."""
+rows and up to 3x faster for few rows on an AMD EPYC (ops/bf16_rows.py), so a forward without
+invariance takes it too. On AMX's tiles 0.4-0.8x oneDNN's whole calls up to 32 rows, but up to
+1.3x at 512 on the wider shapes (bench/results/bf16_rows_amx.md): a prompt pays a little for
+what every decode step gains."""
 FP32_STRIPS_FAST = MatmulPlan(
     "fp32: the own strip kernel", packed=True, strips=torch.float32, invariant=False
 )

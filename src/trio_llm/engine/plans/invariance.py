@@ -26,8 +26,10 @@ So the engine shapes its calls itself, by construction the same for a row wherev
   (ops/f32_rows.py), each output one chain of FMAs over the inputs in order at any row count,
   or where it is not built through oneDNN's inner product on weights reordered once at
   start-up, the inner dimension split into equal chunks of at most `K_CHUNK` that are summed
-  left to right in fp32; bf16 through oneDNN's inner product
-  on reordered weights with a lone row padded to two, or in calls of at most 32 rows on AMX.
+  left to right in fp32; bf16 on our own strip kernel (ops/bf16_rows.py: one `vdpbf16ps` chain
+  an output, or with AMX every call on the tiles), or where it is not built through oneDNN's
+  inner product on reordered weights with a lone row padded to two, or in calls of at most 32
+  rows on AMX.
 - Attention (attention/torch_backend.py, `StepLayout.key_bucket`): every query, decode or
   prefill, attends the way a decode does, so a token's row does not depend on the path that
   computes it (a decode, a prefill chunk, a recompute after preemption): where the in-place
