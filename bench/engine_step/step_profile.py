@@ -164,6 +164,9 @@ VARIANTS = {
     # The default with the layers' dense copies taken from 64 rows at least (the LM head's as
     # measured).
     "own-gguf-dense64": Variant("own", "auto", "off", "auto", dense_from=64),
+    # The default with its dense copies on oneDNN alone where they are banded with the strip
+    # kernel's tiles (ops/matmul.py's BandedWeight, an AMX CPU).
+    "own-gguf-onednn": Variant("own", "auto", "off", "auto", strips=False),
     "own-w8a8": Variant("own", "auto", "off", "w8a8"),
     # The GGUF in its own formats with float32 activations (the AVX2-only class's dtype).
     "own-gguf-fp32": Variant("own", "float32", "off", "auto"),

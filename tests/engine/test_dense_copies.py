@@ -14,11 +14,12 @@ import torch.nn.functional as F
 from engine_helpers import make_core
 
 from trio_llm.engine.models import dense_copies
-from trio_llm.engine.ops import int4_rows, int_rows
+from trio_llm.engine.ops import bf16_rows, int4_rows, int_rows
+from trio_llm.engine.ops.bf16_rows import StripWeight
 from trio_llm.engine.ops.int4_rows import RowsExact
 from trio_llm.engine.ops.int_rows import IntRows
 from trio_llm.engine.ops.machine_record import MachineRecord
-from trio_llm.engine.ops.matmul import multiply
+from trio_llm.engine.ops.matmul import BAND_ROWS, BandedWeight, multiply
 from trio_llm.engine.quant import (
     NEVER_DENSE,
     Int4Weight,
@@ -31,6 +32,13 @@ from trio_llm.engine.quant.weights import DENSE_ROWS
 from trio_llm.engine.step import model_runner
 
 BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def one_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies in oneDNN's form alone, as on a CPU without AMX, whatever this one has
+    (`test_with_amx_tiles_a_copy_is_banded` fakes the tiles)."""
+    monkeypatch.setattr(bf16_rows, "tiles", lambda: False)
 
 
 def weights(count: int = 3, shape: tuple[int, int] = (64, 128)) -> list[Int4Weight]:
@@ -96,6 +104,34 @@ def test_calls_of_many_rows_take_the_copy_from_the_measured_crossover(
         atol=0.25,
         rtol=0.02,
     )
+
+
+@pytest.mark.skipif(not bf16_rows.available(), reason="the strip kernel needs a C++ compiler")
+def test_with_amx_tiles_a_copy_is_banded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the strip kernel runs on AMX tiles, a copy is kept twice: as strips for calls of
+    fewer than `BAND_ROWS` rows (decode batches), in oneDNN's form for more (prefill chunks),
+    and its memory is counted twice."""
+    monkeypatch.setattr(bf16_rows, "tiles", lambda: True)
+    ws = weights()
+    kept = dense_copies.keep(ws, BF16, available=None, timer=timer_with_crossover(8, monkeypatch))
+    assert kept.kept and kept.nbytes == 2 * 3 * 64 * 128 * 2
+    on_strips: list[int] = []
+    real = StripWeight.linear
+
+    def counted(self: StripWeight, x: torch.Tensor) -> torch.Tensor:
+        on_strips.append(x.shape[0])
+        return real(self, x)
+
+    monkeypatch.setattr(StripWeight, "linear", counted)
+    linear = dispatching(lambda x, w, b: pytest.fail("a quantized weight went to `inner`"))
+    gen = torch.Generator().manual_seed(3)
+    for rows in (4, 8, BAND_ROWS - 1, BAND_ROWS, 300):
+        x = torch.randn(rows, 128, generator=gen).to(BF16)
+        got = linear(x, ws[0], None)  # type: ignore[arg-type]
+        assert isinstance(ws[0].dense, BandedWeight)
+        want = F.linear(x.float(), ws[0].dequantize().float())
+        torch.testing.assert_close(got.float(), want, atol=0.25, rtol=0.02)
+    assert on_strips == [8, BAND_ROWS - 1]  # 4 rows on the kernel, 128 and 300 on oneDNN
 
 
 def test_a_kernel_that_loses_only_at_a_chunk_keeps_its_copy_for_calls_past_the_probes(

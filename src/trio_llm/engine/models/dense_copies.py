@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from trio_llm.engine.ops.machine_record import MachineRecord, machine_key
-from trio_llm.engine.ops.matmul import Weight, multiply, pack
+from trio_llm.engine.ops.matmul import Weight, banded, multiply, pack
 from trio_llm.engine.quant import NEVER_DENSE, Int8Weight, QuantizedWeight, is_quantized
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ def keep(
             if is_quantized(w) and not (isinstance(w, Int8Weight) and w.int8_activations)
         }.values()
     )
-    elem = torch.tensor([], dtype=dtype).element_size()
+    # Banded copies (`ops.matmul.banded`) hold each matrix twice.
+    elem = torch.tensor([], dtype=dtype).element_size() * (2 if banded(dtype) else 1)
     nbytes = sum(w.shape[0] * w.shape[1] * elem for w in distinct)  # type: ignore[union-attr]
     if not distinct:
         return DenseCopies(False, 0, {}, "no quantized weights")
@@ -141,7 +142,13 @@ def keep(
         for packing in {type(w.exact) for w, _ in pairs if w.exact is not None}:
             kinds.append((packing.__name__, packing.build_key()))  # timed against this build
         key = machine_key(
-            "dense crossover", (*PROBE_ROWS, CHUNK_ROWS), shape, len(pairs), str(dtype), kinds
+            "dense crossover",
+            (*PROBE_ROWS, CHUNK_ROWS),
+            shape,
+            len(pairs),
+            str(dtype),
+            kinds,
+            type(pairs[0][1]).__name__,  # the copies' form: timed against this one
         )
         crossovers[shape], known = record.recall_or_measure(key, measure)
         recalled += known

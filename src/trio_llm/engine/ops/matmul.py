@@ -125,7 +125,41 @@ class PackedWeight:
         return sum(p.numel() * p.element_size() for p in self.parts)
 
 
-Weight = Tensor | PackedWeight | StripMatrix
+@dataclass(slots=True, eq=False)
+class BandedWeight:
+    """One matrix in two forms, each for the calls it is fastest on: the strip kernel on AMX
+    tiles for calls of fewer than `rows` rows, oneDNN's reordered copy for the rest.
+
+    Why: the dense copies of a quantized model (models/dense_copies.py) serve decode batches and
+    prefill chunks alike. On an AMX Xeon the tiles over the strips took 0.56-0.85x oneDNN's time
+    at 32 rows on the default model's shapes, but up to 1.4x at 512 (bench/results/
+    bf16_rows_amx.md), and a 32-stream decode step went 0.87x with the copies as strips while a
+    2,000-token prompt went 1.19x (bench/results/step_profile_strip_copies_amx.md). Both forms
+    cost the copy's memory twice; the batches' rows never change form within a call, but a row's
+    result depends on its call's rows, as the dense copies make it anyway (invariance off)."""
+
+    small: StripMatrix
+    large: PackedWeight
+    rows: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.large.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.large.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.small.nbytes + self.large.nbytes
+
+
+BAND_ROWS = 128
+"""`BandedWeight`'s split: at 64 rows the tiles still won on three of five shapes, at 128 on
+one (bench/results/bf16_rows_amx.md)."""
+
+Weight = Tensor | PackedWeight | StripMatrix | BandedWeight
 
 
 def strip_form(weight: Tensor, dtype: torch.dtype) -> StripMatrix | None:
@@ -262,10 +296,20 @@ def fastest(dtype: torch.dtype, device: torch.device, flags: frozenset[str]) -> 
 
 
 def pack(weight: Tensor) -> Weight:
-    """`weight` reordered once for `multiply` (`PACKED`); as it is where oneDNN is missing."""
+    """`weight` reordered once for `multiply` (`PACKED`); as it is where oneDNN is missing. A
+    bf16 matrix the strip kernel takes on AMX tiles: banded (`BandedWeight`), the strips for
+    calls of fewer than `BAND_ROWS` rows."""
     if not torch.backends.mkldnn.is_available() or weight.device.type != "cpu":
         return weight.detach()
-    return Matmul(PACKED).prepare(weight)
+    packed = Matmul(PACKED).prepare(weight)
+    if isinstance(packed, PackedWeight) and banded(weight.dtype) and bf16_rows.takes(weight):
+        return BandedWeight(StripWeight.pack(weight), packed, BAND_ROWS)
+    return packed
+
+
+def banded(dtype: torch.dtype) -> bool:
+    """Whether `pack` keeps `dtype` matrices in two forms here (`BandedWeight`)."""
+    return dtype is torch.bfloat16 and bf16_rows.available() and bf16_rows.tiles()
 
 
 def multiply(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
@@ -274,6 +318,8 @@ def multiply(x: Tensor, weight: Weight, bias: Tensor | None = None) -> Tensor:
         return F.linear(x, weight, bias)
     if isinstance(weight, StripMatrix):
         return weight.matmul(x, bias)
+    if isinstance(weight, BandedWeight):
+        return multiply(x, weight.small if x.shape[0] < weight.rows else weight.large, bias)
     linear = torch.ops.mkldnn._linear_pointwise
     out: Tensor | None = None
     for (start, end), part in zip(weight.spans, weight.parts):
