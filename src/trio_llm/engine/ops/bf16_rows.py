@@ -13,12 +13,12 @@ of the unquantized model 0.58x (one stream) and 0.73x (8), a 1,000-token prefill
 (bench/results/step_profile_bf16_rows.md).
 
 With AMX the kernel takes every call on the tiles, straight from the same strips (`tiles`):
-oneDNN's AMX matmul read a lone row's weights at a third to a half of the kernel's rate there,
-as it did on the EPYC, while the `vdpbf16ps` chains lost to oneDNN from 8 rows on. On the
-tiles, 30 matrices of each of the default model's shapes in turn (2 threads, an AMX Xeon,
-bench/results/bf16_rows_amx.md): 0.28-0.83x oneDNN's time from 1 to 64 rows, 0.56-1.25x at
-512. Every call of a weight takes the tiles, so a row's result still does not depend on its
-call's rows.
+the `vdpbf16ps` chains lost to oneDNN there from 8 rows on. On the tiles, 30 matrices of each
+of the default model's shapes in turn (2 threads, an AMX Xeon, bench/results/bf16_rows_amx.md):
+0.21-0.55x the time of the class's former plan (oneDNN in calls of at most 32 rows) at every
+row count from 1 to 512; against oneDNN's whole calls 0.39-0.77x from 1 to 32 rows, up to 1.6x
+at 128-512. Every call of a weight takes the tiles, so a row's result still does not depend on
+its call's rows.
 """
 
 from __future__ import annotations

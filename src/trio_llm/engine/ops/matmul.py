@@ -131,12 +131,13 @@ class BandedWeight:
     tiles for calls of fewer than `rows` rows, oneDNN's reordered copy for the rest.
 
     Why: the dense copies of a quantized model (models/dense_copies.py) serve decode batches and
-    prefill chunks alike. On an AMX Xeon the tiles over the strips took 0.56-0.85x oneDNN's time
+    prefill chunks alike. On an AMX Xeon the tiles over the strips took 0.50-0.86x oneDNN's time
     at 32 rows on the default model's shapes, but up to 1.4x at 512 (bench/results/
-    bf16_rows_amx.md), and a 32-stream decode step went 0.87x with the copies as strips while a
-    2,000-token prompt went 1.19x (bench/results/step_profile_strip_copies_amx.md). Both forms
-    cost the copy's memory twice; the batches' rows never change form within a call, but a row's
-    result depends on its call's rows, as the dense copies make it anyway (invariance off)."""
+    bf16_rows_amx.md). With every copy as strips alone (a scratch build), a 32-stream decode
+    step went 0.87x and a 2,000-token prompt 1.19x; banded, the step 0.85x and prompts
+    1.03-1.04x (bench/results/step_profile_strip_copies_amx.md). The price: the copy's memory
+    twice. A row's result depends on its call's rows, as the dense copies make it anyway
+    (invariance off)."""
 
     small: StripMatrix
     large: PackedWeight
@@ -156,8 +157,8 @@ class BandedWeight:
 
 
 BAND_ROWS = 128
-"""`BandedWeight`'s split: at 64 rows the tiles still won on three of five shapes, at 128 on
-one (bench/results/bf16_rows_amx.md)."""
+"""`BandedWeight`'s split: at 64 rows the tiles still won on three of five shapes; at 128 they
+won on two (0.74x, 0.98x) and lost on three (1.1-1.6x) (bench/results/bf16_rows_amx.md)."""
 
 Weight = Tensor | PackedWeight | StripMatrix | BandedWeight
 
@@ -268,8 +269,8 @@ STRIPS_FAST = MatmulPlan(
 )
 """`PACKED` with the strip kernel where `BF16_STRIPS` would take it: as fast as oneDNN from 128
 rows and up to 3x faster for few rows on an AMD EPYC (ops/bf16_rows.py), so a forward without
-invariance takes it too. On AMX's tiles 0.4-0.8x oneDNN's whole calls up to 32 rows, but up to
-1.3x at 512 on the wider shapes (bench/results/bf16_rows_amx.md): a prompt pays a little for
+invariance takes it too. On AMX's tiles 0.39-0.77x oneDNN's whole calls up to 32 rows, but up
+to 1.6x at 128-512 rows on the wider shapes (bench/results/bf16_rows_amx.md): a prompt pays for
 what every decode step gains."""
 FP32_STRIPS_FAST = MatmulPlan(
     "fp32: the own strip kernel", packed=True, strips=torch.float32, invariant=False
