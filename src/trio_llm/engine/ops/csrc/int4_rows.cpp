@@ -55,6 +55,7 @@ namespace {
 
 constexpr int64_t kStrip = 32;       // outputs a strip
 constexpr int64_t kRows = 12;        // rows a pass over a strip (24 float32 accumulators)
+constexpr int64_t kAmxRows = 32;     // rows a pass of the tiles over a strip: two A tiles
 constexpr int64_t kGroupedRows = 6;  // the grouped pass: 12 group and 12 total accumulators
 
 #ifdef TRIO_AVX512_BF16
@@ -286,15 +287,18 @@ constexpr auto kGroupedFns =
 #endif
 
 #ifdef TRIO_AMX
-constexpr int64_t kAmxRows = 32;  // rows a pass of the tiles over a strip: two A tiles
-
 // The tiles of a pass over a strip of 32 outputs: C 0, 1 (rows 0..15, outputs 0..15 and 16..31)
 // and C 2, 3 (rows 16..31), A 4 and 5 (those rows' 32 inputs), B 6 and 7 (the strip's two halves
 // of 16 outputs). Each B tile is read once for both A tiles and each A tile once for both B
 // tiles: four products a pair of loads, where one A tile per pass left the tiles waiting on
-// their loads and on each other's sums. The configuration changes only with a pass's rows.
+// their loads and on each other's sums. The configuration changes only with a pass's rows; the
+// thread's own is put back when the call's tiles go (`SavedTiles`).
 class Tiles {
  public:
+  explicit Tiles(bool on) {
+    if (on) saved_.emplace();
+  }
+
   void shape(int rows) {
     if (rows == rows_) return;
     rows_ = rows;
@@ -308,6 +312,7 @@ class Tiles {
   }
 
  private:
+  std::optional<SavedTiles> saved_;
   int rows_ = 0;
 };
 
@@ -343,17 +348,6 @@ void strip_pass_amx(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K
   }
 }
 
-// Rows [m, m + rows) of x by a strip, any rows: passes of up to 32.
-void rows_by_strip_amx(Tiles& tiles, const uint16_t* x, int64_t ldx, int64_t rows,
-                       const uint16_t* w, int64_t K, float* out) {
-  for (int64_t r = 0; r < rows; r += kAmxRows) {
-    const int64_t n = std::min(kAmxRows, rows - r);
-    tiles.shape(static_cast<int>(n));
-    if (n > 16) strip_pass_amx<true>(x + r * ldx, ldx, w, K, out + r * kStrip);
-    else strip_pass_amx<false>(x + r * ldx, ldx, w, K, out + r * kStrip);
-  }
-}
-
 // Float32 sums [rows][32] to bf16 outputs: row r's first `width` into out + r * ldo. The tiles
 // flush denormals, so `vcvtneps2bf16` rounds as `round_bf16` does (nearest even).
 void emit_amx(const float* acc, int64_t rows, int64_t width, uint16_t* out, int64_t ldo) {
@@ -365,6 +359,18 @@ void emit_amx(const float* acc, int64_t rows, int64_t width, uint16_t* out, int6
     const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(acc + r * kStrip + 16));
     _mm256_mask_storeu_epi16(out + r * ldo, lo, reinterpret_cast<const __m256i&>(a));
     _mm256_mask_storeu_epi16(out + r * ldo + 16, hi, reinterpret_cast<const __m256i&>(b));
+  }
+}
+// Rows [0, M) of x (K inputs each) by a strip on the tiles, in passes of up to 32 rows, each
+// row's first `width` outputs rounded into out (`ldo` apart); `acc` holds a pass's sums.
+void rows_by_strip_amx(Tiles& tiles, const uint16_t* x, int64_t M, int64_t K, const uint16_t* w,
+                       int64_t width, uint16_t* out, int64_t ldo, float* acc) {
+  for (int64_t m = 0; m < M; m += kAmxRows) {
+    const int64_t rows = std::min(kAmxRows, M - m);
+    tiles.shape(static_cast<int>(rows));
+    if (rows > 16) strip_pass_amx<true>(x + m * K, K, w, K, acc);
+    else strip_pass_amx<false>(x + m * K, K, w, K, acc);
+    emit_amx(acc, rows, width, out + m * ldo, ldo);
   }
 }
 #endif
@@ -420,13 +426,11 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
 #endif
   at::parallel_for(0, strips, 1, [&](int64_t begin, int64_t end) {
     std::vector<uint16_t> buf;
-    std::vector<float> acc(32 * kStrip);
+    std::vector<float> acc(kAmxRows * kStrip);
 #ifdef TRIO_AMX
-    std::optional<SavedTiles> saved;
-    Tiles tiles;
-    if (use_amx) saved.emplace();
+    Tiles tiles(use_amx);
 #endif
-    const int64_t block = use_amx ? 32 : grouped ? kGroupedRows : kRows;
+    const int64_t block = grouped ? kGroupedRows : kRows;
     for (int64_t s = begin; s < end; ++s) {
       const uint8_t* strip = qp + s * strip_bytes;
       const uint16_t* sc = sp + s * groups * kStrip;
@@ -458,15 +462,14 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& packed,
 #endif
       (eight ? dequantize_strip<true> : dequantize_strip<false>)(qp, sp, zp, s, K, group,
                                                                  buf.data());
+#ifdef TRIO_AMX
+      if (use_amx) {
+        rows_by_strip_amx(tiles, xp, M, K, buf.data(), width, op + s * kStrip, N, acc.data());
+        continue;
+      }
+#endif
       for (int64_t m = 0; m < M; m += block) {
         const int64_t rows = std::min<int64_t>(block, M - m);
-#ifdef TRIO_AMX
-        if (use_amx) {
-          rows_by_strip_amx(tiles, xp + m * K, K, rows, buf.data(), K, acc.data());
-          emit_amx(acc.data(), rows, width, op + m * N + s * kStrip, N);
-          continue;
-        }
-#endif
 #ifdef TRIO_AVX512_BF16
         if (grouped)
           kGroupedFns<FromBuffer>[rows - 1](xp + m * K, K, FromBuffer{buf.data()}, sc, zr,
@@ -506,22 +509,16 @@ torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& strips, i
   const auto* wp = reinterpret_cast<const uint16_t*>(strips.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   at::parallel_for(0, strips.size(0), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(32 * kStrip);
+    std::vector<float> acc(kAmxRows * kStrip);
 #ifdef TRIO_AMX
-    std::optional<SavedTiles> saved;
-    Tiles tiles;
-    if (use_amx) saved.emplace();
+    Tiles tiles(use_amx);
 #endif
     for (int64_t s = begin; s < end; ++s) {
       const int64_t width = std::min<int64_t>(kStrip, N - s * kStrip);
       const uint16_t* w = wp + s * K * kStrip;
 #ifdef TRIO_AMX
       if (use_amx) {
-        for (int64_t m = 0; m < M; m += kAmxRows) {
-          const int64_t rows = std::min<int64_t>(kAmxRows, M - m);
-          rows_by_strip_amx(tiles, xp + m * K, K, rows, w, K, acc.data());
-          emit_amx(acc.data(), rows, width, op + m * N + s * kStrip, N);
-        }
+        rows_by_strip_amx(tiles, xp, M, K, w, width, op + s * kStrip, N, acc.data());
         continue;
       }
 #endif
