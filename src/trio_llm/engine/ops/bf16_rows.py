@@ -16,7 +16,7 @@ With AMX the kernel takes every call on the tiles, straight from the same strips
 the `vdpbf16ps` chains lost to oneDNN there from 8 rows on. On the tiles, 30 matrices of each
 of the default model's shapes in turn (2 threads, an AMX Xeon, bench/results/bf16_rows_amx.md):
 0.21-0.55x the time of the class's former plan (oneDNN in calls of at most 32 rows) at every
-row count from 1 to 512; against oneDNN's whole calls 0.39-0.77x from 1 to 32 rows, up to 1.6x
+row count from 1 to 512; against oneDNN's whole calls 0.37-0.86x from 1 to 32 rows, up to 1.6x
 at 128-512. Every call of a weight takes the tiles, so a row's result still does not depend on
 its call's rows.
 """

@@ -269,7 +269,7 @@ STRIPS_FAST = MatmulPlan(
 )
 """`PACKED` with the strip kernel where `BF16_STRIPS` would take it: as fast as oneDNN from 128
 rows and up to 3x faster for few rows on an AMD EPYC (ops/bf16_rows.py), so a forward without
-invariance takes it too. On AMX's tiles 0.39-0.77x oneDNN's whole calls up to 32 rows, but up
+invariance takes it too. On AMX's tiles 0.37-0.86x oneDNN's whole calls up to 32 rows, but up
 to 1.6x at 128-512 rows on the wider shapes (bench/results/bf16_rows_amx.md): a prompt pays for
 what every decode step gains."""
 FP32_STRIPS_FAST = MatmulPlan(
