@@ -349,18 +349,16 @@ void strip_pass_amx(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K
 }
 
 // Float32 sums [rows][32] to bf16 outputs: row r's first `width` into out + r * ldo. The tiles
-// flush denormals, so `vcvtneps2bf16` rounds as `round_bf16` does (nearest even).
+// flush denormals, so `vcvtne2ps2bf16` rounds as `round_bf16` does (nearest even).
 void emit_amx(const float* acc, int64_t rows, int64_t width, uint16_t* out, int64_t ldo) {
-  const __mmask16 lo = width >= 16 ? 0xffff : static_cast<__mmask16>((1u << width) - 1);
-  const __mmask16 hi =
-      width >= 32 ? 0xffff : width <= 16 ? 0 : static_cast<__mmask16>((1u << (width - 16)) - 1);
+  const __mmask32 keep = width >= 32 ? ~__mmask32{0} : (__mmask32{1} << width) - 1;
   for (int64_t r = 0; r < rows; ++r) {
-    const __m256bh a = _mm512_cvtneps_pbh(_mm512_loadu_ps(acc + r * kStrip));
-    const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(acc + r * kStrip + 16));
-    _mm256_mask_storeu_epi16(out + r * ldo, lo, reinterpret_cast<const __m256i&>(a));
-    _mm256_mask_storeu_epi16(out + r * ldo + 16, hi, reinterpret_cast<const __m256i&>(b));
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(acc + r * kStrip + 16),
+                                           _mm512_loadu_ps(acc + r * kStrip));
+    _mm512_mask_storeu_epi16(out + r * ldo, keep, reinterpret_cast<const __m512i&>(v));
   }
 }
+
 // Rows [0, M) of x (K inputs each) by a strip on the tiles, in passes of up to 32 rows, each
 // row's first `width` outputs rounded into out (`ldo` apart); `acc` holds a pass's sums.
 void rows_by_strip_amx(Tiles& tiles, const uint16_t* x, int64_t M, int64_t K, const uint16_t* w,

@@ -669,12 +669,10 @@ std::optional<Task> run_heads(const Shape& s, const Task& task, const uint16_t* 
   // Chunk n + 1 is asked for while chunk n is worked on (`Ahead`), and packed before chunk n's
   // values are summed; after the last chunk comes the next task's first.
   Ahead& ahead = w.ahead;
-  std::optional<Task> next;
-  bool taken = false;
+  std::optional<Task> next;  // taken once, by the ask past the last chunk
   auto ask_ahead = [&](int64_t c) {
     if (c < hi) return ahead.start(kc, vc, s, table, g0, g1, c, hi, sites);
     next = tasks.take();
-    taken = true;
     if (next)
       ahead.start(kc, vc, s, tables + next->b0 * s.table_width, next->g0, next->g1, 0,
                   next->end(lens), sites);
@@ -719,7 +717,7 @@ std::optional<Task> run_heads(const Shape& s, const Task& task, const uint16_t* 
       for (int64_t d = 0; d < dim; ++d) t.out[r][d] = round_bf16(t.acc[r * dim + d] * inv);
     }
   }
-  return taken ? next : tasks.take();  // a task that read no chunk took none
+  return hi > 0 ? next : tasks.take();  // a task that read no chunk took none
 }
 
 #endif  // TRIO_BF16_DOT
