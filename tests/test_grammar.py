@@ -173,3 +173,33 @@ def test_a_valid_constraint_checks_from_memory_the_second_time(
     constraint = Constraint.json_schema(json.dumps({"type": "object", "title": "memo"}))
     check(constraint, vocabulary.unproducible)
     assert is_checked(constraint, vocabulary.unproducible) and not is_checked(constraint)
+
+
+def accepts(constraint: Constraint, text: str, vocabulary: GrammarVocabulary) -> bool:
+    """Whether `text` is a whole answer the constraint allows."""
+    m = matcher(constraint, vocabulary)
+    tokens = vocabulary.tokenizer.tokenize_str(text)
+    return m.validate_tokens(tokens) == len(tokens) and (
+        m.consume_tokens(tokens) and m.is_accepting()
+    )
+
+
+def test_a_schema_admits_only_the_keys_it_lists_unless_it_says_otherwise(
+    vocabulary: GrammarVocabulary,
+) -> None:
+    """A pydantic model's schema says nothing of other keys; the default model, given one with
+    a Responses `text.format`, wrote key after key until max_output_tokens. Closed as vLLM's
+    default engine closes it: nested objects and definitions too, and an explicit
+    `additionalProperties: true` still honoured."""
+    city = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "where": {"$ref": "#/$defs/Place"}},
+        "required": ["name"],
+        "$defs": {"Place": {"type": "object", "properties": {"country": {"type": "string"}}}},
+    }
+    schema = Constraint.json_schema(city)
+    assert accepts(schema, '{"name":"Paris","where":{"country":"France"}}', vocabulary)
+    assert not accepts(schema, '{"name":"Paris","population":2}', vocabulary)
+    assert not accepts(schema, '{"name":"Paris","where":{"country":"France","x":1}}', vocabulary)
+    open_city = Constraint.json_schema({**city, "additionalProperties": True})
+    assert accepts(open_city, '{"name":"Paris","population":2}', vocabulary)

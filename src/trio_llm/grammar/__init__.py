@@ -6,11 +6,12 @@ limits, errors in a client's words), `_vocabulary` (the model's vocabulary for m
 (validation before the engine sees a constraint) and `_matcher` (one request's state).
 
 What it owns: every choice of how a constraint becomes a grammar (compact JSON unless a
-whitespace pattern is given; a choice as one lexeme; a grammar given as Lark or GBNF), the
-limits every matcher runs under, and the words the client sees when the grammar engine refuses
-something. The frontend (to refuse a bad constraint with a 400 before the engine sees it) and
-the engine (to compile it) both use this module, so the two can never disagree about what is
-valid. Nothing here imports torch; the frontend calls `check` off its event loop.
+whitespace pattern is given; objects closed to the keys a schema lists; a choice as one
+lexeme; a grammar given as Lark or GBNF), the limits every matcher runs under, and the words
+the client sees when the grammar engine refuses something. The frontend (to refuse a bad
+constraint with a 400 before the engine sees it) and the engine (to compile it) both use this
+module, so the two can never disagree about what is valid. Nothing here imports torch; the
+frontend calls `check` off its event loop.
 
 Invariants:
 - llguidance's tokenization of the bytes a grammar forces is lossless. A model's vocabulary may
@@ -36,6 +37,7 @@ from trio_llm.grammar._matcher import Grammar, dead_end
 from trio_llm.grammar._text import (
     ConstraintError,
     clean_error,
+    closed,
     grammar_text,
     lark_expression,
     limits,
@@ -48,6 +50,7 @@ __all__ = [
     "GrammarVocabulary",
     "check",
     "clean_error",
+    "closed",
     "dead_end",
     "grammar_text",
     "grammar_vocabulary",

@@ -2,7 +2,8 @@
 client's words.
 
 What it owns: every choice of how a constraint becomes a grammar (compact JSON unless a
-whitespace pattern is given; a choice as one lexeme; a grammar given as Lark or GBNF; the answer
+whitespace pattern is given; objects closed to the keys a schema lists unless it says
+otherwise (`closed`); a choice as one lexeme; a grammar given as Lark or GBNF; the answer
 after a think block), the limits every matcher runs under (`limits`), and `clean_error`, the
 one way llguidance's messages reach a client (without its parser state or the grammar).
 """
@@ -20,6 +21,42 @@ from trio_llm.constraint import Constraint, ConstraintKind, Thinking
 
 COMPACT_JSON: dict[str, Any] = {"whitespace_flexible": False}
 """llguidance's JSON options by default: no whitespace anywhere, the separators "," and ":"."""
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` wherever it lists `properties` and says
+    nothing about others (in properties, items, prefixItems, anyOf, oneOf and definitions; not
+    allOf, whose parts would then exclude each other's keys).
+
+    What it accepts still validates against `schema`. Without it a small model adds key after
+    key until max_tokens, since LangChain, pydantic and the OpenAI SDK's non-strict formats send
+    schemas without the keyword; vLLM's default grammar engine (xgrammar, strict mode) closes
+    objects the same way. A schema that wants extra keys says `additionalProperties: true`."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    if isinstance(out.get("items"), dict):
+        out["items"] = closed(out["items"])
+    for key in ("anyOf", "oneOf", "prefixItems"):
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in ("$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    return out
+
+
+def _closed_text(spec: str) -> str:
+    """A JSON schema's text with its objects `closed`; text that is not JSON is passed on for
+    llguidance to refuse in its own words."""
+    try:
+        schema = json.loads(spec)
+    except ValueError:
+        return spec
+    return json.dumps(closed(schema), ensure_ascii=False)
 
 
 def limits() -> LLParserLimits:
@@ -51,7 +88,11 @@ def _answer_text(constraint: Constraint) -> str:
         options = dict(COMPACT_JSON)
         if constraint.whitespace_pattern is not None:
             options = {"whitespace_pattern": constraint.whitespace_pattern}
-        schema = constraint.spec if kind is ConstraintKind.JSON_SCHEMA else '{"type": "object"}'
+        schema = (
+            _closed_text(constraint.spec)
+            if kind is ConstraintKind.JSON_SCHEMA
+            else '{"type": "object"}'
+        )
         try:
             # Defaults, not overrides: a schema's own "x-guidance" options win.
             return LLMatcher.grammar_from_json_schema(schema, defaults=options)  # type: ignore[arg-type]
@@ -81,7 +122,7 @@ def lark_expression(constraint: Constraint) -> str:
         raise ConstraintError(str(exc)) from None
     kind = constraint.kind
     if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
-        schema = json.loads(constraint.spec) if kind is ConstraintKind.JSON_SCHEMA else {}
+        schema = closed(json.loads(constraint.spec)) if kind is ConstraintKind.JSON_SCHEMA else {}
         if schema is True:
             schema = {}
         if schema is False:

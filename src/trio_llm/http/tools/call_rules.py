@@ -15,32 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trio_llm.grammar import closed
 from trio_llm.http.tools.formats import DEEPSEEK_SEP, ToolFormat
 from trio_llm.http.tools.prompting import FunctionTool
 
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-
-
-def closed(schema: Any) -> Any:
-    """`schema` with `additionalProperties: false` wherever it lists `properties` and says
-    nothing about others (in properties, items, anyOf and oneOf; not allOf, whose parts would
-    then exclude each other's keys). What it accepts still validates against `schema`, and a
-    small model can no longer add key after key until max_tokens (LangChain and pydantic send
-    schemas without the keyword)."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
-        out.setdefault("additionalProperties", False)
-    if isinstance(out.get("items"), dict):
-        out["items"] = closed(out["items"])
-    for key in ("anyOf", "oneOf"):
-        if isinstance(out.get(key), list):
-            out[key] = [closed(s) for s in out[key]]
-    if isinstance(out.get("$defs"), dict):
-        out["$defs"] = {k: closed(v) for k, v in out["$defs"].items()}
-    return out
 
 
 def schema_text(tool: FunctionTool) -> str:

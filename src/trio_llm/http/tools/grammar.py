@@ -19,9 +19,9 @@ from typing import Any
 import msgspec
 
 from trio_llm.constraint import Constraint
+from trio_llm.grammar import closed as closed
 from trio_llm.grammar import lark_expression
 from trio_llm.http.tools.call_rules import call_rule, schema_text
-from trio_llm.http.tools.call_rules import closed as closed
 from trio_llm.http.tools.formats import ToolFormat
 from trio_llm.http.tools.prompting import FunctionTool
 
