@@ -231,12 +231,15 @@ class Ahead {
 };
 
 // The per-row state of a tile: the running max, the running sum of the (rounded) probabilities
-// and the float32 value sums, and the row's output and context length.
+// and the float32 value sums, and the row's output and context length. The sum is kept in 16
+// lanes a row and added across them once, at the end: a horizontal sum per row and chunk was a
+// chain of four shuffles and adds that the softmax waited on (a tenth of a prompt's kernel).
 struct Tile {
   int64_t rows = 0;
   uint16_t* out[kRows] = {};
   int64_t len[kRows] = {};
-  float m[kRows], l[kRows], alpha[kRows];
+  float m[kRows], alpha[kRows];
+  alignas(64) float l[kRows * 16];  // each row's running sum, in lanes
   alignas(64) uint16_t qbuf[kRows * kMaxDim];
   alignas(64) float acc[kRows * kMaxDim];
   // One chunk's scores, probabilities (bf16) and values' sums.
@@ -368,15 +371,18 @@ void scores_of(Tile& t, const Shape& s, const uint32_t* kp, Ahead& ahead) {
 
 // 2^x of 16 floats (x <= 0): 2^round(x) times a polynomial of the rest (Taylor's, relative
 // error under 5e-5 at degree 4, enough for weights rounded to bf16, under 1e-7 at degree 6, as
-// float32's own rounding), with fewer operations than `exp_lanes`; below 2^-126 it gives
-// 2^-126, which no sum that holds a 1 sees.
+// float32's own rounding). `vscalefps` applies 2^round(x) whatever its size (to 0 far below
+// 2^-126), so no clamp and no integer arithmetic on the exponent: seven operations a vector
+// where the clamp and the exponent's integer add took thirteen, with the same bits wherever
+// 2^x is a normal float (the product of the polynomial and a power of two is exact either way).
 template <int Degree>
 inline Lanes exp2_lanes(Lanes x) {
-  x = x < -126.0f ? Lanes{} - 126.0f : x;
-  const Lanes magic = Lanes{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const Lanes shifted = x + magic;
-  const Lanes n = shifted - magic;
-  const Lanes f = x - n;
+  __m512 v;
+  std::memcpy(&v, &x, sizeof v);
+  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  Lanes whole;
+  std::memcpy(&whole, &n, sizeof whole);
+  const Lanes f = x - whole;
   Lanes p;
   if constexpr (Degree >= 6) {
     p = Lanes{} + 1.5403530e-4f;
@@ -389,18 +395,17 @@ inline Lanes exp2_lanes(Lanes x) {
   p = p * f + 2.4022651e-1f;
   p = p * f + 6.9314718e-1f;
   p = p * f + 1.0f;
-  LanesInt bits, whole;
-  std::memcpy(&bits, &p, sizeof bits);
-  std::memcpy(&whole, &shifted, sizeof whole);
-  bits += (whole - 0x4b400000) << 23;  // n, read from the rounded sum's low bits
+  __m512 pv;
+  std::memcpy(&pv, &p, sizeof pv);
+  const __m512 scaled = _mm512_scalef_ps(pv, n);
   Lanes out;
-  std::memcpy(&out, &bits, sizeof out);
+  std::memcpy(&out, &scaled, sizeof out);
   return out;
 }
 
 // The softmax update in lanes, row by row: the new running max, the factor the old sums take
-// (`alpha`), the probabilities rounded to bf16 and their sum, all in base 2 (`scale` is the
-// scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
+// (`alpha`), the probabilities rounded to bf16 and their sum (in lanes), all in base 2
+// (`scale` is the scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
 // a row's context length get probability 0; a chunk wholly past it leaves the row as it was.
 template <bool Split>
 void softmax_of(Tile& t, int64_t c, float scale, Ahead& ahead) {
@@ -425,19 +430,25 @@ void softmax_of(Tile& t, int64_t c, float scale, Ahead& ahead) {
     LanesInt keep[kVecs];
     Lanes top_lanes = Lanes{} + ninf;
     for (int i = 0; i < kVecs; ++i) {
-      x[i] = load_lanes(t.scores + r * kKeys + i * 16) * scale;
+      x[i] = load_lanes(t.scores + r * kKeys + i * 16);
       if (!whole) {
         keep[i] = (index + i * 16) < static_cast<int32_t>(valid);
         x[i] = keep[i] ? x[i] : Lanes{} + ninf;
       }
       top_lanes = vmax(top_lanes, x[i]);
     }
-    const float top = std::max(t.m[r], hmax(top_lanes));
-    t.alpha[r] = t.m[r] == ninf ? 0.0f : exp2_lanes<kDegree>(Lanes{} + (t.m[r] - top))[0];
+    // The max of the raw scores, scaled (`scale` > 0, and rounding keeps order); each exponent
+    // is then one fused multiply-add from the raw score, not a product and a difference.
+    const float top = std::max(t.m[r], hmax(top_lanes) * scale);
+    // A max that did not move leaves the sums as they are: 2^0 is exactly 1 (the polynomial's
+    // constant term), so the exponential is skipped, not changed.
+    t.alpha[r] = t.m[r] == ninf ? 0.0f
+                 : t.m[r] == top ? 1.0f
+                                 : exp2_lanes<kDegree>(Lanes{} + (t.m[r] - top))[0];
     t.m[r] = top;
     Lanes total{};
     for (int i = 0; i < kVecs; ++i) {
-      Lanes e = exp2_lanes<kDegree>(x[i] - top);
+      Lanes e = exp2_lanes<kDegree>(x[i] * scale - top);
       if (!whole) e = keep[i] ? e : Lanes{};
       const __m256i bits = bf16_bits(e);
       const Lanes rounded = widen_bits(bits);
@@ -449,7 +460,8 @@ void softmax_of(Tile& t, int64_t c, float scale, Ahead& ahead) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(rr + i * 16), rest);
       }
     }
-    t.l[r] = t.l[r] * t.alpha[r] + lanes_sum(total);
+    const Lanes sum = load_lanes(t.l + r * 16) * t.alpha[r] + total;
+    std::memcpy(t.l + r * 16, &sum, sizeof sum);
   }
 }
 
@@ -645,7 +657,8 @@ std::optional<Task> run_heads(const Shape& s, const Task& task, const uint16_t* 
     const int64_t g = g0 + i / per_head, first = (i % per_head) * kRows;
     t.rows = std::min(kRows, rows - first);
     sites += pump_sites(t.rows, dim);
-    for (int64_t r = 0; r < kRows; ++r) t.m[r] = ninf, t.l[r] = 0.0f;
+    for (int64_t r = 0; r < kRows; ++r) t.m[r] = ninf;
+    std::memset(t.l, 0, sizeof t.l);
     for (int64_t r = 0; r < t.rows; ++r) {
       const int64_t row = first + r, b = b0 + row / group, h = g * group + row % group;
       t.out[r] = op + (b * s.heads + h) * dim;
@@ -713,7 +726,7 @@ std::optional<Task> run_heads(const Shape& s, const Task& task, const uint16_t* 
         std::memset(t.out[r], 0, dim * 2);
         continue;
       }
-      const float inv = 1.0f / t.l[r];
+      const float inv = 1.0f / lanes_sum(load_lanes(t.l + r * 16));
       for (int64_t d = 0; d < dim; ++d) t.out[r][d] = round_bf16(t.acc[r * dim + d] * inv);
     }
   }
