@@ -21,6 +21,7 @@ from trio_llm.grammar import (
     grammar_text,
     grammar_vocabulary,
     is_checked,
+    lark_expression,
     limits,
 )
 from trio_llm.model_files import ModelSource, load_tokenizer
@@ -203,3 +204,7 @@ def test_a_schema_admits_only_the_keys_it_lists_unless_it_says_otherwise(
     assert not accepts(schema, '{"name":"Paris","where":{"country":"France","x":1}}', vocabulary)
     open_city = Constraint.json_schema({**city, "additionalProperties": True})
     assert accepts(open_city, '{"name":"Paris","population":2}', vocabulary)
+    # Offered beside tool calls, the same schema is closed the same way.
+    offered = json.loads(lark_expression(schema).removeprefix("%json "))
+    assert offered["additionalProperties"] is False
+    assert offered["$defs"]["Place"]["additionalProperties"] is False
