@@ -45,6 +45,25 @@ def test_add_rms_norm_is_the_residual_add_and_transformers_norm(dtype: torch.dty
     assert torch.equal(alone, h)  # without `out`: the norm of x as it is
 
 
+def test_the_residual_rounds_as_torch_rounds_denormals_and_nans() -> None:
+    """Where the CPU has AVX512-BF16 the kernels round by `vcvtneps2bf16`, which reads a
+    denormal as zero; a vector holding one rounds by integer arithmetic, as torch does."""
+    n = 64
+    x = torch.randn(3, n, generator=torch.Generator().manual_seed(3)).to(BF16)
+    x[0, 5] = 1e-39  # a bf16 denormal, and its negative
+    x[0, 40] = -3e-39
+    x[1, 7] = float("nan")
+    x[1, 8] = float("inf")
+    out = torch.zeros(3, n, dtype=BF16)
+    out[2] = x[2] * -1 + torch.full((n,), 2e-39, dtype=BF16)  # sums cancelling to denormals
+    expected = x + out
+    fused.add_rms_norm(x, out, torch.ones(n, dtype=BF16), 1e-5)
+    assert torch.isnan(x[1, 7]) and x[1, 8].item() == float("inf")
+    x[1, 7] = expected[1, 7] = 0  # a NaN's payload is torch's own choice (its vector add's)
+    assert torch.equal(x.view(torch.int16), expected.view(torch.int16))
+    assert x[0, 5].item() != 0.0
+
+
 def test_a_row_is_the_same_bits_alone_and_in_any_batch() -> None:
     gen = torch.Generator().manual_seed(5)
     rows, n = 40, 576
