@@ -405,8 +405,9 @@ inline Lanes exp2_lanes(Lanes x) {
 
 // The softmax update in lanes, row by row: the new running max, the factor the old sums take
 // (`alpha`), the probabilities rounded to bf16 and their sum (in lanes), all in base 2
-// (`scale` is the scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)). Positions at or past
-// a row's context length get probability 0; a chunk wholly past it leaves the row as it was.
+// (`scale` is the scores' scale times log2(e), so 2^(x - max) is e^(scaled score - max)).
+// Positions at or past a row's context length get probability 0; a chunk wholly past it leaves
+// the row as it was.
 template <bool Split>
 void softmax_of(Tile& t, int64_t c, float scale, Ahead& ahead) {
   constexpr int kDegree = Split ? 6 : 4;
