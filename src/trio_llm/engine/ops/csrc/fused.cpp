@@ -73,11 +73,12 @@ inline Words round_words_exact(Lanes v) {
 inline Words round_words(Lanes v) {
   __m512 x;
   std::memcpy(&x, &v, sizeof x);
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i exponent = _mm512_and_si512(bits, _mm512_set1_epi32(0x7f800000));
-  const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 denormal = _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()) &
-                             _mm512_cmpneq_epi32_mask(magnitude, _mm512_setzero_si512());
+  // A denormal's magnitude lies strictly between 0 and the smallest normal's bits.
+  const __m512i magnitude =
+      _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 denormal =
+      _mm512_cmpgt_epu32_mask(magnitude, _mm512_setzero_si512()) &
+      _mm512_cmplt_epu32_mask(magnitude, _mm512_set1_epi32(0x00800000));
   if (denormal) [[unlikely]] return round_words_exact(v);
   const __m256i out = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
   Words w;
